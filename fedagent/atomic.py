@@ -1,0 +1,165 @@
+"""Atomic job outputs: write privately, add a manifest last, rename into place.
+
+A job never writes at its final path. :func:`atomic_dir` yields a private staging
+directory beside the final one; on success it writes ``manifest.json`` (sha256 and size
+of every file) *last* and renames the staging directory into place in one ``rename``.
+A consumer calls :func:`verify_manifest` before reading, so a half-written directory can
+never be consumed. Leftovers of a killed attempt are moved to a quarantine folder
+(``results/<run>/_failed/...``) with an attempt number, never deleted and never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+MANIFEST = "manifest.json"
+STAGING_PREFIX = ".partial-"
+_CHUNK = 8 << 20
+
+
+class ManifestError(RuntimeError):
+    """A directory's manifest is missing, malformed or disagrees with the files on disk."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of one file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(directory: Path) -> dict:
+    """Hash every file under ``directory`` (sorted, relative paths) and write the manifest."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel == MANIFEST:
+            continue
+        files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    manifest = {"format": "fedagent-manifest-v1", "files": files}
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+    return manifest
+
+
+def verify_manifest(directory: Path, *, check_hashes: bool = True) -> dict:
+    """Check that ``directory`` holds exactly what its manifest lists; return the manifest.
+
+    Raises :class:`ManifestError` naming the directory and the first offending file.
+    """
+    directory = Path(directory)
+    mpath = directory / MANIFEST
+    if not mpath.is_file():
+        raise ManifestError(f"{directory}: no {MANIFEST} (incomplete or foreign output)")
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{mpath}: unreadable manifest ({exc})") from exc
+    on_disk = {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST
+    }
+    missing = sorted(set(files) - on_disk)
+    if missing:
+        raise ManifestError(f"{directory}: file(s) listed in manifest are missing: {missing}")
+    extra = sorted(on_disk - set(files))
+    if extra:
+        raise ManifestError(f"{directory}: file(s) not in manifest: {extra}")
+    for rel, entry in files.items():
+        path = directory / rel
+        if path.stat().st_size != entry["bytes"]:
+            raise ManifestError(f"{path}: size {path.stat().st_size} != manifest {entry['bytes']}")
+        if check_hashes and sha256_file(path) != entry["sha256"]:
+            raise ManifestError(f"{path}: sha256 differs from manifest")
+    return manifest
+
+
+def quarantine(path: Path, quarantine_root: Path, label: str | None = None) -> Path:
+    """Move ``path`` to ``quarantine_root/<label>.attempt<N>`` (N = first free number)."""
+    quarantine_root = Path(quarantine_root)
+    quarantine_root.mkdir(parents=True, exist_ok=True)
+    label = label or Path(path).name
+    n = 1
+    while (quarantine_root / f"{label}.attempt{n}").exists():
+        n += 1
+    dest = quarantine_root / f"{label}.attempt{n}"
+    shutil.move(str(path), str(dest))
+    return dest
+
+
+def _label_for(final: Path, quarantine_root: Path) -> str:
+    # Keep the output's place in the run (round_002/clients/1) readable in the quarantine name.
+    try:
+        rel = final.resolve().relative_to(quarantine_root.resolve().parent)
+        return rel.as_posix().replace("/", "__")
+    except ValueError:
+        return final.name
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path, quarantine_root: Path | None = None) -> Iterator[Path]:
+    """Yield a private staging directory that becomes ``final`` only on success.
+
+    On normal exit the manifest is written last and the staging directory is renamed to
+    ``final``. On an exception the staging directory is quarantined (if a root is given)
+    and the exception propagates. Leftovers of an earlier killed attempt are quarantined
+    before the new attempt starts.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    qroot = Path(quarantine_root) if quarantine_root is not None else final.parent / "_failed"
+    staging = final.parent / f"{STAGING_PREFIX}{final.name}"
+    label = _label_for(final, qroot)
+    if staging.exists():
+        quarantine(staging, qroot, label)
+    if final.exists():
+        # Snakemake removes outputs before a job; anything still here is a stale attempt.
+        quarantine(final, qroot, label + ".stale")
+    staging.mkdir()
+    try:
+        yield staging
+        write_manifest(staging)
+        _fsync_dir(staging)
+        os.rename(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        if staging.exists():
+            quarantine(staging, qroot, label)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small file so that it appears complete or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{STAGING_PREFIX}{path.name}.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    """Write ``obj`` as canonical (sorted, indented) JSON, atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,60 @@
+"""The ``fedagent`` command line: what Snakemake rules call.
+
+Each command lives in its own module as ``add_args(parser)`` + ``run(args) -> int``;
+this file only maps command names to modules, imported lazily so ``fedagent --help``
+and light commands stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check-config": ("fedagent.config", "validate a config file (schema + cross-field checks)"),
+    "base-model": ("fedagent.base_model", "build the round-0 model directory (GGUF → fp32 HF dir)"),
+    "tiny-model": ("fedagent.base_model_tiny", "build a tiny randomly initialised model (tests)"),
+    "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
+    "partition": ("fedagent.partition", "assign train tasks to clients"),
+    "val-set": ("fedagent.val_set", "fix the validation tasks"),
+    "select": ("fedagent.selection", "choose the clients of one round"),
+    "train-client": ("fedagent.train.cli", "train one client for one round"),
+    "aggregate": ("fedagent.aggregate", "weighted mean of client updates (fp32, streamed)"),
+    "merge": ("fedagent.merge", "server step: next global model"),
+    "verify": ("fedagent.verify", "recompute a round's aggregate in float64 and compare"),
+    "eval": ("fedagent.evaluate", "score a model on the fixed validation set"),
+    "report": ("fedagent.report", "summary.csv and curves.png"),
+    "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per command (modules imported lazily)."""
+    parser = argparse.ArgumentParser(prog="fedagent", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: dispatch ``fedagent <command> ...`` to the command's module."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(f"unknown command {argv[0]!r}")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"fedagent {name}", description=COMMANDS[name][1])
+    module.add_args(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

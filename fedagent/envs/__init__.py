@@ -1,0 +1,1 @@
+"""RL environments served over HTTP: protocol, pooled sessions, retrying client, games."""

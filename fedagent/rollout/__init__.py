@@ -1,0 +1,1 @@
+"""Rollout: prompts, action parsing and the policy-agnostic episode loop."""

@@ -1,0 +1,38 @@
+"""Parse the agent's answer ``<think>…</think><action>…</action>`` into an env action.
+
+The answer is valid iff it has a ``<think>`` block, an ``<action>`` block and no CJK text.
+The action is the first ``<action>`` block's content, stripped and lower-cased. An
+invalid answer still yields a string (the last characters of the answer), which the
+environment treats as a no-op; the invalid-format penalty is applied by training only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+FALLBACK_CHARS = 30
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """The projected action and whether the answer followed the required format."""
+
+    action: str
+    valid: bool
+
+
+def parse_action(text: str, fallback_chars: int = FALLBACK_CHARS) -> ParsedAction:
+    """Project a model answer onto an action string; see the module docstring."""
+    if not isinstance(text, str):
+        raise TypeError(f"answer must be a string, got {type(text).__name__}")
+    match = _ACTION.search(text)
+    if match is None:
+        tail = text[-fallback_chars:].strip().lower() if fallback_chars > 0 else ""
+        return ParsedAction(action=tail, valid=False)
+    action = " ".join(match.group(1).split()).lower()
+    valid = bool(action) and _THINK.search(text) is not None and _CJK.search(text) is None
+    return ParsedAction(action=action, valid=valid)
