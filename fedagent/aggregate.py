@@ -1,0 +1,157 @@
+"""``fedagent aggregate``: the weighted mean of client deltas, fp32, streamed.
+
+Δ̄ = Σ_i w_i (client_i − prev), accumulated in fp32 whatever the stored dtype, one tensor
+at a time: peak memory is a few copies of the largest tensor, independent of the number
+of clients M. Output: ``delta.safetensors`` (fp32) + ``aggregate.json`` + manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.hf_dir import FLOAT_CODES, TensorInfo, TensorReader, SafetensorsWriter, tensor_index
+
+DELTA_FILE = "delta.safetensors"
+AGG_JSON = "aggregate.json"
+METRICS = "metrics.json"
+WEIGHTINGS = ("uniform", "samples", "tokens")
+
+
+class AggregateError(RuntimeError):
+    """An input is refused; the message names the client directory and tensor."""
+
+
+def verify_inputs(dirs: Sequence[Path], *, threads: int = 2) -> None:
+    """``verify_manifest`` on every input directory (hashing in parallel threads).
+
+    hashlib releases the GIL on large buffers, so two threads hash two files at once.
+    """
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        list(pool.map(lambda d: verify_manifest(Path(d)), dirs))
+
+
+def client_weights(client_dirs: Sequence[Path], weighting: str) -> list[float]:
+    """Normalised weights: uniform, or proportional to metrics.json num_samples / num_tokens."""
+    if weighting not in WEIGHTINGS:
+        raise AggregateError(f"unknown weighting {weighting!r} (choose from {WEIGHTINGS})")
+    if not client_dirs:
+        raise AggregateError("no clients to aggregate")
+    if weighting == "uniform":
+        return [1.0 / len(client_dirs)] * len(client_dirs)
+    key = "num_samples" if weighting == "samples" else "num_tokens"
+    raw = []
+    for d in client_dirs:
+        try:
+            value = json.loads((Path(d) / METRICS).read_text())[key]
+        except (OSError, ValueError, KeyError) as exc:
+            raise AggregateError(f"client {d}: cannot read {key} from {METRICS} ({exc!r})") from exc
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise AggregateError(f"client {d}: {key}={value!r} is not a non-negative number")
+        raw.append(float(value))
+    total = math.fsum(raw)
+    if total <= 0:
+        raise AggregateError(f"weighting {weighting!r}: all clients report {key}=0")
+    return [v / total for v in raw]
+
+
+def check_structure(prev_dir: Path, client_dirs: Sequence[Path]) -> tuple[dict[str, TensorInfo], list[dict[str, TensorInfo]]]:
+    """Tensor index of prev and of each client; refuses any name/shape/dtype disagreement."""
+    prev = tensor_index(prev_dir)
+    for name, info in prev.items():
+        if info.dtype not in FLOAT_CODES:
+            raise AggregateError(f"prev {prev_dir}: tensor {name!r} has non-float dtype {info.dtype}")
+    clients = []
+    for d in client_dirs:
+        idx = tensor_index(d)
+        missing, extra = sorted(set(prev) - set(idx)), sorted(set(idx) - set(prev))
+        if missing or extra:
+            raise AggregateError(
+                f"client {d}: tensor names disagree with prev {prev_dir}: "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"extra {extra[:5]}{'...' if len(extra) > 5 else ''}")
+        for name, info in idx.items():
+            p = prev[name]
+            if info.shape != p.shape:
+                raise AggregateError(f"client {d}: tensor {name!r} shape {list(info.shape)} != prev {list(p.shape)}")
+            if info.dtype != p.dtype:
+                raise AggregateError(f"client {d}: tensor {name!r} dtype {info.dtype} != prev {p.dtype}")
+        clients.append(idx)
+    return prev, clients
+
+
+def _delta_tensor(name: str, prev: TensorInfo, clients: Sequence[TensorInfo], weights: Sequence[float],
+                  reader: TensorReader, client_dirs: Sequence[Path]) -> torch.Tensor:
+    p = reader.read(prev).to(torch.float32)
+    acc = torch.zeros(prev.shape, dtype=torch.float32)
+    for info, w in zip(clients, weights):
+        d = reader.read(info).to(torch.float32)  # no copy when already fp32: the buffer is ours
+        d.sub_(p)  # c − p first: close values subtract exactly, so the delta keeps its precision
+        acc.add_(d, alpha=w)
+        del d
+    # One finiteness check on the sum instead of M: a NaN/Inf anywhere propagates into it.
+    if not bool(torch.isfinite(acc).all()):
+        if not bool(torch.isfinite(p).all()):
+            raise AggregateError(f"prev: tensor {name!r} contains NaN/Inf")
+        for info, d in zip(clients, client_dirs):
+            if not bool(torch.isfinite(reader.read(info)).all()):
+                raise AggregateError(f"client {d}: tensor {name!r} contains NaN/Inf")
+        raise AggregateError(f"tensor {name!r}: the weighted delta overflows fp32")
+    return acc
+
+
+def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",
+              quarantine: Path | None = None, check_manifests: bool = True) -> dict:
+    """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content."""
+    prev_dir, out_dir = Path(prev_dir), Path(out_dir)
+    client_dirs = [Path(d) for d in client_dirs]
+    if len(set(map(str, client_dirs))) != len(client_dirs):
+        raise AggregateError(f"a client directory is listed twice: {[str(d) for d in client_dirs]}")
+    if check_manifests:
+        verify_inputs([prev_dir, *client_dirs])
+    weights = client_weights(client_dirs, weighting)
+    prev, clients = check_structure(prev_dir, client_dirs)
+    names = list(prev)
+    summary = {
+        "format": "fedagent-aggregate-v1",
+        "prev": str(prev_dir),
+        "weighting": weighting,
+        "clients": [{"dir": str(d), "weight": w} for d, w in zip(client_dirs, weights)],
+        "num_tensors": len(names),
+        "num_elements": sum(prev[n].numel for n in names),
+        "dtype": "F32",
+    }
+    with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader:
+        with SafetensorsWriter(stage / DELTA_FILE, [(n, "F32", prev[n].shape) for n in names]) as writer:
+            for n in names:
+                writer.write(n, _delta_tensor(n, prev[n], [c[n] for c in clients], weights, reader, client_dirs))
+        (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fedagent aggregate``."""
+    parser.add_argument("--prev", required=True, type=Path, help="previous global model dir")
+    parser.add_argument("--clients", required=True, nargs="+", type=Path, help="client update dirs")
+    parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: 0 on success, 1 with a message naming the refused input."""
+    try:
+        s = aggregate(args.prev, args.clients, args.out, weighting=args.weighting, quarantine=args.quarantine)
+    except (AggregateError, ManifestError, OSError, ValueError) as exc:
+        print(f"aggregate: refused: {exc}", file=sys.stderr)
+        return 1
+    print(f"aggregate: {len(s['clients'])} clients, {s['num_tensors']} tensors, weighting {s['weighting']} -> {args.out}")
+    return 0

@@ -1,0 +1,128 @@
+"""``fedagent merge``: the server step, previous global + aggregate → next global model dir.
+
+Generic over "a model dir" (actor, or a PPO critic by a second invocation). Output:
+config/tokenizer/generation config copied from prev, fp32 weights (sharded with an index
+above ``--shard-size-mb``), ``server_state.safetensors`` (per-tensor optimizer state,
+named ``<slot>/<tensor>``) and ``server.json`` (optimizer, hyper-parameters, round, step),
+plus manifest. Passing the round-r output as ``--prev-server-state`` of round r+1
+continues the server optimizer exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from fedagent.aggregate import DELTA_FILE
+from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.hf_dir import FormatError, SafetensorsWriter, TensorReader, copy_aux_files, read_header, tensor_index, write_weights
+from fedagent.server_opt import OPTIMIZERS, ServerOptimizer, make_optimizer
+
+STATE_FILE = "server_state.safetensors"
+SERVER_JSON = "server.json"
+
+
+class MergeError(RuntimeError):
+    """Inputs of the server step disagree (structure, optimizer, round)."""
+
+
+def load_server_meta(state_dir: Path | None, opt: ServerOptimizer, round_: int) -> dict:
+    """server.json of the previous round, checked against this run (same optimizer and hparams)."""
+    if state_dir is None:
+        return {"step": 0}
+    meta = json.loads((Path(state_dir) / SERVER_JSON).read_text())
+    if meta["optimizer"] != opt.name:
+        raise MergeError(f"{state_dir}: server state is {meta['optimizer']}, this run uses {opt.name}")
+    if meta["hparams"] != opt.hparams():
+        raise MergeError(f"{state_dir}: hyper-parameters {meta['hparams']} != this run's {opt.hparams()}")
+    if meta["round"] != round_ - 1:
+        raise MergeError(f"{state_dir}: server state is from round {meta['round']}, expected {round_ - 1}")
+    return meta
+
+
+def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *, round_: int,
+          prev_state_dir: Path | None = None, shard_bytes: int | None = 2 << 30,
+          quarantine: Path | None = None) -> dict:
+    """Apply one server step and write the next global model dir; return server.json's content."""
+    prev_dir, agg_dir, out_dir = Path(prev_dir), Path(agg_dir), Path(out_dir)
+    for d in (prev_dir, agg_dir, prev_state_dir):
+        if d is not None:
+            verify_manifest(Path(d))
+    meta = load_server_meta(prev_state_dir, opt, round_)
+    prev = tensor_index(prev_dir)
+    delta = read_header(agg_dir / DELTA_FILE)
+    if set(prev) != set(delta):
+        raise MergeError(f"{agg_dir}: delta tensors differ from prev {prev_dir}: "
+                         f"{sorted(set(prev) ^ set(delta))[:5]}")
+    for n, info in delta.items():
+        if info.shape != prev[n].shape or info.dtype != "F32":
+            raise MergeError(f"{agg_dir}: delta {n!r} is {info.dtype}{list(info.shape)}, prev is {list(prev[n].shape)}")
+    old_state = read_header(Path(prev_state_dir) / STATE_FILE) if prev_state_dir is not None else {}
+    expected = {f"{s}/{n}" for n in prev for s in opt.slots}
+    if prev_state_dir is not None and set(old_state) != expected:
+        raise MergeError(f"{prev_state_dir}: server state tensors do not match the model "
+                         f"({sorted(set(old_state) ^ expected)[:5]})")
+    names = list(prev)
+    specs = [(n, "F32", prev[n].shape) for n in names]
+    state_specs = [(f"{s}/{n}", "F32", prev[n].shape) for n in names for s in opt.slots]
+    new_meta = {"format": "fedagent-server-v1", "optimizer": opt.name, "hparams": opt.hparams(),
+                "round": round_, "step": meta["step"] + 1, "prev": str(prev_dir), "aggregate": str(agg_dir)}
+    with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader:
+        copy_aux_files(prev_dir, stage)
+        state_writer = SafetensorsWriter(stage / STATE_FILE, state_specs)
+
+        def produce(name: str) -> torch.Tensor:
+            w = reader.read(prev[name]).to(torch.float32)
+            d = reader.read(delta[name])
+            if old_state:
+                st = {s: reader.read(old_state[f"{s}/{name}"]) for s in opt.slots}
+            else:
+                st = opt.init_state(w)
+            new_w = opt.step(w, d, st)
+            if not bool(torch.isfinite(new_w).all()):
+                raise MergeError(f"tensor {name!r}: server step produced NaN/Inf")
+            for s in opt.slots:
+                state_writer.write(f"{s}/{name}", st[s])
+            return new_w
+
+        with state_writer:
+            write_weights(stage, specs, produce, shard_bytes=shard_bytes)
+        (stage / SERVER_JSON).write_text(json.dumps(new_meta, indent=2) + "\n")
+    return new_meta
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fedagent merge``."""
+    parser.add_argument("--prev", required=True, type=Path, help="previous global model dir")
+    parser.add_argument("--aggregate", required=True, type=Path, help="aggregate dir (delta.safetensors)")
+    parser.add_argument("--prev-server-state", default="none",
+                        help="previous round's merged model dir holding server state, or 'none'")
+    parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
+    parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
+    parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
+    parser.add_argument("--tau", type=float, default=1e-3, help="FedAdam/FedYogi adaptivity")
+    parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--shard-size-mb", type=float, default=2048.0)
+    parser.add_argument("--quarantine", type=Path, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: 0 on success, 1 with a message on refused inputs."""
+    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
+                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
+    state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
+    try:
+        meta = merge(args.prev, args.aggregate, args.out, opt, round_=args.round, prev_state_dir=state,
+                     shard_bytes=int(args.shard_size_mb * (1 << 20)), quarantine=args.quarantine)
+    except (MergeError, ManifestError, FormatError, OSError, ValueError, KeyError) as exc:
+        print(f"merge: refused: {exc}", file=sys.stderr)
+        return 1
+    print(f"merge: round {meta['round']} {meta['optimizer']} step {meta['step']} -> {args.out}")
+    return 0

@@ -1,0 +1,171 @@
+"""fedagent.aggregate: exact fp32 weighted mean of deltas, weights, refusals; hf_dir round trips."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedagent.aggregate import AggregateError, aggregate, client_weights
+from fedagent.atomic import ManifestError, write_manifest
+from fedagent.hf_dir import save_model_dir, tensor_index, TensorReader
+from fedagent.seeds import torch_generator
+
+# Mixed dtypes inside one model, as a real checkpoint may have (norms fp32, matrices bf16...).
+SPECS = {
+    "embed.weight": ((37, 16), torch.bfloat16),
+    "layer.0.attn.weight": ((16, 16), torch.float32),
+    "layer.0.mlp.weight": ((24, 16), torch.float16),
+    "layer.0.norm.weight": ((16,), torch.float32),
+    "scalar": ((), torch.float32),
+}
+
+
+def random_model(seed_purpose: str, index: int, base=None, scale: float = 1e-2) -> dict[str, torch.Tensor]:
+    """A random state dict; with ``base``, base + small noise (like a client after training)."""
+    g = torch_generator(1234, seed_purpose, index=index)
+    out = {}
+    for name, (shape, dtype) in SPECS.items():
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x = base[name].double() + scale * x if base is not None else x
+        out[name] = x.to(dtype)
+    return out
+
+
+def make_round(tmp_path, m: int = 3, *, metrics=None):
+    prev = random_model("prev", 0)
+    prev_dir = save_model_dir(tmp_path / "prev", prev)
+    clients, dirs = [], []
+    for i in range(m):
+        sd = random_model("client", i, base=prev)
+        met = (metrics or [{"num_samples": 10 * (i + 1), "num_tokens": 1000 + 7 * i}] * m)[i]
+        dirs.append(save_model_dir(tmp_path / f"client{i}", sd, json_files={"metrics.json": met}))
+        clients.append(sd)
+    return prev, prev_dir, clients, dirs
+
+
+def float64_mean_delta(prev, clients, weights):
+    return {n: sum(w * (c[n].double() - prev[n].double()) for c, w in zip(clients, weights)) for n in prev}
+
+
+def test_weights_uniform_samples_tokens(tmp_path):
+    mets = [{"num_samples": 1, "num_tokens": 300}, {"num_samples": 3, "num_tokens": 100}]
+    _, _, _, dirs = make_round(tmp_path, 2, metrics=mets)
+    assert client_weights(dirs, "uniform") == [0.5, 0.5]
+    assert client_weights(dirs, "samples") == [0.25, 0.75]
+    assert client_weights(dirs, "tokens") == [0.75, 0.25]
+    with pytest.raises(AggregateError, match="client0"):
+        (dirs[0] / "metrics.json").write_text("{}")
+        client_weights(dirs, "tokens")
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples", "tokens"])
+def test_fedavg_equals_float64_mean_mixed_dtypes(tmp_path, weighting):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 4)
+    summary = aggregate(prev_dir, dirs, tmp_path / "agg", weighting=weighting)
+    weights = client_weights(dirs, weighting)
+    assert [c["weight"] for c in summary["clients"]] == weights
+    assert [c["dir"] for c in summary["clients"]] == [str(d) for d in dirs]
+    delta = load_file(tmp_path / "agg" / "delta.safetensors")
+    exact = float64_mean_delta(prev, clients, weights)
+    for n, x in exact.items():
+        assert delta[n].dtype == torch.float32
+        # fp32 rounding of the terms (see fedagent.verify for the bound)
+        tol = 8 * 2.0 ** -24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, weights))
+        assert ((delta[n].double() - x).abs() <= tol).all(), n
+    assert json.loads((tmp_path / "agg" / "aggregate.json").read_text())["num_tensors"] == len(SPECS)
+
+
+def test_fedavg_via_deltas_equals_direct_average(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    delta = load_file(tmp_path / "agg" / "delta.safetensors")
+    for n in prev:
+        via_delta = prev[n].float() + delta[n]
+        direct = sum(c[n].double() for c in clients) / 3
+        # |prev + Δ̄ − mean| ≤ a few fp32 ulps of the weights themselves
+        assert ((via_delta.double() - direct).abs() <= 4 * 2.0 ** -24 * direct.abs().clamp_min(1e-30) + 1e-12).all(), n
+
+
+def test_bf16_inputs_not_truncated(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    d = load_file(tmp_path / "agg" / "delta.safetensors")["embed.weight"]
+    assert d.dtype == torch.float32
+    exact = float64_mean_delta(prev, clients, [1 / 3] * 3)["embed.weight"]
+    truncated = exact.to(torch.bfloat16).double()
+    err_ours = (d.double() - exact).abs().max()
+    err_bf16 = (truncated - exact).abs().max()
+    assert not torch.equal(d.double(), truncated)
+    assert err_ours * 1000 < err_bf16  # fp32 keeps ~16 more bits than a bf16 mean
+
+
+def test_refuses_shape_mismatch_by_name(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    bad = dict(clients[1])
+    bad["layer.0.attn.weight"] = torch.zeros(16, 15)
+    shutil.rmtree(dirs[1])
+    save_model_dir(dirs[1], bad, json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}})
+    with pytest.raises(AggregateError, match=r"client1.*'layer\.0\.attn\.weight' shape \[16, 15\]"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+    assert not (tmp_path / "agg").exists()
+
+
+def test_refuses_dtype_and_name_mismatch(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    bad = dict(clients[0])
+    bad["layer.0.norm.weight"] = bad["layer.0.norm.weight"].to(torch.bfloat16)
+    shutil.rmtree(dirs[0])
+    save_model_dir(dirs[0], bad, json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}})
+    with pytest.raises(AggregateError, match=r"client0.*'layer\.0\.norm\.weight' dtype BF16 != prev F32"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+    bad = dict(clients[0])
+    bad["extra.bias"] = torch.zeros(3)
+    shutil.rmtree(dirs[0])
+    save_model_dir(dirs[0], bad, json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}})
+    with pytest.raises(AggregateError, match=r"client0.*extra \['extra\.bias'\]"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_refuses_nan_inf_by_name(tmp_path, value):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
+    bad = dict(clients[2])
+    bad["layer.0.mlp.weight"] = bad["layer.0.mlp.weight"].clone()
+    bad["layer.0.mlp.weight"][3, 4] = value
+    shutil.rmtree(dirs[2])
+    save_model_dir(dirs[2], bad, json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}})
+    with pytest.raises(AggregateError, match=r"client2.*'layer\.0\.mlp\.weight' contains NaN/Inf"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+
+
+def test_refuses_missing_or_mismatching_manifest(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    (dirs[1] / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match="client1"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+    write_manifest(dirs[1])
+    with open(dirs[1] / "model.safetensors", "r+b") as fh:  # flip one byte of data
+        fh.seek(-3, 2)
+        b = fh.read(1)
+        fh.seek(-3, 2)
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(ManifestError, match=r"client1.*sha256"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+
+
+def test_streamed_writer_sharded_roundtrip(tmp_path):
+    sd = random_model("prev", 0)
+    d = save_model_dir(tmp_path / "m", sd, shard_bytes=1500)
+    idx = tensor_index(d)
+    assert len({i.file for i in idx.values()}) > 1 and (d / "model.safetensors.index.json").is_file()
+    with TensorReader() as r:
+        for n, t in sd.items():
+            assert torch.equal(r.read(idx[n]), t)
+    official = {}
+    for f in {i.file for i in idx.values()}:
+        official.update(load_file(f))
+    assert official.keys() == sd.keys() and all(torch.equal(official[k], sd[k]) for k in sd)
