@@ -1,0 +1,139 @@
+"""A job-scoped environment service: start, health-gate, yield a client, always stop.
+
+Each train/eval job starts its own ``fedagent serve-env`` child on a Unix socket inside
+the job's ``workdir`` (or loopback TCP on an OS-assigned port with a random token), so two
+jobs on one machine never share or squat an address. The child's log goes to
+``workdir/env-<tag>.log`` and its tail is quoted in any startup error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from fedagent.atomic import atomic_write_json
+from fedagent.envs.client import EnvClient
+from fedagent.envs.serve import TOKEN_ENV
+
+UDS_MAX = 100          # AF_UNIX sun_path is 108 bytes on Linux (104 on macOS); keep a margin
+STOP_GRACE_S = 5.0
+
+
+class EnvServiceStartError(RuntimeError):
+    """The service did not become healthy in time (message carries its log tail)."""
+
+
+def _log_tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(lines[-n:]) or "(empty log)"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, wait, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def env_service(
+    games_dir: Path,
+    split: str,
+    task_ids: Sequence[str],
+    workdir: Path,
+    *,
+    mode: str,
+    pool_size: int,
+    max_turns: int,
+    client_id: str | None = None,
+    tcp: bool = False,
+    token: str | None = None,
+    startup_timeout: float = 60.0,
+    create_timeout: float | None = None,
+) -> Iterator[EnvClient]:
+    """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tag = f"{split}-{os.getpid()}-{secrets.token_hex(3)}"   # unique per call, not per result
+    tasks_file = workdir / f"env-{tag}-tasks.json"
+    ready_file = workdir / f"env-{tag}-ready.json"
+    log_path = workdir / f"env-{tag}.log"
+    atomic_write_json(tasks_file, {"tasks": list(task_ids)})
+    short_dir = None
+    cmd = [sys.executable, "-m", "fedagent.cli", "serve-env", "--games", str(Path(games_dir).resolve()),
+           "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
+           "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
+    if client_id is not None:
+        cmd += ["--client-id", str(client_id)]
+    if create_timeout is not None:
+        cmd += ["--create-timeout", str(create_timeout)]
+    env = dict(os.environ)
+    if tcp:
+        token = token or secrets.token_hex(16)       # loopback is shared by every local user
+        cmd += ["--host", "127.0.0.1", "--port", "0"]
+    else:
+        uds = workdir / f"env-{tag}.sock"
+        if len(str(uds)) > UDS_MAX:
+            short_dir = Path(tempfile.mkdtemp(prefix="fa-"))
+            uds = short_dir / "env.sock"
+        cmd += ["--uds", str(uds)]
+    if token:
+        env[TOKEN_ENV] = token                        # not on argv: argv is world-readable
+    client = None
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise EnvServiceStartError(
+                    f"env service exited with code {proc.returncode} during startup; log {log_path}:\n"
+                    + _log_tail(log_path))
+            if ready_file.exists():
+                where = json.loads(ready_file.read_text())
+                if "uds" in where:
+                    client = EnvClient(uds=where["uds"], token=token, max_retries=2)
+                else:
+                    client = EnvClient(base_url=f"http://{where['host']}:{where['port']}", token=token,
+                                       max_retries=2)
+                try:
+                    health = client.health()
+                    if health.get("ok"):
+                        break
+                except ConnectionError:
+                    pass
+                client.shutdown()
+                client = None
+            if time.monotonic() > deadline:
+                raise EnvServiceStartError(
+                    f"env service not healthy after {startup_timeout} s; log {log_path}:\n" + _log_tail(log_path))
+            time.sleep(0.1)
+        client.max_retries = 8                        # startup probing done: full retry budget
+        yield client
+    finally:
+        if client is not None:
+            client.shutdown()
+        _stop(proc)
+        for path in (tasks_file, ready_file):
+            path.unlink(missing_ok=True)
+        if short_dir is not None:
+            shutil.rmtree(short_dir, ignore_errors=True)

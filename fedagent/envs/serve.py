@@ -1,0 +1,121 @@
+"""``fedagent serve-env``: run one environment service (by hand or from ``lifecycle``).
+
+Binds a Unix socket (``--uds``) or loopback TCP (``--port 0`` = OS-assigned) *before*
+uvicorn starts, so the bound address is known; once the server accepts requests it writes
+``--ready-file`` atomically (``{"pid", "uds"|"host"+"port"}``). The service exits when its
+parent process dies (orphaned services must not hold pools or sockets forever).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from fedagent.atomic import atomic_write_json
+
+TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``fedagent serve-env``."""
+    parser.add_argument("--games", required=True, type=Path, help="TextWorld games directory")
+    parser.add_argument("--split", required=True, choices=["train", "val"])
+    tasks = parser.add_mutually_exclusive_group(required=True)
+    tasks.add_argument("--tasks-file", type=Path, help='JSON list of task ids (or {"tasks": [...]})')
+    tasks.add_argument("--all", action="store_true", help="serve every task of the split")
+    parser.add_argument("--mode", choices=["draw", "index"], default="draw")
+    parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=50)
+    parser.add_argument("--client-id", default=None)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--uds", type=Path, help="Unix socket path")
+    where.add_argument("--port", type=int, help="TCP port on --host (0 = OS-assigned)")
+    parser.add_argument("--host", default="127.0.0.1", help="TCP host (loopback by default)")
+    parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once serving")
+    parser.add_argument("--token", default=None, help=f"shared token (or env {TOKEN_ENV})")
+    parser.add_argument("--create-timeout", type=float, default=None)
+    parser.add_argument("--log-level", default="warning")
+
+
+def load_task_list(path: Path) -> list[str]:
+    """Task ids from a JSON file: a list, or an object with a ``tasks`` list."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = data.get("tasks")
+    if not isinstance(data, list) or not all(isinstance(t, str) for t in data) or not data:
+        raise ValueError(f"{path}: expected a non-empty JSON list of task ids")
+    return data
+
+
+def bind_socket(args: argparse.Namespace) -> tuple[socket.socket, dict]:
+    """Bind and listen on the requested address; return the socket and its description."""
+    if args.uds is not None:
+        path = str(args.uds)
+        if os.path.exists(path):
+            # A stale socket from a killed run is unlinked only if nobody answers on it.
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+                raise RuntimeError(f"{path}: another service is listening there")
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        where = {"uds": path}
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((args.host, args.port))
+        where = {"host": args.host, "port": sock.getsockname()[1]}
+    sock.listen(1024)
+    return sock, where
+
+
+async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    parent = os.getppid()
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if ready_file is not None and server.started:
+        atomic_write_json(ready_file, {"pid": os.getpid(), **where})
+    while not task.done():
+        if os.getppid() != parent:          # parent died: we were re-parented
+            print("serve-env: parent process gone, shutting down", file=sys.stderr, flush=True)
+            server.should_exit = True
+        await asyncio.wait({task}, timeout=1.0)
+    await task
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the app for the games directory and serve it until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from fedagent.envs.service import build_app
+    from fedagent.envs.textworld_games import TextWorldTaskSource
+
+    source = TextWorldTaskSource(args.games)
+    tasks = source.task_ids(args.split) if args.all else load_task_list(args.tasks_file)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
+                    max_turns=args.max_turns, client_id=args.client_id, token=token,
+                    create_timeout=args.create_timeout)
+    sock, where = bind_socket(args)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=3, lifespan="on")
+    server = uvicorn.Server(config)
+    try:
+        asyncio.run(_serve(server, sock, args.ready_file, where))
+    finally:
+        sock.close()
+        if "uds" in where:
+            try:
+                os.unlink(where["uds"])
+            except FileNotFoundError:
+                pass
+    return 0

@@ -1,0 +1,485 @@
+"""The HTTP environment service: a pool of env instances behind five idempotent endpoints.
+
+Protocol (FACTS §4, issue 3):
+
+- ``GET /health``: ok, pool free/total, sessions, split, client id, task count/sha256, mode.
+- ``POST /create {session_id}``: borrow an env; blocks (async) while the pool is empty.
+  Idempotent: the session slot is reserved *before* the blocking borrow, so a retried or
+  concurrent create of the same id waits for that one borrow instead of taking a second env
+  (the reference system drained its pool this way).
+- ``POST /reset {session_id, seed}``: seed → task is pure (index: ``tasks[seed % n]``;
+  draw: ``tasks[Random(seed).randrange(n)]``, a local RNG); zeroes the step counter.
+- ``POST /step {session_id, text, step_id}``: ``text`` is the model's answer, parsed here with
+  :func:`fedagent.rollout.parsing.parse_action`; an invalid answer is a no-op turn. step_id
+  must be the next expected id; the previous id (same text) replays the cached response;
+  anything else is 409.
+- ``POST /close {session_id}``: idempotent; returns the env to the pool.
+
+Bad input is always a 4xx (413 body too large, 422 malformed/wrong types/too long, 404
+unknown session, 409 protocol order, 401 bad token), never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedagent.envs.base import StepResult, TaskSource
+from fedagent.envs.client import TOKEN_HEADER
+from fedagent.rollout.parsing import parse_action
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_TEXT_CHARS = 16 * 1024
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+
+
+# ---------------------------------------------------------------- request / response models
+class _Strict(BaseModel):
+    # Strict types and no unknown fields: "1" is not a seed, a typo'd key is an error.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SessionRequest(_Strict):
+    """Body of /create and /close."""
+
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+
+
+class ResetRequest(_Strict):
+    """Body of /reset."""
+
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    seed: int = Field(ge=0, lt=2**63)
+
+
+class StepRequest(_Strict):
+    """Body of /step: the raw model answer, parsed by the service."""
+
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+    step_id: int = Field(ge=0, lt=2**31)
+
+
+class HealthResponse(BaseModel):
+    """Body of /health."""
+
+    ok: bool
+    pool_free: int
+    pool_total: int
+    sessions: int
+    split: str
+    client_id: str | None
+    mode: str
+    num_tasks: int
+    tasks_sha256: str
+    task_types: dict[str, int]
+    max_turns: int
+    counters: dict[str, int]
+
+
+class SessionResponse(BaseModel):
+    """Body of /create and /close."""
+
+    ok: bool
+    session_id: str
+    created: bool = False      # /create: this call borrowed the env (False: already existed)
+    existed: bool = False      # /close: the session was open
+
+
+class ResetResponse(BaseModel):
+    """Body of /reset."""
+
+    observation: str
+    task: str
+    admissible_commands: list[str]
+    task_id: str
+    task_type: str
+
+
+class StepResponse(BaseModel):
+    """Body of /step."""
+
+    observation: str
+    reward: float
+    done: bool
+    won: bool
+    is_action_valid: bool
+    action: str
+    admissible_commands: list[str]
+    task_id: str
+    task_type: str
+    score: float
+    step_id: int
+    turns: int
+
+
+# ---------------------------------------------------------------- pool and sessions
+class EnvPool:
+    """A fixed set of envs; ``borrow`` waits (async, FIFO) while none is free."""
+
+    def __init__(self, envs: Sequence[Any]):
+        """Own ``envs``; all start free."""
+        self.total = len(envs)
+        self._free = list(envs)
+        self._waiters: list[asyncio.Future] = []
+
+    @property
+    def free(self) -> int:
+        """Number of envs not lent out."""
+        return len(self._free)
+
+    async def borrow(self, timeout: float | None = None):
+        """Take an env, waiting at most ``timeout`` seconds (None: forever)."""
+        if self._free:
+            return self._free.pop()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            # wait on a shield so a timeout/cancel never loses an env handed to `fut`
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())     # handed over just as we gave up: give it back
+            else:
+                fut.cancel()
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+            raise
+
+    def release(self, env) -> None:
+        """Return ``env``: hand it to the oldest live waiter, else put it back."""
+        while self._waiters:
+            fut = self._waiters.pop(0)
+            if not fut.done():
+                fut.set_result(env)
+                return
+        self._free.append(env)
+
+
+@dataclass
+class Session:
+    """Server-side state of one session."""
+
+    session_id: str
+    ready: asyncio.Future                   # resolves when the env is borrowed
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    env: Any = None
+    closed: bool = False
+    task_id: str | None = None
+    task_type: str = ""
+    next_step_id: int = 0
+    turns: int = 0
+    done: bool = False
+    last_obs: str = ""
+    last_admissible: list[str] = field(default_factory=list)
+    last_score: float = 0.0
+    last_won: bool = False
+    replay: tuple[int, str, dict] | None = None   # (step_id, text, response) of the last step
+
+
+def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
+    """The pure seed → task map: index mode ``tasks[seed % n]``, draw mode a local-RNG draw."""
+    if mode == "index":
+        return tasks[seed % len(tasks)]
+    if mode == "draw":
+        return tasks[random.Random(seed).randrange(len(tasks))]
+    raise ValueError(f"unknown mode {mode!r} (index or draw)")
+
+
+# ---------------------------------------------------------------- ASGI guard
+class _BodyTooLarge(Exception):
+    pass
+
+
+class GuardMiddleware:
+    """Pure ASGI middleware: token check (401) and request-body cap (413).
+
+    Pure ASGI rather than ``@app.middleware`` because Starlette's BaseHTTPMiddleware may
+    cancel the endpoint when the client disconnects, which would break the
+    "a started step always completes" guarantee.
+    """
+
+    def __init__(self, app, *, max_body: int, token: str | None):
+        """Wrap ``app``."""
+        self.app, self.max_body, self.token = app, max_body, token
+
+    async def __call__(self, scope, receive, send):
+        """Reject early by headers, then count streamed body bytes."""
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.token is not None:
+            given = headers.get(TOKEN_HEADER.encode(), b"")
+            if not hmac.compare_digest(given, self.token.encode()):
+                return await _plain(send, 401, "missing or wrong token")
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > self.max_body
+            except ValueError:
+                return await _plain(send, 400, "bad content-length")
+            if too_big:
+                return await _plain(send, 413, f"request body over {self.max_body} bytes")
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _BodyTooLarge()
+            return message
+
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _plain(send, 413, f"request body over {self.max_body} bytes")
+
+
+async def _plain(send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------- app
+def build_app(
+    task_source: TaskSource,
+    split: str,
+    task_ids: Sequence[str],
+    *,
+    mode: Literal["draw", "index"] = "draw",
+    pool_size: int = 4,
+    max_turns: int = 50,
+    client_id: str | None = None,
+    token: str | None = None,
+    create_timeout: float | None = None,
+    max_body: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool."""
+    tasks = list(task_ids)
+    if not tasks:
+        raise ValueError("a service needs at least one task")
+    if mode not in ("draw", "index"):
+        raise ValueError(f"unknown mode {mode!r} (index or draw)")
+    if pool_size < 1 or max_turns < 1:
+        raise ValueError("pool_size and max_turns must be >= 1")
+    task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
+    tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
+    type_counts: dict[str, int] = {}
+    for t in task_types.values():
+        type_counts[t] = type_counts.get(t, 0) + 1
+
+    pool_ = EnvPool([task_source.make_env(max_turns) for _ in range(pool_size)])
+    # One thread per env: env calls block (TextWorld/jericho) and sessions run in parallel.
+    executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
+    all_envs = list(pool_._free)
+    sessions: dict[str, Session] = {}
+    counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)
+        for env in all_envs:
+            try:
+                env.close()
+            except Exception:   # noqa: BLE001 - best effort at shutdown
+                pass
+
+    app = FastAPI(title="fedagent env service", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.add_middleware(GuardMiddleware, max_body=max_body, token=token)
+
+    async def in_thread(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    def pool() -> EnvPool:
+        return pool_
+
+    # ------------------------------------------------------------ errors
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError):
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return JSONResponse({"detail": "invalid request", "errors": errors[:10]}, status_code=422)
+
+    async def run_to_completion(coro):
+        # Shielded: a client that disconnects (or a cancelled request) never leaves a session
+        # half-stepped; the work finishes and its response is cached for a replay.
+        return await asyncio.shield(asyncio.ensure_future(coro))
+
+    async def get_session(session_id: str) -> Session:
+        s = sessions.get(session_id)
+        if s is None:
+            raise HTTPException(404, f"unknown session {session_id!r} (create it first)")
+        try:
+            await asyncio.shield(s.ready)   # a create of this id may still be borrowing
+        except Exception as exc:   # that create failed: the session never existed
+            raise HTTPException(404, f"session {session_id!r} failed to create: {exc}") from exc
+        if s.closed:
+            raise HTTPException(404, f"session {session_id!r} was closed")
+        return s
+
+    # ------------------------------------------------------------ endpoints
+    @app.get("/health", response_model=HealthResponse)
+    async def health() -> HealthResponse:
+        """Liveness and pool accounting."""
+        return HealthResponse(
+            ok=True, pool_free=pool().free, pool_total=pool().total, sessions=len(sessions),
+            split=split, client_id=client_id, mode=mode, num_tasks=len(tasks),
+            tasks_sha256=tasks_sha, task_types=type_counts, max_turns=max_turns,
+            counters=dict(counters),
+        )
+
+    @app.post("/create", response_model=SessionResponse)
+    async def create(req: SessionRequest) -> SessionResponse:
+        """Borrow an env for the session (idempotent; waits while the pool is empty)."""
+        counters["creates"] += 1
+        s = sessions.get(req.session_id)
+        if s is not None:
+            try:
+                await asyncio.shield(s.ready)    # the first create's borrow, never a second one
+            except Exception as exc:   # the first borrow failed (timeout): report it the same way
+                raise HTTPException(503, f"create of {req.session_id!r} failed: {exc!r}") from exc
+            if s.closed:
+                raise HTTPException(409, f"session {req.session_id!r} was closed while being created")
+            return SessionResponse(ok=True, session_id=req.session_id, created=False)
+        s = Session(req.session_id, ready=asyncio.get_running_loop().create_future())
+        sessions[req.session_id] = s          # reserve the slot *before* the blocking borrow
+        try:
+            env = await pool().borrow(create_timeout)
+        except BaseException as exc:
+            if sessions.get(req.session_id) is s:
+                del sessions[req.session_id]
+            s.ready.set_exception(RuntimeError("pool borrow timed out" if isinstance(exc, asyncio.TimeoutError)
+                                               else "create aborted"))
+            s.ready.exception()  # mark retrieved: waiters may not exist
+            if isinstance(exc, asyncio.TimeoutError):
+                raise HTTPException(503, f"no env free within {create_timeout} s") from exc
+            raise
+        counters["borrows"] += 1
+        if s.closed:                          # closed while we waited: give the env straight back
+            pool().release(env)
+            s.ready.set_result(None)
+            raise HTTPException(409, f"session {req.session_id!r} was closed while being created")
+        s.env = env
+        s.ready.set_result(None)
+        return SessionResponse(ok=True, session_id=req.session_id, created=True)
+
+    async def _reset(req: ResetRequest) -> ResetResponse:
+        """Start an episode of the seed's task; zeroes the step counter."""
+        s = await get_session(req.session_id)
+        async with s.lock:
+            if s.closed:
+                raise HTTPException(404, f"session {req.session_id!r} was closed")
+            task_id = task_for_seed(tasks, req.seed, mode)
+            r = await in_thread(s.env.reset, task_id)
+            counters["resets"] += 1
+            s.task_id, s.task_type = r.task_id, r.task_type
+            s.next_step_id, s.turns, s.done, s.replay = 0, 0, False, None
+            s.last_obs, s.last_admissible, s.last_score, s.last_won = (
+                r.observation, list(r.admissible_commands), 0.0, False)
+            return ResetResponse(observation=r.observation, task=r.task,
+                                 admissible_commands=list(r.admissible_commands),
+                                 task_id=r.task_id, task_type=r.task_type)
+
+    @app.post("/reset", response_model=ResetResponse)
+    async def reset(req: ResetRequest) -> ResetResponse:
+        """Start an episode of the seed's task; zeroes the step counter."""
+        return await run_to_completion(_reset(req))
+
+    async def _step(req: StepRequest) -> dict:
+        """One turn: parse the answer, step the env (or no-op), enforce the turn budget."""
+        s = await get_session(req.session_id)
+        async with s.lock:
+            if s.closed:
+                raise HTTPException(404, f"session {req.session_id!r} was closed")
+            if s.task_id is None:
+                raise HTTPException(409, "step before reset")
+            if s.replay is not None and req.step_id == s.replay[0]:
+                if req.text != s.replay[1]:
+                    raise HTTPException(409, f"step_id {req.step_id} re-sent with a different text")
+                counters["replays"] += 1
+                return s.replay[2]
+            if req.step_id != s.next_step_id:
+                raise HTTPException(409, f"step_id {req.step_id} out of order (expected {s.next_step_id})")
+            parsed = parse_action(req.text)
+            if s.done:
+                # Past the end: nothing changes, nothing is earned.
+                r = StepResult(s.last_obs, 0.0, True, s.last_won, s.last_admissible, s.last_score)
+            elif parsed.valid:
+                r = await in_thread(s.env.step, parsed.action)
+            else:
+                # Invalid format: a no-op turn that still costs budget.
+                r = StepResult(s.last_obs, 0.0, False, False, s.last_admissible, s.last_score)
+            counters["steps"] += 1
+            s.turns += 1
+            done = bool(r.done) or s.turns >= max_turns
+            s.done, s.last_obs, s.last_admissible = done, r.observation, list(r.admissible_commands)
+            s.last_score, s.last_won = float(r.score), bool(r.won)
+            resp = StepResponse(
+                observation=r.observation, reward=float(r.reward), done=done, won=bool(r.won),
+                is_action_valid=parsed.valid, action=parsed.action,
+                admissible_commands=list(r.admissible_commands), task_id=s.task_id,
+                task_type=s.task_type, score=float(r.score), step_id=req.step_id, turns=s.turns,
+            ).model_dump()
+            s.replay = (req.step_id, req.text, resp)
+            s.next_step_id += 1
+            return resp
+
+    @app.post("/step", response_model=StepResponse)
+    async def step(req: StepRequest) -> dict:
+        """One turn: parse the answer, step the env (or no-op), enforce the turn budget."""
+        return await run_to_completion(_step(req))
+
+    async def _close(req: SessionRequest) -> SessionResponse:
+        """End the session and return its env (idempotent: an unknown id is fine)."""
+        counters["closes"] += 1
+        s = sessions.pop(req.session_id, None)
+        if s is None:
+            return SessionResponse(ok=True, session_id=req.session_id, existed=False)
+        s.closed = True
+        if not s.ready.done():
+            # Still waiting for an env: the pending create hands it back when it arrives.
+            return SessionResponse(ok=True, session_id=req.session_id, existed=True)
+        if s.ready.exception() is None and s.env is not None:
+            async with s.lock:               # let an in-flight reset/step finish with the env
+                env, s.env = s.env, None
+            if env is not None:
+                pool().release(env)
+        return SessionResponse(ok=True, session_id=req.session_id, existed=True)
+
+    @app.post("/close", response_model=SessionResponse)
+    async def close(req: SessionRequest) -> SessionResponse:
+        """End the session and return its env (idempotent: an unknown id is fine)."""
+        return await run_to_completion(_close(req))
+
+    app.state.sessions = sessions
+    app.state.counters = counters
+    app.state.pool = pool
+    return app
+
