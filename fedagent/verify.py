@@ -22,8 +22,8 @@ from typing import Sequence
 
 import torch
 
-from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights, verify_inputs
-from fedagent.atomic import ManifestError
+from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
+from fedagent.atomic import ManifestError, verify_manifest
 from fedagent.hf_dir import FormatError, TensorReader, read_header, tensor_index
 
 U32 = 2.0 ** -24
@@ -43,11 +43,14 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
     client_dirs = [Path(d) for d in client_dirs]
     dirs = [prev_dir, *client_dirs, agg_dir] + ([Path(model_dir)] if model_dir else [])
-    try:
-        verify_inputs(dirs)
-    except ManifestError as exc:
-        return [f"manifest: {exc}"]
     failures: list[str] = []
+    for d in dirs:  # every directory, so one run lists every manifest problem
+        try:
+            verify_manifest(d)
+        except ManifestError as exc:
+            failures.append(f"manifest: {exc}")
+    if failures:
+        return failures
     try:
         weights = client_weights(client_dirs, weighting)
         prev, clients = check_structure(prev_dir, client_dirs)

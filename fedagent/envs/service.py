@@ -199,10 +199,6 @@ def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
 
 
 # ---------------------------------------------------------------- ASGI guard
-class _BodyTooLarge(Exception):
-    pass
-
-
 class GuardMiddleware:
     """Pure ASGI middleware: token check (401) and request-body cap (413).
 
@@ -232,30 +228,28 @@ class GuardMiddleware:
                 return await _plain(send, 400, "bad content-length")
             if too_big:
                 return await _plain(send, 413, f"request body over {self.max_body} bytes")
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
+        # Buffer the (bounded) body before the app sees it, so an oversized chunked body is
+        # a clean 413 instead of a parse error deep inside FastAPI.
+        body = bytearray()
+        more = True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise _BodyTooLarge()
-            return message
+            if message["type"] != "http.request":
+                return                                  # client went away before the body
+            body += message.get("body", b"")
+            if len(body) > self.max_body:
+                return await _plain(send, 413, f"request body over {self.max_body} bytes")
+            more = message.get("more_body", False)
+        replayed = False
 
-        started = False
+        async def buffered_receive():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
 
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await _plain(send, 413, f"request body over {self.max_body} bytes")
+        await self.app(scope, buffered_receive, send)
 
 
 async def _plain(send, status: int, detail: str) -> None:

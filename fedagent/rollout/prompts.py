@@ -1,0 +1,81 @@
+"""The windowed prompt (FACTS §4/§5): one user message per turn, history of the last 2 steps.
+
+Turn 1 uses the no-history template; later turns add "already taken k step(s)" and the
+last ``history_length`` ``[Observation j: '…', Action j: '…']`` entries (the observation
+*before* the action and the action the service projected). Admissible commands are quoted,
+comma-terminated, one per line. Unlike ALFWorld's no-history template, ours keeps the task
+line: a TextWorld reset observation need not restate the goal.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+HISTORY_LENGTH = 2
+
+_HEAD = "You are an expert agent playing a text-based game."
+
+_INSTRUCTION = (
+    "Now it's your turn to take an action.\n"
+    "You should first reason step-by-step about the current situation. This reasoning process "
+    "MUST be enclosed within <think> </think> tags.\n"
+    "Once you've finished your reasoning, you should choose an admissible action for current "
+    "step and present it within <action> </action> tags."
+)
+
+
+def format_actions(admissible: Sequence[str]) -> str:
+    """Admissible commands, each quoted and comma-terminated, one per line (``help`` dropped)."""
+    return "\n".join(f"'{a}'," for a in admissible if a.strip().lower() != "help")
+
+
+def windowed_prompt(
+    task: str,
+    observation: str,
+    admissible: Sequence[str],
+    history: Sequence[tuple[str, str]],
+    history_length: int = HISTORY_LENGTH,
+) -> str:
+    """The user-message text for the next turn.
+
+    ``history`` holds every earlier ``(observation_before_action, projected_action)`` pair
+    of the episode, oldest first; its length is the number of steps already taken.
+    """
+    task_line = f" Your task is to: {task}" if task else ""
+    actions = format_actions(admissible)
+    if not history:
+        return (
+            f"{_HEAD}{task_line}\n"
+            f"Your current observation is: {observation}\n"
+            f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
+            f"{_INSTRUCTION}"
+        )
+    k = len(history)
+    window = list(history)[-history_length:] if history_length > 0 else []
+    first = k - len(window) + 1
+    entries = "\n".join(
+        f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']" for j, (obs, act) in enumerate(window)
+    )
+    return (
+        f"{_HEAD}{task_line}\n"
+        f"Prior to this step, you have already taken {k} step(s). Below are the most recent "
+        f"{len(window)} observations and the corresponding actions you took:\n{entries}\n"
+        f"You are now at step {k + 1} and your current observation is: {observation}\n"
+        f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
+        f"{_INSTRUCTION}"
+    )
+
+
+def encode_prompt(tokenizer, content: str, max_prompt_tokens: int) -> list[int]:
+    """Chat-format one user message (generation prompt added) and left-truncate to the cap.
+
+    Left truncation keeps the end of the prompt (current observation, actions, instruction
+    and the assistant header), the same cap for generation and for the stored sample.
+    """
+    if max_prompt_tokens <= 0:
+        raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    return ids[-max_prompt_tokens:]

@@ -1,0 +1,1 @@
+"""Training backends. ``local``: GRPO with torch + transformers on CPU or one GPU."""

@@ -1,0 +1,127 @@
+"""GRPO pieces on windowed samples: per-turn samples, group advantages, log-probs, loss.
+
+FACTS §5: each turn is one sample carrying its episode's return (minus the invalid-format
+penalty on turns whose own action was invalid); a group is the n rollouts of one seed
+(= one task) and the advantage is ``(R - mean) / (std + 1e-6)`` over *all* per-turn samples
+of the group. Loss = clipped ratio against behaviour log-probs + ``kl_coef`` · k3 KL to a
+reference − ``entropy_coef`` · entropy, token-mean over response tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+EPS = 1e-6
+KL_CLAMP = 10.0   # verl's low_var_kl clamp: one wild token must not dominate a step
+
+
+@dataclass
+class Sample:
+    """One training row: one turn's prompt and answer, its (penalized) reward and group."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float
+    group: int
+    advantage: float = 0.0
+
+
+def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty: float) -> list[Sample]:
+    """One sample per turn: the episode's return, minus ``invalid_penalty`` on invalid turns."""
+    out = []
+    for traj, g in zip(trajectories, groups):
+        for t in traj.turns:
+            if not t.response_ids:
+                continue   # nothing to train on (max_new_tokens == 0)
+            reward = float(traj.episode_return) - (float(invalid_penalty) if not t.valid else 0.0)
+            out.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), reward=reward, group=int(g)))
+    return out
+
+
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = EPS) -> list[float]:
+    """``(R - mean_g) / (std_g + eps)`` per sample; std is the unbiased one (as torch.std).
+
+    A group of one sample gets mean 0 and std 1 (verl's convention), i.e. its raw reward.
+    """
+    by_group: dict[int, list[float]] = {}
+    for r, g in zip(rewards, groups):
+        by_group.setdefault(int(g), []).append(float(r))
+    stats = {}
+    for g, rs in by_group.items():
+        if len(rs) == 1:
+            stats[g] = (0.0, 1.0)
+        else:
+            mean = math.fsum(rs) / len(rs)
+            var = math.fsum((r - mean) ** 2 for r in rs) / (len(rs) - 1)
+            stats[g] = (mean, math.sqrt(var))
+    return [(float(r) - stats[int(g)][0]) / (stats[int(g)][1] + eps) for r, g in zip(rewards, groups)]
+
+
+def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = False):
+    """Per-token log-probs (and entropies) of each sample's response under ``model``.
+
+    Rows are left-padded prompt+response with explicit position ids, as in sampling. Only
+    the hidden states that predict response tokens go through the LM head, so a 49k
+    vocabulary never materializes logits for prompt tokens. Returns flat tensors over all
+    response tokens in sample order (entropy is ``None`` unless asked).
+    """
+    from fedagent.policy import _left_pad
+
+    seqs = [s.prompt_ids + s.response_ids for s in samples]
+    ids, mask, pos = _left_pad(seqs, pad_id=0)
+    width = ids.shape[1]
+    rows, cols, targets = [], [], []
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        for j in range(width - n, width):
+            rows.append(i)
+            cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
+            targets.append(int(ids[i, j]))
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    h = hidden[torch.tensor(rows), torch.tensor(cols)]
+    logits = model.get_output_embeddings()(h).float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(1, torch.tensor(targets)[:, None]).squeeze(1)
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Low-variance KL estimate per token: exp(ref − logp) − (ref − logp) − 1, clamped."""
+    d = ref_logp - logp
+    return torch.clamp(torch.exp(d) - d - 1.0, min=-KL_CLAMP, max=KL_CLAMP)
+
+
+def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: float,
+                     entropy_coef: float = 0.0, entropy=None):
+    """Per-token loss terms; the caller sums them and divides by the mini-batch token count.
+
+    ``adv`` is the per-token advantage (each token of a sample carries its sample's value).
+    Returns ``(loss_per_token, stats)`` where stats hold per-token tensors for logging.
+    """
+    ratio = torch.exp(logp - old_logp)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    pg = torch.maximum(pg1, pg2)
+    loss = pg
+    kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
+    if ref_logp is not None and kl_coef:
+        loss = loss + kl_coef * kl
+    if entropy is not None and entropy_coef:
+        loss = loss - entropy_coef * entropy
+    stats = {"pg": pg.detach(), "kl": kl.detach(), "clipped": (pg2 > pg1).detach().float(),
+             "ratio": ratio.detach()}
+    if entropy is not None:
+        stats["entropy"] = entropy.detach()
+    return loss, stats
+
+
+def token_advantages(samples: Sequence[Sample]) -> torch.Tensor:
+    """Each response token carries its sample's advantage (flat, sample order)."""
+    return torch.tensor([s.advantage for s in samples for _ in s.response_ids], dtype=torch.float32)

@@ -1,0 +1,34 @@
+"""The fixed validation set: seeds 0..n-1 mapped onto the validation tasks, same every round."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fedagent.atomic import atomic_write_json
+from fedagent.tasks import load_games_index
+
+
+def build_val_set(val_tasks: list[str], n: int) -> dict:
+    """Seeds 0..n-1 and the task each selects (index mode: tasks[seed % len])."""
+    if n < 1:
+        raise ValueError(f"eval.n must be ≥ 1, got {n}")
+    seeds = list(range(n))
+    return {"tasks": list(val_tasks), "seeds": seeds,
+            "task_of_seed": [val_tasks[s % len(val_tasks)] for s in seeds]}
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent val-set``."""
+    parser.add_argument("--games", type=Path, required=True)
+    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent val-set``: writes val_set.json."""
+    index = load_games_index(args.games)
+    payload = build_val_set(index["val"], args.n)
+    payload["games_sha256"] = index["sha256"]
+    atomic_write_json(args.out, payload)
+    return 0

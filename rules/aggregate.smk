@@ -1,0 +1,22 @@
+# Weighted mean of the round's client deltas, fp32, streamed tensor by tensor.
+
+
+rule aggregate:
+    input:
+        prev=lambda w: model_dir(int(w.round) - 1),
+        selection=f"{RUN}/round_{{round}}/selection.json",
+        clients=lambda w: [f"{round_dir(w.round)}/clients/{c}" for c in selected_clients(w.round)],
+    output:
+        maybe_temp(directory(f"{RUN}/round_{{round}}/aggregate"), config["keep"]["aggregates"]),
+    wildcard_constraints:
+        round=r"(?!000)\d{3}",
+    params:
+        weighting=config["aggregate"]["weighting"],
+        quarantine=QUARANTINE,
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{RUN}/logs/round_{{round}}/aggregate.log",
+    shell:
+        "fedagent aggregate --prev {input.prev} --clients {input.clients}"
+        " --weighting {params.weighting} --out {output} --quarantine {params.quarantine} > {log} 2>&1"

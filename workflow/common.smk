@@ -1,0 +1,74 @@
+# Config validation, run paths and per-job params. Client selection is computed here, at plan
+# time, as a pure function of (seed, round): no checkpoint, so `-n` shows every job.
+import json
+import sys
+
+sys.path.insert(0, workflow.basedir)  # the package is importable even from a bare checkout
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from fedagent.config import ConfigError, check_cross_fields
+from fedagent.selection import select_clients
+
+validate(config, "schemas/config.schema.yaml")
+try:
+    check_cross_fields(config)
+except ConfigError as exc:
+    raise WorkflowError(f"invalid config: {exc}")
+
+RUN = f"{config['results_dir']}/{config['run']}"
+QUARANTINE = f"{RUN}/_failed"
+GAMES = f"{RUN}/plan/games"
+PARTITION = f"{RUN}/plan/partition.json"
+VAL_SET = f"{RUN}/plan/val_set.json"
+ROUNDS = range(0, config["rounds"] + 1)
+
+wildcard_constraints:
+    round=r"\d{3}",
+    client=r"\d+",
+
+
+def round_dir(r):
+    """results/<run>/round_<rrr> (zero-padded, so numeric order = lexical order)."""
+    return f"{RUN}/round_{int(r):03d}"
+
+
+def model_dir(r):
+    """The global model after round r (round 0: the base model)."""
+    return f"{round_dir(r)}/model"
+
+
+def selected_clients(r):
+    """The clients trained in round r (pure function of seed and r)."""
+    return select_clients(config["seed"], int(r), config["clients"]["total"], config["clients"]["per_round"])
+
+
+def ref_model_dir(wildcards):
+    """KL reference: the base model, or the model the round started from."""
+    if config["train"]["ref_anchor"] == "base":
+        return model_dir(0)
+    return model_dir(int(wildcards.round) - 1)
+
+
+def as_json(d):
+    """Compact JSON for a shell argument (params values are compared as strings)."""
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def maybe_temp(path, keep):
+    """temp() unless the config keeps this kind of output."""
+    return path if keep else temp(path)
+
+
+# Per-job params: only what changes that job's result, so a change re-runs only what it touches.
+TRAIN_PARAMS = as_json({
+    "base_seed": config["seed"],
+    **{k: v for k, v in config["train"].items() if k not in ("threads", "backend", "ref_anchor")},
+    "pool_size": config["env"]["pool_size"],
+})
+EVAL_PARAMS = as_json({
+    "base_seed": config["seed"],
+    "pool_size": config["env"]["pool_size"],
+    **{k: v for k, v in config["eval"].items() if k not in ("threads", "n")},
+})
