@@ -52,7 +52,13 @@ def validate_schema(config: dict, schema: dict | None = None) -> dict:
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
-        key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
+        path = [str(p) for p in err.absolute_path]
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = set(err.schema.get("properties", {}))
+            unknown = sorted(k for k in err.instance if k not in allowed)
+            key = ".".join(path + [unknown[0]]) if unknown else ".".join(path)
+            raise ConfigError(f"config key '{key}': unknown key (allowed here: {sorted(allowed)})")
+        key = ".".join(path) or "<top level>"
         raise ConfigError(f"config key '{key}': {err.message}")
     return config
 

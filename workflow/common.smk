@@ -8,14 +8,16 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from fedagent.config import ConfigError, check_cross_fields
+from fedagent.config import ConfigError, check_cross_fields, validate_schema
 from fedagent.selection import select_clients
 
-validate(config, "schemas/config.schema.yaml")
 try:
+    # Our validator first: one short message naming the key (Snakemake's dumps the schema).
+    validate_schema(config)
     check_cross_fields(config)
 except ConfigError as exc:
     raise WorkflowError(f"invalid config: {exc}")
+validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 QUARANTINE = f"{RUN}/_failed"
