@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -43,12 +44,16 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
     client_dirs = [Path(d) for d in client_dirs]
     dirs = [prev_dir, *client_dirs, agg_dir] + ([Path(model_dir)] if model_dir else [])
-    failures: list[str] = []
-    for d in dirs:  # every directory, so one run lists every manifest problem
+    def manifest_problem(d: Path) -> str | None:
         try:
             verify_manifest(d)
         except ManifestError as exc:
-            failures.append(f"manifest: {exc}")
+            return f"manifest: {exc}"
+        return None
+
+    # Every directory (one run lists every manifest problem); two threads hash in parallel.
+    with ThreadPoolExecutor(2) as pool:
+        failures = [f for f in pool.map(manifest_problem, dirs) if f]
     if failures:
         return failures
     try:
