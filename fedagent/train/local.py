@@ -1,0 +1,198 @@
+"""The local backend: one client's GRPO round on CPU (or one GPU), written as an HF dir.
+
+Per local epoch e: fresh task seeds ``derive_seed(base, "task_draw", round, client, epoch,
+index=g)`` for g < groups_per_epoch, each played ``group_size`` times (a GRPO group = one
+seed = one task), sampled with ``torch_generator(base, "rollout_sampling", round, client,
+epoch)``; behaviour and reference log-probs are computed before the epoch's first update;
+then one pass over the per-turn samples in mini-batches shuffled by their own derived seed.
+Same inputs and thread count → byte-identical ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedagent.seeds import derive_seed, python_rng, torch_generator
+from fedagent.train import grpo
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Knobs of one client job (the ``--params`` JSON of ``fedagent train-client``)."""
+
+    base_seed: int = 0
+    epochs: int = 1
+    groups_per_epoch: int = 1
+    group_size: int = 4
+    max_turns: int = 3
+    max_new_tokens: int = 40
+    temperature: float = 1.0
+    lr: float = 1e-6
+    kl_coef: float = 0.01
+    clip: float = 0.2
+    entropy_coef: float = 0.0
+    mini_batch_size: int = 8
+    micro_batch_size: int = 4
+    max_prompt_tokens: int = 1024
+    invalid_penalty: float = 0.1
+    pool_size: int = 8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
+        """Build from a dict; unknown keys are an error that names them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown train params: {unknown} (known: {sorted(known)})")
+        p = cls(**d)
+        for name in ("epochs", "groups_per_epoch", "group_size", "max_turns", "mini_batch_size",
+                     "micro_batch_size", "max_prompt_tokens", "pool_size"):
+            if int(getattr(p, name)) < 1:
+                raise ValueError(f"train param {name} must be >= 1, got {getattr(p, name)}")
+        if p.max_new_tokens < 1 or p.temperature < 0 or p.lr <= 0 or not 0 < p.clip < 1:
+            raise ValueError(f"bad train params: {p}")
+        return p
+
+
+def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> list[int]:
+    """The group seeds of one local epoch (fresh draws every epoch)."""
+    return [derive_seed(p.base_seed, "task_draw", round=round, client=client, epoch=epoch, index=g)
+            for g in range(p.groups_per_epoch)]
+
+
+def _chunks(seq, n):
+    return [seq[k:k + n] for k in range(0, len(seq), n)]
+
+
+@torch.no_grad()
+def _logprobs_nograd(model, samples, micro: int) -> torch.Tensor:
+    parts = [grpo.response_logprobs(model, chunk)[0] for chunk in _chunks(samples, micro)]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _token_slices(samples) -> list[slice]:
+    out, k = [], 0
+    for s in samples:
+        out.append(slice(k, k + len(s.response_ids)))
+        k += len(s.response_ids)
+    return out
+
+
+def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int) -> list[dict]:
+    """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates."""
+    model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
+    old = _logprobs_nograd(model, samples, p.micro_batch_size)
+    ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size) if ref_model is not None else None
+    slices = _token_slices(samples)
+    order = list(range(len(samples)))
+    shuffle_rng.shuffle(order)
+    params = [q for q in model.parameters() if q.requires_grad]
+    steps = []
+    for mb in _chunks(order, p.mini_batch_size):
+        n_tok = sum(len(samples[i].response_ids) for i in mb)
+        optimizer.zero_grad(set_to_none=True)
+        acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
+        for micro in _chunks(mb, p.micro_batch_size):
+            batch = [samples[i] for i in micro]
+            logp, ent = grpo.response_logprobs(model, batch, with_entropy=True)
+            old_b = torch.cat([old[slices[i]] for i in micro])
+            ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
+            adv = grpo.token_advantages(batch)
+            terms, st = grpo.grpo_token_terms(
+                logp, old_b, ref_b, adv, clip=p.clip, kl_coef=p.kl_coef,
+                entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
+            # Sum over tokens / mini-batch token count = token-mean over the whole mini-batch.
+            loss = terms.sum() / n_tok
+            loss.backward()
+            acc["loss"] += float(loss.detach())
+            acc["pg"] += float(st["pg"].sum()) / n_tok
+            acc["kl"] += float(st["kl"].sum()) / n_tok
+            acc["entropy"] += float(st["entropy"].sum()) / n_tok
+            acc["clipfrac"] += float(st["clipped"].sum()) / n_tok
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
+        optimizer.step()
+        steps.append({"epoch": epoch, "samples": len(mb), "tokens": n_tok,
+                      "grad_norm": float(grad_norm), **{k: round(v, 8) for k, v in acc.items()}})
+    return steps
+
+
+def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int, client: int,
+                 params: TrainParams, threads: int, out_dir: Path, quarantine: Path | None = None,
+                 verify: bool = True) -> dict:
+    """Run one client's local GRPO round against ``env``; write the update dir atomically.
+
+    Output (via :func:`fedagent.atomic.atomic_dir`): fp32 HF dir + ``metrics.json`` +
+    ``samples.jsonl``. Returns the metrics dict. ``ref_model_dir`` None (or kl_coef 0)
+    disables the KL term.
+    """
+    from fedagent.atomic import atomic_dir
+    from fedagent.policy import load_policy, save_policy
+    from fedagent.rollout.episode import run_episodes_batched
+
+    t0 = time.time()
+    p = params
+    model, tok = load_policy(model_dir, threads, verify=verify)
+    ref_model = None
+    if ref_model_dir is not None and p.kl_coef:
+        ref_model, _ = load_policy(ref_model_dir, threads, verify=verify)
+        ref_model.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    steps, records, seeds_used = [], [], []
+    n_samples = n_tokens = 0
+    returns, wins = [], []
+    for epoch in range(p.epochs):
+        seeds = epoch_task_seeds(p, round, client, epoch)
+        seeds_used.append(seeds)
+        rollout_seeds = [s for s in seeds for _ in range(p.group_size)]
+        groups = [g for g in range(len(seeds)) for _ in range(p.group_size)]
+        gen = torch_generator(p.base_seed, "rollout_sampling", round=round, client=client, epoch=epoch)
+        model.eval()
+        trajs = run_episodes_batched(
+            model, tok, env, rollout_seeds, batch_size=p.pool_size,
+            session_prefix=f"r{round}-c{client}-e{epoch}", max_turns=p.max_turns,
+            max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
+            max_prompt_tokens=p.max_prompt_tokens)
+        samples = grpo.turn_samples(trajs, groups, p.invalid_penalty)
+        advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
+        for s, a in zip(samples, advs):
+            s.advantage = a
+        shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
+        if samples:
+            steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch))
+        n_samples += len(samples)
+        n_tokens += sum(len(s.response_ids) for s in samples)
+        for tr, g in zip(trajs, groups):
+            returns.append(tr.episode_return)
+            wins.append(tr.won)
+            records.append({"epoch": epoch, "group": g, **tr.summary()})
+    metrics = {
+        "round": round, "client": client, "num_samples": n_samples, "num_tokens": n_tokens,
+        "num_episodes": len(returns),
+        "mean_return": (math.fsum(returns) / len(returns)) if returns else 0.0,
+        "success_rate": (sum(wins) / len(wins)) if wins else 0.0,
+        "kl": (math.fsum(s["kl"] for s in steps) / len(steps)) if steps else 0.0,
+        "steps": steps, "task_seeds": seeds_used, "params": dataclasses.asdict(p),
+        "threads": threads, "wall_time_s": round_(time.time() - t0),
+    }
+    with atomic_dir(Path(out_dir), quarantine) as staging:
+        save_policy(model, tok, staging)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+        with open(staging / "samples.jsonl", "w") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    return metrics
+
+
+def round_(x: float) -> float:
+    """Seconds to 3 decimals (wall time is informational only)."""
+    return float(f"{x:.3f}")
