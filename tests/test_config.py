@@ -1,0 +1,45 @@
+"""Config validation: schema defaults, cross-field checks, messages that name the key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedagent.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_default_config_is_valid():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert cfg["rounds"] >= 2 and cfg["clients"]["total"] >= 2 and cfg["model"] == "smollm2"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"rounds": -1}, "rounds"),
+    ({"clients.per_round": 5}, "clients.per_round"),
+    ({"train.lr": "fast"}, "train.lr"),
+    ({"train.bogus": 1}, "train.bogus"),
+    ({"server.optimizer": "sgd"}, "server.optimizer"),
+    ({"model": "/nonexistent/model"}, "model"),
+    ({"partition.min_tasks_per_client": 99}, "partition.min_tasks_per_client"),
+])
+def test_errors_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load_config(REPO / "config" / "config.yaml", overrides)
+
+
+def test_cli_exits_nonzero_with_one_message(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text(yaml.safe_dump({"rounds": 2, "eval": {"n": 0}}))
+    proc = subprocess.run([sys.executable, "-m", "fedagent.cli", "check-config", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "eval.n" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
