@@ -146,3 +146,41 @@ class FlakyTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _child_serve(factory, uds: str) -> None:
+    app = factory()
+    config = uvicorn.Config(app, uds=uds, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run()
+
+
+@contextlib.contextmanager
+def serve_in_process(factory, uds: Path):
+    """Run ``factory()``'s app with real uvicorn in a forked child (its own GIL)."""
+    import multiprocessing
+    import os
+    import signal
+
+    proc = multiprocessing.get_context("fork").Process(target=_child_serve, args=(factory, str(uds)), daemon=True)
+    proc.start()
+    deadline = time.monotonic() + 20
+    try:
+        while True:
+            try:
+                with httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://x") as c:
+                    if c.get("/health").status_code == 200:
+                        break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or not proc.is_alive():
+                raise RuntimeError("service process did not start")
+            time.sleep(0.05)
+        yield uds
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

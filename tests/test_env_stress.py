@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 
-from env_fixtures import FakeTaskSource, FlakyTransport, serve_in_thread, short_tmp
+from env_fixtures import FakeTaskSource, FlakyTransport, serve_in_process, short_tmp
 from fedagent.envs.client import EnvClient
 from fedagent.envs.service import build_app
 
@@ -76,24 +76,29 @@ def _session(i: int, uds: str, client: EnvClient) -> str:
         client.reset(sid, i)
         client.step(sid, GOOD.format("look"))
         if i % 2:
-            _raw(uds, "/step", {"session_id": sid, "text": GOOD.format("x"), "step_id": 1}, cut_body=False)
+            _raw(uds, "/step", {"session_id": sid, "text": "no tags at all", "step_id": 1}, cut_body=False)
         client.step(sid, "no tags at all")
     finally:
         client.close(sid)                   # what EnvClient.session() does in its finally
     return sid
 
 
-def test_thousand_sessions_pool_of_four_no_leak():
+def _make_app():
     src = FakeTaskSource(20, delay=0.0005)
-    app = build_app(src, "train", src.task_ids("train"), mode="draw", pool_size=POOL, max_turns=10)
+    return build_app(src, "train", src.task_ids("train"), mode="draw", pool_size=POOL, max_turns=10)
+
+
+def test_thousand_sessions_pool_of_four_no_leak():
     uds = str(short_tmp() / "stress.sock")
     t0 = time.monotonic()
-    with serve_in_thread(app, uds):
+    # The service runs in its own process (as in production), so client and server
+    # threads do not share one GIL.
+    with serve_in_process(_make_app, uds):
         flaky = FlakyTransport(httpx.HTTPTransport(uds=uds), random.Random(1234), {"/close"},
                                before=0.15, after=0.15)
         # sleep=0: retry timing is not what is under test here
         client = EnvClient(transport=flaky, sleep=lambda s: None, max_retries=8)
-        with ThreadPoolExecutor(max_workers=24) as pool:
+        with ThreadPoolExecutor(max_workers=16) as pool:
             futures = [pool.submit(_session, i, uds, client) for i in range(N_SESSIONS)]
             done, not_done = wait(futures, timeout=TIME_BOUND_S)
             assert not not_done, f"{len(not_done)} sessions hung"
