@@ -20,6 +20,8 @@ from typing import Iterator
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".partial-"
+# Files other tools add to a finished output directory: Snakemake stamps directory() outputs.
+IGNORED_FILES = frozenset({".snakemake_timestamp"})
 _CHUNK = 8 << 20
 
 
@@ -77,7 +79,7 @@ def verify_manifest(directory: Path, *, check_hashes: bool = True) -> dict:
     on_disk = {
         p.relative_to(directory).as_posix()
         for p in directory.rglob("*")
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name != MANIFEST and p.name not in IGNORED_FILES
     }
     missing = sorted(set(files) - on_disk)
     if missing:

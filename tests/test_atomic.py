@@ -58,3 +58,10 @@ def test_atomic_json_is_canonical(tmp_path):
     atomic_write_json(tmp_path / "x.json", {"b": 1, "a": [2]})
     assert (tmp_path / "x.json").read_text() == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'
     assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_snakemake_directory_stamp_is_not_foreign(tmp_path):
+    with atomic_dir(tmp_path / "d") as staging:
+        (staging / "w.bin").write_bytes(b"1")
+    (tmp_path / "d" / ".snakemake_timestamp").write_text("")
+    verify_manifest(tmp_path / "d")

