@@ -87,3 +87,12 @@ class FakeEnv:
         self.log.append(("close", session_id))
         self.sessions.pop(session_id, None)
         return {"ok": True}
+
+
+def build_tiny_model(out_dir, seed: int = 1):
+    """A tiny HF model dir (with manifest) for tests; see fedagent.base_model_tiny."""
+    from pathlib import Path
+
+    from fedagent.base_model_tiny import write_tiny_model
+
+    return write_tiny_model(Path(out_dir), seed)

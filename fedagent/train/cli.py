@@ -1,0 +1,64 @@
+"""``fedagent train-client``: one client's local round, with its own env service.
+
+The job starts the environment service over the client's shard (``partition.json`` →
+``{"clients": {"<c>": [task ids]}}``) in draw mode, in a work dir beside the output's
+staging dir, trains (:func:`fedagent.train.local.train_client`) and writes the update dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent train-client``."""
+    parser.add_argument("--model", type=Path, required=True, help="start model (HF dir with manifest)")
+    parser.add_argument("--ref-model", type=Path, required=True, help="KL reference model (HF dir with manifest)")
+    parser.add_argument("--games", type=Path, required=True, help="games directory (plan/games)")
+    parser.add_argument("--partition", type=Path, required=True, help="partition.json")
+    parser.add_argument("--client", type=int, required=True)
+    parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--params", required=True, help="JSON object of train params (see TrainParams)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True, help="output update dir")
+    parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
+
+
+def client_shard(partition_file: Path, client: int) -> list[str]:
+    """The task ids of one client from ``partition.json``; a missing or empty shard is an error."""
+    part = json.loads(Path(partition_file).read_text())
+    shard = part.get("clients", {}).get(str(client))
+    if not shard:
+        raise ValueError(f"{partition_file}: client {client} has no tasks")
+    return list(shard)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent train-client``."""
+    from fedagent.envs.lifecycle import env_service
+    from fedagent.train.local import TrainParams, train_client
+
+    params = TrainParams.from_dict(json.loads(args.params))
+    shard = client_shard(args.partition, args.client)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Beside the staging dir (same filesystem, short Unix-socket path); never inside it,
+    # because the update dir's manifest must list only the update's files.
+    workdir = out.parent / f".env-{out.name}"
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    try:
+        with env_service(args.games, "train", shard, workdir, mode="draw", pool_size=params.pool_size,
+                         max_turns=params.max_turns, client_id=str(args.client)) as env:
+            metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
+                                   params=params, threads=args.threads, out_dir=out,
+                                   quarantine=args.quarantine)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
+                      "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
+                      "wall_time_s": metrics["wall_time_s"]}))
+    return 0

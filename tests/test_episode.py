@@ -1,0 +1,89 @@
+"""Episode loop: lockstep batching, session hygiene, trajectory bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+import fedagent.rollout.episode as episode
+from fake_env import FakeEnv, build_tiny_model
+from fedagent.policy import load_policy
+from fedagent.seeds import torch_generator
+
+KW = dict(max_turns=3, max_new_tokens=6, temperature=1.0, max_prompt_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return load_policy(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=2), threads=1)
+
+
+def test_lockstep_one_sample_call_per_turn(policy, monkeypatch):
+    model, tok = policy
+    calls = []
+    real = episode.sample
+
+    def spy(m, t, prompts, *a, **k):
+        calls.append(len(prompts))
+        return real(m, t, prompts, *a, **k)
+
+    monkeypatch.setattr(episode, "sample", spy)
+    env = FakeEnv(max_turns=10)
+    trajs = episode.run_episodes(model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"),
+                                 session_prefix="s", **KW)
+    assert calls == [4, 4, 4]                      # nobody wins: all 4 sessions, 3 turns
+    assert [t.seed for t in trajs] == [0, 1, 2, 3]
+    assert [t.task_id for t in trajs] == ["fake-000", "fake-001", "fake-002", "fake-003"]
+    assert all(t.n_turns == 3 == len(t.turns) and not t.won for t in trajs)
+    assert env.sessions == {}                      # all closed
+    assert sorted(e[1] for e in env.log if e[0] == "close") == ["s-0", "s-1", "s-2", "s-3"]
+    turn = trajs[0].turns[0]
+    assert turn.prompt_ids and turn.response_ids and isinstance(turn.text, str)
+
+
+def test_done_sessions_leave_the_batch(policy, monkeypatch):
+    model, tok = policy
+    calls = []
+    real = episode.sample
+    monkeypatch.setattr(episode, "sample", lambda m, t, p, *a, **k: calls.append(len(p)) or real(m, t, p, *a, **k))
+    # Seeds 0 and 2 win at once; the others play on.
+    env = FakeEnv(max_turns=10)
+    env.win_if = None
+    won_sessions = {"s-0", "s-2"}
+    orig_step = env.step
+
+    def step(sid, text):
+        r = orig_step(sid, text)
+        if sid in won_sessions:
+            r.update(reward=10.0, done=True, won=True, score=1.0)
+            env.sessions[sid]["done"] = True
+        return r
+
+    env.step = step
+    trajs = episode.run_episodes(model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"),
+                                 session_prefix="s", **KW)
+    assert calls == [4, 2, 2]
+    assert [t.won for t in trajs] == [True, False, True, False]
+    assert [t.episode_return for t in trajs] == [10.0, 0.0, 10.0, 0.0]
+    assert [t.n_turns for t in trajs] == [1, 3, 1, 3]
+
+
+def test_sessions_closed_when_a_step_fails(policy):
+    model, tok = policy
+    env = FakeEnv()
+
+    def boom(sid, text):
+        raise RuntimeError("service died")
+
+    env.step = boom
+    with pytest.raises(RuntimeError, match="service died"):
+        episode.run_episodes(model, tok, env, [0, 1], generator=torch_generator(0, "t"), session_prefix="x", **KW)
+    assert env.sessions == {}
+
+
+def test_batched_runner_chunks_to_pool(policy):
+    model, tok = policy
+    env = FakeEnv(pool_size=2)
+    trajs = episode.run_episodes_batched(model, tok, env, [0, 1, 2, 3, 4], batch_size=2,
+                                         generator=torch_generator(0, "t"), session_prefix="p", **KW)
+    assert [t.seed for t in trajs] == [0, 1, 2, 3, 4]
+    assert env.sessions == {}

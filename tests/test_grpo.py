@@ -1,0 +1,151 @@
+"""GRPO math, loss terms, learning direction, and byte-identical local training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from fake_env import FakeEnv, build_tiny_model
+from fedagent.atomic import verify_manifest
+from fedagent.policy import load_policy
+from fedagent.rollout.episode import Trajectory, Turn
+from fedagent.seeds import python_rng
+from fedagent.train import grpo
+from fedagent.train.local import TrainParams, epoch_task_seeds, grpo_epoch, train_client
+
+
+def test_group_advantages_match_hand_computation():
+    rewards = [10.0, 0.0, 0.0, 10.0, 9.9, 5.0, 1.0, 3.0]
+    groups = [0, 0, 0, 0, 0, 1, 1, 2]
+    adv = grpo.group_advantages(rewards, groups)
+    g0 = rewards[:5]
+    m, s = statistics.mean(g0), statistics.stdev(g0)   # unbiased, as torch.std
+    assert adv[:5] == pytest.approx([(r - m) / (s + 1e-6) for r in g0], rel=1e-12)
+    m1, s1 = 3.0, statistics.stdev([5.0, 1.0])
+    assert adv[5:7] == pytest.approx([(5 - m1) / (s1 + 1e-6), (1 - m1) / (s1 + 1e-6)])
+    assert adv[7] == pytest.approx(3.0 / (1 + 1e-6))    # single-sample group: mean 0, std 1
+    assert grpo.group_advantages([4.0, 4.0], [0, 0]) == [0.0, 0.0]
+
+
+def test_every_turn_carries_the_return_and_only_invalid_turns_pay():
+    def turn(valid):
+        return Turn(prompt_ids=[1], response_ids=[2], text="", action="", valid=valid, reward=0.0)
+
+    t1 = Trajectory("a", "x", 0, turns=[turn(True), turn(False), turn(True)], episode_return=10.0)
+    t2 = Trajectory("a", "x", 0, turns=[turn(False)], episode_return=0.0)
+    s = grpo.turn_samples([t1, t2], [0, 0], invalid_penalty=0.1)
+    assert [x.reward for x in s] == [10.0, 9.9, 10.0, -0.1]
+    assert [x.group for x in s] == [0, 0, 0, 0]
+
+
+def test_k3_kl_and_clipping():
+    lp = torch.tensor([-1.0, -2.0, -0.5])
+    assert torch.equal(grpo.k3_kl(lp, lp), torch.zeros(3))
+    ref = torch.tensor([-1.5, -1.0, -0.5])
+    d = ref - lp
+    assert torch.allclose(grpo.k3_kl(lp, ref), torch.exp(d) - d - 1)
+    assert (grpo.k3_kl(lp, ref) >= 0).all()
+    # ratio 2 with positive advantage: clipped at 1.2, so no gradient flows.
+    logp = torch.tensor([math.log(2.0)], requires_grad=True)
+    loss, st = grpo.grpo_token_terms(logp, torch.zeros(1), None, torch.ones(1), clip=0.2, kl_coef=0.0)
+    assert loss.item() == pytest.approx(-1.2)
+    loss.sum().backward()
+    assert logp.grad.item() == 0.0 and st["clipped"].item() == 1.0
+    # ratio 2 with negative advantage: unclipped branch, gradient flows.
+    logp = torch.tensor([math.log(2.0)], requires_grad=True)
+    loss, _ = grpo.grpo_token_terms(logp, torch.zeros(1), None, -torch.ones(1), clip=0.2, kl_coef=0.0)
+    assert loss.item() == pytest.approx(2.0)
+    loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(2.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=4)
+
+
+def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
+    model, tok = load_policy(tiny_dir, threads=1)
+    ref, _ = load_policy(tiny_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7, 8], [9, 10, 11], 1.0, 0), grpo.Sample([5, 6], [12, 13, 14, 15], 0.0, 0)]
+    with torch.no_grad():
+        a, _ = grpo.response_logprobs(model, samples)
+        b, _ = grpo.response_logprobs(ref, samples)
+    assert a.shape == (7,)
+    assert torch.equal(grpo.k3_kl(a, b), torch.zeros(7))
+
+
+def _pair_logps(model, samples):
+    with torch.no_grad():
+        lp, _ = grpo.response_logprobs(model, samples)
+    return float(lp[:3].sum()), float(lp[3:].sum())
+
+
+def test_policy_moves_toward_the_rewarded_answer(tiny_dir):
+    model, tok = load_policy(tiny_dir, threads=1)
+    ref, _ = load_policy(tiny_dir, threads=1)
+    prompt = tok.encode("take the key", add_special_tokens=False)
+    good, bad = [40, 41, 42], [50, 51, 52]
+    samples = [grpo.Sample(prompt, good, 10.0, 0), grpo.Sample(prompt, bad, 0.0, 0)]
+    for s, a in zip(samples, grpo.group_advantages([10.0, 0.0], [0, 0])):
+        s.advantage = a
+    p = TrainParams(lr=3e-3, mini_batch_size=2, micro_batch_size=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=0.0)
+    g0, b0 = _pair_logps(model, samples)
+    for e in range(4):
+        steps = grpo_epoch(model, ref, opt, samples, p, python_rng(0, "t", epoch=e), e)
+    g1, b1 = _pair_logps(model, samples)
+    assert g1 > g0 + 0.5 and b1 < b0 - 0.5
+    assert steps[-1]["kl"] > 0      # moved away from the reference
+
+
+PARAMS = dict(base_seed=3, epochs=2, groups_per_epoch=2, group_size=2, max_turns=2, max_new_tokens=8,
+              temperature=1.0, lr=1e-3, mini_batch_size=3, micro_batch_size=2, max_prompt_tokens=256,
+              pool_size=4)
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path):
+    p = TrainParams.from_dict(PARAMS)
+    outs = []
+    for k in range(2):
+        env = FakeEnv(mode="draw")
+        m = train_client(tiny_dir, tiny_dir, env, round=1, client=0, params=p, threads=1, out_dir=tmp_path / f"u{k}")
+        assert env.sessions == {}
+        outs.append((tmp_path / f"u{k}", m))
+    (a, ma), (b, _) = outs
+    assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
+    assert _sha(a / "model.safetensors") != _sha(tiny_dir / "model.safetensors")
+    verify_manifest(a)
+    assert ma["num_samples"] > 0 and ma["num_tokens"] > 0 and len(ma["steps"]) >= 2
+    assert ma["task_seeds"] == [epoch_task_seeds(p, 1, 0, e) for e in range(2)]
+    assert ma["task_seeds"][0] != ma["task_seeds"][1]          # fresh draws every epoch
+    for key in ("mean_return", "success_rate", "kl", "wall_time_s", "num_episodes"):
+        assert key in ma
+    lines = (a / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 2 * 2
+    assert {"epoch", "group", "seed", "task_id", "turns", "return", "won"} <= set(json.loads(lines[0]))
+    # Another round or client draws other tasks.
+    assert epoch_task_seeds(p, 2, 0, 0) != epoch_task_seeds(p, 1, 0, 0) != epoch_task_seeds(p, 1, 1, 0)
+
+
+def test_train_client_seed_changes_the_update(tiny_dir, tmp_path):
+    p = TrainParams.from_dict({**PARAMS, "epochs": 1})
+    q = TrainParams.from_dict({**PARAMS, "epochs": 1, "base_seed": 4})
+    for name, params in (("p", p), ("q", q)):
+        train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=1, client=0, params=params, threads=1,
+                     out_dir=tmp_path / name)
+    assert _sha(tmp_path / "p" / "model.safetensors") != _sha(tmp_path / "q" / "model.safetensors")
+
+
+def test_params_reject_unknown_keys():
+    with pytest.raises(ValueError, match="bogus"):
+        TrainParams.from_dict({"bogus": 1})
