@@ -68,6 +68,7 @@ def env_service(
     token: str | None = None,
     startup_timeout: float = 60.0,
     create_timeout: float | None = None,
+    env_threads: bool = True,
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
     workdir = Path(workdir).resolve()
@@ -78,9 +79,11 @@ def env_service(
     log_path = workdir / f"env-{tag}.log"
     atomic_write_json(tasks_file, {"tasks": list(task_ids)})
     short_dir = None
+    uds = None
     cmd = [sys.executable, "-m", "fedagent.cli", "serve-env", "--games", str(Path(games_dir).resolve()),
            "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
            "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
+    cmd += ["--env-threads", "1" if env_threads else "0"]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
     if create_timeout is not None:
@@ -133,7 +136,7 @@ def env_service(
         if client is not None:
             client.shutdown()
         _stop(proc)
-        for path in (tasks_file, ready_file):
+        for path in (tasks_file, ready_file) + ((uds,) if uds is not None else ()):
             path.unlink(missing_ok=True)
         if short_dir is not None:
             shutil.rmtree(short_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help=f"shared token (or env {TOKEN_ENV})")
     parser.add_argument("--create-timeout", type=float, default=None)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--env-threads", type=int, choices=[0, 1], default=1,
+                        help="1: env calls in a thread per env; 0: inline on the event loop")
 
 
 def load_task_list(path: Path) -> list[str]:
@@ -92,6 +95,10 @@ async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
     await task
 
 
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the app for the games directory and serve it until SIGTERM/SIGINT."""
     import uvicorn
@@ -104,11 +111,14 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,
-                    create_timeout=args.create_timeout)
+                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads))
     sock, where = bind_socket(args)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
+    # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; turn that into a normal
+    # exit so the `finally` below removes the socket file.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         asyncio.run(_serve(server, sock, args.ready_file, where))
     finally:

@@ -273,6 +273,7 @@ def build_app(
     token: str | None = None,
     create_timeout: float | None = None,
     max_body: int = MAX_BODY_BYTES,
+    env_threads: bool = True,
 ) -> FastAPI:
     """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool."""
     tasks = list(task_ids)
@@ -290,7 +291,8 @@ def build_app(
 
     pool_ = EnvPool([task_source.make_env(max_turns) for _ in range(pool_size)])
     # One thread per env: env calls block (TextWorld/jericho) and sessions run in parallel.
-    executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
+    executor = (ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
+                if env_threads else None)
     all_envs = list(pool_._free)
     sessions: dict[str, Session] = {}
     counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0}
@@ -298,7 +300,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        executor.shutdown(wait=False, cancel_futures=True)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
         for env in all_envs:
             try:
                 env.close()
@@ -310,6 +313,8 @@ def build_app(
     app.add_middleware(GuardMiddleware, max_body=max_body, token=token)
 
     async def in_thread(fn, *args):
+        if executor is None:
+            return fn(*args)        # inline: no thread hand-offs (see env_threads)
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     def pool() -> EnvPool:
