@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-turns", type=int, default=50)
     ap.add_argument("--env-threads", type=int, choices=[0, 1], default=1)
+    ap.add_argument("--env-procs", type=int, default=0, help="service env worker processes")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fa-bench-"))
     games = args.games
@@ -102,7 +103,8 @@ def main() -> None:
     for conc in args.concurrency:
         inproc, served = [], []
         with env_service(games, "train", tasks, work / f"svc{conc}", mode="index", pool_size=conc,
-                         max_turns=args.max_turns, env_threads=bool(args.env_threads)) as client:
+                         max_turns=args.max_turns, env_threads=bool(args.env_threads),
+                         env_procs=args.env_procs) as client:
             for _ in range(args.repeats):              # alternate so machine load hits both
                 inproc.append(run_inprocess(source, tasks, conc, args.episodes, args.steps, args.max_turns))
                 served.append(run_service(client, tasks, conc, args.episodes, args.steps))

@@ -259,3 +259,25 @@ def test_client_aborted_mid_step_never_double_steps():
         assert r["step_id"] == 0 and r["turns"] == 1
         assert sum(e.steps for e in src.envs) == 1
         c.close("a")
+
+
+def test_envs_in_worker_processes():
+    """env_procs=K: the same protocol with envs hosted in K worker processes."""
+    src, app = make(pool_size=3, env_procs=2)
+    from fedagent.envs.pool import RemoteEnv
+
+    with TestClient(app) as tc:
+        envs = app.state.pool()._free
+        assert all(isinstance(e, RemoteEnv) for e in envs) and len({id(e.worker) for e in envs}) == 2
+        procs = [e.worker.proc for e in envs]
+        for sid in ("a", "b", "c"):
+            post(tc, "/create", {"session_id": sid})
+            assert post(tc, "/reset", {"session_id": sid, "seed": 3})["task_id"] in src.ids
+        r = post(tc, "/step", {"session_id": "b", "text": GOOD.format("win"), "step_id": 0})
+        assert r["won"] and r["reward"] == 10.0
+        for sid in ("a", "b", "c"):
+            post(tc, "/close", {"session_id": sid})
+        assert health(tc)["pool_free"] == 3
+    for p in procs:                                # workers stop with the service
+        p.join(10)
+        assert not p.is_alive()

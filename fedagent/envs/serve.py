@@ -43,6 +43,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--env-threads", type=int, choices=[0, 1], default=1,
                         help="1: env calls in a thread per env; 0: inline on the event loop")
+    parser.add_argument("--env-procs", type=int, default=0,
+                        help="host the envs in this many worker processes (0: in the service process)")
 
 
 def load_task_list(path: Path) -> list[str]:
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,
-                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads))
+                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads), env_procs=args.env_procs)
     sock, where = bind_socket(args)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=3, lifespan="on")

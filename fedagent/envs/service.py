@@ -274,6 +274,7 @@ def build_app(
     create_timeout: float | None = None,
     max_body: int = MAX_BODY_BYTES,
     env_threads: bool = True,
+    env_procs: int = 0,
 ) -> FastAPI:
     """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool."""
     tasks = list(task_ids)
@@ -289,7 +290,16 @@ def build_app(
     for t in task_types.values():
         type_counts[t] = type_counts.get(t, 0) + 1
 
-    pool_ = EnvPool([task_source.make_env(max_turns) for _ in range(pool_size)])
+    workers = []
+    if env_procs > 0:
+        # Envs live in worker processes (GIL-bound envs step in parallel); see envs/pool.py.
+        from fedagent.envs.pool import process_envs
+
+        env_list, workers = process_envs(task_source, max_turns, pool_size, env_procs)
+        env_threads = True                    # proxies block on a pipe: keep them off the loop
+    else:
+        env_list = [task_source.make_env(max_turns) for _ in range(pool_size)]
+    pool_ = EnvPool(env_list)
     # One thread per env: env calls block (TextWorld/jericho) and sessions run in parallel.
     executor = (ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
                 if env_threads else None)
@@ -307,6 +317,8 @@ def build_app(
                 env.close()
             except Exception:   # noqa: BLE001 - best effort at shutdown
                 pass
+        for worker in workers:
+            worker.shutdown()
 
     app = FastAPI(title="fedagent env service", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
