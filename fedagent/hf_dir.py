@@ -163,18 +163,24 @@ class TensorReader:
 
     def read(self, info: TensorInfo) -> torch.Tensor:
         """The tensor described by ``info``, in its stored dtype."""
+        return self.read_range(info, 0, info.numel).reshape(info.shape)
+
+    def read_range(self, info: TensorInfo, begin: int, end: int) -> torch.Tensor:
+        """Flat elements ``[begin, end)`` of a tensor (row-major, so one contiguous byte range)."""
         fh = self._files.get(info.file)
         if fh is None:
             fh = self._files[info.file] = open(info.file, "rb", buffering=0)
-        buf = torch.empty(info.nbytes, dtype=torch.uint8)
+        size = ITEMSIZE[info.dtype]
+        nbytes, offset = (end - begin) * size, info.start + begin * size
+        buf = torch.empty(nbytes, dtype=torch.uint8)
         view = memoryview(buf.numpy())
         got = 0
-        while got < info.nbytes:
-            n = os.preadv(fh.fileno(), [view[got:]], info.start + got)
+        while got < nbytes:
+            n = os.preadv(fh.fileno(), [view[got:]], offset + got)
             if n <= 0:
                 raise FormatError(f"{info.file}: short read for tensor {info.name!r}")
             got += n
-        return buf.view(DTYPES[info.dtype]).reshape(info.shape)
+        return buf.view(DTYPES[info.dtype])
 
     def close(self) -> None:
         for fh in self._files.values():
@@ -186,6 +192,28 @@ class TensorReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sync_file_range():
+    """libc ``sync_file_range`` (Linux) or None: starts write-back of a byte range, no waiting."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_SYNC_RANGE = _sync_file_range()
+_SYNC_RANGE_WRITE = 2  # SYNC_FILE_RANGE_WRITE
+_WRITEBACK_EVERY = 64 << 20
+
+
+def chunks(numel: int, size: int) -> list[tuple[int, int]]:
+    """Flat ``[begin, end)`` ranges of at most ``size`` elements covering ``numel`` (≥ 1 range)."""
+    return [(b, min(b + size, numel)) for b in range(0, numel, size)] or [(0, 0)]
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -215,6 +243,8 @@ class SafetensorsWriter:
         self._fh = open(self.path, "wb")
         self._fh.write(struct.pack("<Q", len(raw)) + raw)
         self._next = 0
+        self._done = 0  # elements written of the current tensor
+        self._pending = 0  # bytes written since the last write-back request
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Append the next tensor; its name, dtype and shape must match the spec."""
@@ -222,8 +252,25 @@ class SafetensorsWriter:
         if name != ename or CODES.get(tensor.dtype) != code or tuple(tensor.shape) != tuple(shape):
             raise FormatError(f"{self.path}: expected {ename} {code} {shape}, got {name} "
                               f"{tensor.dtype} {tuple(tensor.shape)}")
-        self._fh.write(_tensor_bytes(tensor))
-        self._next += 1
+        self.write_part(name, tensor.reshape(-1))
+
+    def write_part(self, name: str, flat: torch.Tensor) -> None:
+        """Append the next flat piece of the current tensor (pieces in order, any sizes)."""
+        ename, code, shape = self._specs[self._next]
+        if name != ename or CODES.get(flat.dtype) != code:
+            raise FormatError(f"{self.path}: expected a piece of {ename} {code}, got {name} {flat.dtype}")
+        self._done += flat.numel()
+        if self._done > math.prod(shape):
+            raise FormatError(f"{self.path}: more elements than {ename} {list(shape)} holds")
+        self._pending += self._fh.write(_tensor_bytes(flat))
+        if self._pending >= _WRITEBACK_EVERY and _SYNC_RANGE is not None:
+            # Start write-back now so the disk works while we compute; otherwise the kernel
+            # waits for the dirty threshold and the final fsync writes everything serially.
+            end = self._fh.tell()
+            _SYNC_RANGE(self._fh.fileno(), end - self._pending, self._pending, _SYNC_RANGE_WRITE)
+            self._pending = 0
+        if self._done == math.prod(shape):
+            self._next, self._done = self._next + 1, 0
 
     def close(self) -> None:
         """Flush to disk; raises if some spec was never written."""
