@@ -46,6 +46,9 @@ The room is dark. You won! Nothing happens. The door is locked. You open the che
 """
 
 _VOCAB_MERGES = 320
+# Larger than the usual 0.02 so the random model's outputs depend on context and position
+# (at 0.02 greedy decoding just repeats one token and padding bugs go unnoticed).
+INIT_STD = 0.15
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -142,7 +145,7 @@ def build_model(vocab_size: int, seed: int, *, hidden: int = 64, layers: int = 2
         if name.endswith("norm.weight") or "layernorm" in name:
             state[name] = torch.ones_like(tensor)
         else:
-            state[name] = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * 0.02
+            state[name] = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * INIT_STD
     model.load_state_dict(state, strict=False)
     model.eval()
     return model

@@ -149,3 +149,36 @@ def test_train_client_seed_changes_the_update(tiny_dir, tmp_path):
 def test_params_reject_unknown_keys():
     with pytest.raises(ValueError, match="bogus"):
         TrainParams.from_dict({"bogus": 1})
+
+
+def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkeypatch):
+    import argparse
+    import contextlib
+
+    from fedagent.train import cli
+
+    seen = {}
+
+    @contextlib.contextmanager
+    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None):
+        seen.update(split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
+                    workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
+        yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
+
+    monkeypatch.setattr("fedagent.envs.lifecycle.env_service", fake_service)
+    part = tmp_path / "partition.json"
+    part.write_text(json.dumps({"clients": {"0": ["fake-000"], "1": ["fake-002", "fake-003"]}}))
+    parser = argparse.ArgumentParser()
+    cli.add_args(parser)
+    out = tmp_path / "round_001" / "clients" / "1"
+    args = parser.parse_args(["--model", str(tiny_dir), "--ref-model", str(tiny_dir), "--games", str(tmp_path),
+                              "--partition", str(part), "--client", "1", "--round", "1",
+                              "--params", json.dumps({**PARAMS, "epochs": 1}), "--threads", "1",
+                              "--out", str(out), "--quarantine", str(tmp_path / "_failed")])
+    assert cli.run(args) == 0
+    assert seen == {"split": "train", "tasks": ["fake-002", "fake-003"], "mode": "draw", "pool": 4,
+                    "client": "1", "workdir_outside": True}
+    verify_manifest(out)
+    tasks = {json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()}
+    assert tasks <= {"fake-002", "fake-003"}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["1"]   # no leftover work dir

@@ -52,6 +52,19 @@ def test_left_padded_batch_equals_one_by_one(policy):
         assert g.response_ids == single.response_ids
 
 
+def test_left_padded_forward_matches_unpadded_logits(policy):
+    from fedagent.policy import _left_pad
+
+    model, tok = policy
+    ps = _prompts(tok)
+    ids, mask, pos = _left_pad(ps, int(tok.pad_token_id))
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+        for i, p in enumerate(ps):
+            alone = model(input_ids=torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(batched[i], alone, atol=1e-4), i
+
+
 def test_stops_at_stop_token_per_sequence(policy, monkeypatch):
     model, tok = policy
     ps = _prompts(tok)
@@ -77,3 +90,29 @@ def test_save_policy_roundtrip_fp32(policy, tmp_path):
     ps = _prompts(tok)
     assert [g.response_ids for g in sample(m2, t2, ps, 6, 0.0, None)] == \
         [g.response_ids for g in sample(model, tok, ps, 6, 0.0, None)]
+
+
+def test_tiny_model_cli_is_deterministic(tmp_path):
+    import argparse
+    import hashlib
+    import json
+
+    from fedagent import base_model_tiny
+    from fedagent.atomic import verify_manifest
+
+    parser = argparse.ArgumentParser()
+    base_model_tiny.add_args(parser)
+    digests = []
+    for name in ("a", "b"):
+        assert base_model_tiny.run(parser.parse_args(["--out", str(tmp_path / name), "--seed", "3"])) == 0
+        verify_manifest(tmp_path / name)
+        digests.append({f: hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
+                        for f in ("model.safetensors", "tokenizer.json", "config.json")})
+    assert digests[0] == digests[1]
+    base_model_tiny.run(parser.parse_args(["--out", str(tmp_path / "c"), "--seed", "4"]))
+    assert hashlib.sha256((tmp_path / "c" / "model.safetensors").read_bytes()).hexdigest() != digests[0]["model.safetensors"]
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"]
+    model, tok = load_policy(tmp_path / "a", threads=1)
+    assert tok.chat_template and tok.decode(tok.encode("<think>go</think><action>take key</action>")) == \
+        "<think>go</think><action>take key</action>"

@@ -81,7 +81,7 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
             rows.append(i)
             cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     h = hidden[torch.tensor(rows), torch.tensor(cols)]
     logits = model.get_output_embeddings()(h).float()
     logp_all = torch.log_softmax(logits, dim=-1)
