@@ -66,7 +66,7 @@ def maybe_temp(path, keep):
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **{k: v for k, v in config["train"].items() if k not in ("threads", "backend", "ref_anchor")},
+    **{k: v for k, v in config["train"].items() if k not in ("threads", "backend", "ref_anchor", "algorithm")},
     "pool_size": config["env"]["pool_size"],
 })
 EVAL_PARAMS = as_json({
