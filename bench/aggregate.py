@@ -7,8 +7,8 @@ mix: one large embedding, per-layer attention/MLP matrices, norms), then for eac
 every variant in a fresh subprocess (time measured inside it, peak RSS = its
 ``ru_maxrss``):
 
-- floor:   read prev + M client weight files (64 MiB reads) + write and fsync one output of
-           the model's size; the least any aggregation can do.
+- floor:   read prev + M client weight files + write and fsync one output of the model's
+           size, with the same read sizes and write-back as stream; the I/O alone.
 - stream:  fedagent.aggregate.stream_delta (what `fedagent aggregate` computes), no manifests.
 - full:    fedagent.aggregate.aggregate = stream + sha256 of every input manifest + output
            manifest (what the CLI runs).
@@ -113,20 +113,30 @@ def _fsync(path: Path) -> None:
 
 
 def v_floor(prev_dir, client_dirs, out):
-    buf = bytearray(64 << 20)
+    """Same I/O as stream_delta, no arithmetic: 4 MiB preads of every input, then the
+    output written in the same pieces with the same early write-back, then fsync."""
+    from fedagent.hf_dir import SafetensorsWriter
+
+    buf = bytearray(4 << 20)
     mv = memoryview(buf)
     for f in _files(prev_dir, client_dirs):
-        with open(f, "rb", buffering=0) as fh:
-            while fh.readinto(mv):
-                pass
+        fd = os.open(f, os.O_RDONLY)
+        off = 0
+        while n := os.preadv(fd, [mv], off):
+            off += n
+        os.close(fd)
     size = sum(f.stat().st_size for f in _files(prev_dir, []))
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "delta.safetensors", "wb") as fh:
-        left = size
+    import torch
+
+    n_elems = size // 4
+    piece = torch.zeros(1 << 20, dtype=torch.float32)
+    with SafetensorsWriter(out / "delta.safetensors", [("x", "F32", (n_elems,))]) as w:
+        left = n_elems
         while left > 0:
-            left -= fh.write(mv[: min(len(mv), left)])
-        fh.flush()
-        os.fsync(fh.fileno())
+            k = min(left, piece.numel())
+            w.write_part("x", piece[:k])
+            left -= k
 
 
 def v_stream(prev_dir, client_dirs, out):
@@ -241,7 +251,10 @@ def main() -> int:
         child(variant, mode, prev_dir, clients, out)
         return 0
 
+    import signal
     import tempfile
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` removes the inputs
 
     work = Path(tempfile.mkdtemp(prefix="fedagent-bench-aggregate-", dir=a.workdir))
     try:

@@ -8,6 +8,7 @@ of clients M. Output: ``delta.safetensors`` (fp32) + ``aggregate.json`` + manife
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -114,6 +115,21 @@ def _delta_chunk(name: str, begin: int, end: int, prev: TensorInfo, clients: Seq
     return acc
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Run torch with one intra-op thread inside the block (restored after).
+
+    These elementwise ops are memory-bound, and on a busy 2-core machine OpenMP's barrier
+    waits made them 5-20x slower with two threads than with one (measured).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def stream_delta(path: Path, prev: dict[str, TensorInfo], clients: Sequence[dict[str, TensorInfo]],
                  weights: Sequence[float], client_dirs: Sequence[Path], *, chunk: int = CHUNK_ELEMS) -> None:
     """Write Σ w_i (client_i − prev) as one fp32 safetensors file, chunk by chunk.
@@ -121,18 +137,12 @@ def stream_delta(path: Path, prev: dict[str, TensorInfo], clients: Sequence[dict
     Memory is a few chunks whatever M and the tensor sizes; inputs are read once.
     """
     names = list(prev)
-    threads = torch.get_num_threads()
-    # One intra-op thread: these elementwise ops are memory-bound, and on a busy machine
-    # OpenMP's barrier waits made them 5-20x slower with two threads (measured).
-    torch.set_num_threads(1)
-    try:
-        with TensorReader() as reader, SafetensorsWriter(path, [(n, "F32", prev[n].shape) for n in names]) as writer:
-            for n in names:
-                for begin, end in chunks(prev[n].numel, chunk):
-                    writer.write_part(n, _delta_chunk(n, begin, end, prev[n], [c[n] for c in clients], weights,
-                                                      reader, client_dirs))
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), TensorReader() as reader, \
+            SafetensorsWriter(path, [(n, "F32", prev[n].shape) for n in names]) as writer:
+        for n in names:
+            for begin, end in chunks(prev[n].numel, chunk):
+                writer.write_part(n, _delta_chunk(n, begin, end, prev[n], [c[n] for c in clients], weights,
+                                                  reader, client_dirs))
 
 
 def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",

@@ -312,9 +312,12 @@ def plan_shards(specs: list[tuple[str, str, tuple[int, ...]]],
 
 
 def write_weights(out_dir: Path, specs: list[tuple[str, str, tuple[int, ...]]],
-                  produce: Callable[[str], torch.Tensor], *,
+                  produce: Callable[[str], torch.Tensor | Iterable[torch.Tensor]], *,
                   shard_bytes: int | None = None) -> list[Path]:
     """Write model weights, calling ``produce(name)`` once per tensor in spec order.
+
+    ``produce`` returns the whole tensor, or an iterable of its flat pieces in order
+    (so a tensor never has to be in memory at once).
 
     One ``model.safetensors`` if everything fits in ``shard_bytes`` (or it is None), else
     ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``.
@@ -327,7 +330,12 @@ def write_weights(out_dir: Path, specs: list[tuple[str, str, tuple[int, ...]]],
     for fname, shard in zip(names, shards):
         with SafetensorsWriter(out_dir / fname, shard) as w:
             for name, _code, _shape in shard:
-                w.write(name, produce(name))
+                value = produce(name)
+                if isinstance(value, torch.Tensor):
+                    w.write(name, value)
+                else:
+                    for piece in value:
+                        w.write_part(name, piece)
                 weight_map[name] = fname
     if n > 1:
         total = sum(math.prod(s[2]) * ITEMSIZE[s[1]] for s in specs)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
-from fedagent.aggregate import DELTA_FILE
+from fedagent.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
-from fedagent.hf_dir import FormatError, SafetensorsWriter, TensorReader, copy_aux_files, read_header, tensor_index, write_weights
+from fedagent.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
+                             tensor_index, write_weights)
 from fedagent.server_opt import OPTIMIZERS, ServerOptimizer, make_optimizer
 
 STATE_FILE = "server_state.safetensors"
@@ -71,26 +74,28 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
     state_specs = [(f"{s}/{n}", "F32", prev[n].shape) for n in names for s in opt.slots]
     new_meta = {"format": "fedagent-server-v1", "optimizer": opt.name, "hparams": opt.hparams(),
                 "round": round_, "step": meta["step"] + 1, "prev": str(prev_dir), "aggregate": str(agg_dir)}
-    with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader:
+    with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
         copy_aux_files(prev_dir, stage)
         state_writer = SafetensorsWriter(stage / STATE_FILE, state_specs)
 
-        def produce(name: str) -> torch.Tensor:
-            w = reader.read(prev[name]).to(torch.float32)
-            d = reader.read(delta[name])
-            if old_state:
-                st = {s: reader.read(old_state[f"{s}/{name}"]) for s in opt.slots}
-            else:
-                st = opt.init_state(w)
-            new_w = opt.step(w, d, st)
-            if not bool(torch.isfinite(new_w).all()):
-                raise MergeError(f"tensor {name!r}: server step produced NaN/Inf")
-            for s in opt.slots:
-                state_writer.write(f"{s}/{name}", st[s])
-            return new_w
+        def parts(name: str) -> Iterator[torch.Tensor]:
+            # Chunk by chunk: memory stays at a few chunks even for a 1 GB embedding.
+            for begin, end in chunks(prev[name].numel, CHUNK_ELEMS):
+                w = reader.read_range(prev[name], begin, end).to(torch.float32)
+                d = reader.read_range(delta[name], begin, end)
+                if old_state:
+                    st = {s: reader.read_range(old_state[f"{s}/{name}"], begin, end) for s in opt.slots}
+                else:
+                    st = opt.init_state(w)
+                new_w = opt.step(w, d, st)
+                if not math.isfinite(float(new_w.sum())) and not bool(torch.isfinite(new_w).all()):
+                    raise MergeError(f"tensor {name!r}: server step produced NaN/Inf")
+                for s in opt.slots:
+                    state_writer.write_part(f"{s}/{name}", st[s])
+                yield new_w
 
         with state_writer:
-            write_weights(stage, specs, produce, shard_bytes=shard_bytes)
+            write_weights(stage, specs, parts, shard_bytes=shard_bytes)
         (stage / SERVER_JSON).write_text(json.dumps(new_meta, indent=2) + "\n")
     return new_meta
 

@@ -169,3 +169,13 @@ def test_streamed_writer_sharded_roundtrip(tmp_path):
     for f in {i.file for i in idx.values()}:
         official.update(load_file(f))
     assert official.keys() == sd.keys() and all(torch.equal(official[k], sd[k]) for k in sd)
+
+
+def test_chunking_does_not_change_bytes(tmp_path):
+    from fedagent.aggregate import check_structure, stream_delta
+
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
+    p, c = check_structure(prev_dir, dirs)
+    stream_delta(tmp_path / "a.safetensors", p, c, [0.2, 0.3, 0.5], dirs)
+    stream_delta(tmp_path / "b.safetensors", p, c, [0.2, 0.3, 0.5], dirs, chunk=7)
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
