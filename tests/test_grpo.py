@@ -80,6 +80,21 @@ def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
     assert torch.equal(grpo.k3_kl(a, b), torch.zeros(7))
 
 
+def test_response_logprobs_match_an_unpadded_forward(tiny_dir):
+    model, _ = load_policy(tiny_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0), grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0)]
+    with torch.no_grad():
+        got, ent = grpo.response_logprobs(model, samples, with_entropy=True)
+        want = []
+        for s in samples:
+            full = torch.tensor([s.prompt_ids + s.response_ids])
+            lp = torch.log_softmax(model(input_ids=full).logits[0].float(), -1)
+            n = len(s.prompt_ids)
+            want += [lp[n - 1 + k, t] for k, t in enumerate(s.response_ids)]
+    assert torch.allclose(got, torch.stack(want), atol=1e-5)
+    assert ent.shape == got.shape and (ent > 0).all()
+
+
 def _pair_logps(model, samples):
     with torch.no_grad():
         lp, _ = grpo.response_logprobs(model, samples)
