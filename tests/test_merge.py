@@ -94,3 +94,28 @@ def test_merge_cli(tmp_path):
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "r1" / "server.json").read_text())["optimizer"] == "fedyogi"
     assert (tmp_path / "r1" / "model.safetensors.index.json").is_file()
+
+
+def test_merged_dir_loads_in_transformers(tmp_path):
+    """A real (tiny) Llama dir round-trips: aggregate + merge output loads with from_pretrained."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from fedagent.seeds import torch_generator
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    with torch.device("meta"):  # names and shapes only; no global RNG touched
+        shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+    g = torch_generator(5, "hf-roundtrip")
+    prev = {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
+    config = {**cfg.to_dict(), "architectures": ["LlamaForCausalLM"]}
+    prev_dir = save_model_dir(tmp_path / "prev", prev, config=config)
+    dirs = [save_model_dir(tmp_path / f"c{i}", {k: v + 1e-3 * (i + 1) for k, v in prev.items()}, config=config,
+                           json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}}) for i in range(2)]
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    merge(prev_dir, tmp_path / "agg", tmp_path / "next", FedAvg(), round_=1, shard_bytes=20_000)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "next", dtype=torch.float32)
+    got = model.state_dict()
+    delta = load_file(tmp_path / "agg" / "delta.safetensors")
+    for k in prev:
+        assert torch.equal(got[k], prev[k] + delta[k]), k
