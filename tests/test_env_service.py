@@ -281,3 +281,19 @@ def test_envs_in_worker_processes():
     for p in procs:                                # workers stop with the service
         p.join(10)
         assert not p.is_alive()
+
+
+def test_create_has_no_read_timeout():
+    """A create that waits longer than the client's normal timeout still succeeds."""
+    _src, app = make(pool_size=1)
+    uds = short_tmp() / "s.sock"
+    with serve_in_thread(app, uds), EnvClient(uds=str(uds), timeout=0.2, max_retries=0) as c:
+        c.create("holder")
+        out = []
+        t = threading.Thread(target=lambda: out.append(c.create("late")))
+        t.start()
+        time.sleep(0.6)                            # three read timeouts' worth of waiting
+        c.close("holder")
+        t.join(10)
+        assert out and out[0]["created"] is True
+        c.close("late")

@@ -98,11 +98,13 @@ def test_thousand_sessions_pool_of_four_no_leak():
                                before=0.15, after=0.15)
         # sleep=0: retry timing is not what is under test here
         client = EnvClient(transport=flaky, sleep=lambda s: None, max_retries=8)
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            futures = [pool.submit(_session, i, uds, client) for i in range(N_SESSIONS)]
-            done, not_done = wait(futures, timeout=TIME_BOUND_S)
-            assert not not_done, f"{len(not_done)} sessions hung"
-            assert sorted(f.result() for f in done) == [f"s{i:04d}" for i in range(N_SESSIONS)]
+        pool = ThreadPoolExecutor(max_workers=16)
+        futures = [pool.submit(_session, i, uds, client) for i in range(N_SESSIONS)]
+        done, not_done = wait(futures, timeout=TIME_BOUND_S)
+        # no `with`: on a hang, fail now (stopping the service unblocks the stuck threads)
+        pool.shutdown(wait=False, cancel_futures=True)
+        assert not not_done, f"{len(not_done)} sessions hung"
+        assert sorted(f.result() for f in done) == [f"s{i:04d}" for i in range(N_SESSIONS)]
         plain = EnvClient(uds=uds)
         deadline = time.monotonic() + 10
         # raw-socket requests may still be finishing server-side; they must drain, not leak
