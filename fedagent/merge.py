@@ -37,7 +37,10 @@ def load_server_meta(state_dir: Path | None, opt: ServerOptimizer, round_: int) 
     """server.json of the previous round, checked against this run (same optimizer and hparams)."""
     if state_dir is None:
         return {"step": 0}
-    meta = json.loads((Path(state_dir) / SERVER_JSON).read_text())
+    path = Path(state_dir) / SERVER_JSON
+    if not path.is_file():
+        raise MergeError(f"{state_dir}: no {SERVER_JSON} (pass --prev-server-state none for the first round)")
+    meta = json.loads(path.read_text())
     if meta["optimizer"] != opt.name:
         raise MergeError(f"{state_dir}: server state is {meta['optimizer']}, this run uses {opt.name}")
     if meta["hparams"] != opt.hparams():
@@ -52,9 +55,9 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
           quarantine: Path | None = None) -> dict:
     """Apply one server step and write the next global model dir; return server.json's content."""
     prev_dir, agg_dir, out_dir = Path(prev_dir), Path(agg_dir), Path(out_dir)
-    for d in (prev_dir, agg_dir, prev_state_dir):
-        if d is not None:
-            verify_manifest(Path(d))
+    # The state dir is usually prev itself (last round's output): hash each directory once.
+    for d in dict.fromkeys(Path(d).resolve() for d in (prev_dir, agg_dir, prev_state_dir) if d is not None):
+        verify_manifest(d)
     meta = load_server_meta(prev_state_dir, opt, round_)
     prev = tensor_index(prev_dir)
     delta = read_header(agg_dir / DELTA_FILE)

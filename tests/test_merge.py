@@ -119,3 +119,10 @@ def test_merged_dir_loads_in_transformers(tmp_path):
     delta = load_file(tmp_path / "agg" / "delta.safetensors")
     for k in prev:
         assert torch.equal(got[k], prev[k] + delta[k]), k
+
+
+def test_merge_refuses_state_dir_without_server_json(tmp_path):
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    with pytest.raises(MergeError, match="no server.json"):
+        merge(prev_dir, tmp_path / "agg", tmp_path / "r1", FedAdam(), round_=1, prev_state_dir=prev_dir)
