@@ -197,3 +197,16 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
     tasks = {json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert tasks <= {"fake-002", "fake-003"}
     assert sorted(p.name for p in out.parent.iterdir()) == ["1"]   # no leftover work dir
+
+
+def test_reference_shortcut_gives_the_same_update(tiny_dir, tmp_path, monkeypatch):
+    """Reusing behaviour log-probs as reference log-probs (same weights) changes no byte."""
+    import fedagent.train.local as local
+
+    p = TrainParams.from_dict({**PARAMS, "epochs": 2})
+    local.train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
+                       out_dir=tmp_path / "fast")
+    monkeypatch.setattr(local, "same_weights", lambda a, b: False)
+    local.train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
+                       out_dir=tmp_path / "slow")
+    assert _sha(tmp_path / "fast" / "model.safetensors") == _sha(tmp_path / "slow" / "model.safetensors")

@@ -45,6 +45,7 @@ class Trajectory:
         turns = []
         for t in self.turns:
             d = asdict(t)
+            d["prompt_tokens"], d["response_tokens"] = len(t.prompt_ids), len(t.response_ids)
             if not with_tokens:
                 d.pop("prompt_ids")
                 d.pop("response_ids")

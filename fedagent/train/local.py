@@ -10,6 +10,7 @@ Same inputs and thread count → byte-identical ``model.safetensors``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -70,6 +71,23 @@ def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> lis
             for g in range(p.groups_per_epoch)]
 
 
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two model dirs hold byte-identical ``model.safetensors`` (manifest sha256 or hash)."""
+    from fedagent.atomic import MANIFEST, sha256_file
+
+    def digest(d: Path) -> str:
+        m = Path(d) / MANIFEST
+        if m.is_file():
+            entry = json.loads(m.read_text())["files"].get("model.safetensors")
+            if entry:
+                return entry["sha256"]
+        return sha256_file(Path(d) / "model.safetensors")
+
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    return digest(a) == digest(b)
+
+
 def _chunks(seq, n):
     return [seq[k:k + n] for k in range(0, len(seq), n)]
 
@@ -88,11 +106,22 @@ def _token_slices(samples) -> list[slice]:
     return out
 
 
-def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int) -> list[dict]:
-    """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates."""
+def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int,
+               ref_is_policy: bool = False) -> list[dict]:
+    """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates.
+
+    ``ref_is_policy``: the reference has bit-identical weights to the current policy, so its
+    log-probs are the behaviour log-probs (same deterministic computation) and one forward
+    pass over the samples is saved.
+    """
     model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
     old = _logprobs_nograd(model, samples, p.micro_batch_size)
-    ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size) if ref_model is not None else None
+    if ref_model is None:
+        ref = None
+    elif ref_is_policy:
+        ref = old
+    else:
+        ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size)
     slices = _token_slices(samples)
     order = list(range(len(samples)))
     shuffle_rng.shuffle(order)
@@ -143,12 +172,15 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     p = params
     model, tok = load_policy(model_dir, threads, verify=verify)
     ref_model = None
+    same_ref = False
     if ref_model_dir is not None and p.kl_coef:
-        ref_model, _ = load_policy(ref_model_dir, threads, verify=verify)
+        same_ref = same_weights(model_dir, ref_model_dir)
+        # Same weights (round 1, or ref_anchor=round): copy in memory instead of reloading.
+        ref_model = copy.deepcopy(model) if same_ref else load_policy(ref_model_dir, threads, verify=verify)[0]
         ref_model.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     steps, records, seeds_used = [], [], []
-    n_samples = n_tokens = 0
+    n_samples = n_tokens = n_prompt_tokens = 0
     returns, wins = [], []
     for epoch in range(p.epochs):
         seeds = epoch_task_seeds(p, round, client, epoch)
@@ -168,15 +200,18 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
             s.advantage = a
         shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
         if samples:
-            steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch))
+            steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
+                                    ref_is_policy=same_ref and epoch == 0))
         n_samples += len(samples)
         n_tokens += sum(len(s.response_ids) for s in samples)
+        n_prompt_tokens += sum(len(s.prompt_ids) for s in samples)
         for tr, g in zip(trajs, groups):
             returns.append(tr.episode_return)
             wins.append(tr.won)
             records.append({"epoch": epoch, "group": g, **tr.summary()})
     metrics = {
         "round": round, "client": client, "num_samples": n_samples, "num_tokens": n_tokens,
+        "num_prompt_tokens": n_prompt_tokens,
         "num_episodes": len(returns),
         "mean_return": (math.fsum(returns) / len(returns)) if returns else 0.0,
         "success_rate": (sum(wins) / len(wins)) if wins else 0.0,
