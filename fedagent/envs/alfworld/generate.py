@@ -107,8 +107,9 @@ def plan_game(task_type: str, plan: str, rng, n_distractors: int) -> GameSpec | 
     consts, glib = assets.constants(), assets.goal_library()
     present, receps, locs = _scene(plan)
     rclasses = sorted(set(receps.values()))
-    pickable = sorted(o for o in present if o not in LAMPS and o not in consts.VAL_RECEPTACLE_OBJECTS.keys() - set(
-        consts.MOVABLE_RECEPTACLES) and _holders(consts, receps, o))
+    # Objects an agent can carry: present, not a lamp or a fixed receptacle, and storable here.
+    fixed = set(consts.VAL_RECEPTACLE_OBJECTS) - set(consts.MOVABLE_RECEPTACLES)
+    pickable = sorted(o for o in present if o not in LAMPS and o not in fixed and _holders(consts, receps, o))
     toggle = None
     if task_type == "look_at_obj_in_light":
         lamps = [lp for lp in LAMPS if lp in present]
