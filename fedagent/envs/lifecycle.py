@@ -70,6 +70,7 @@ def env_service(
     create_timeout: float | None = None,
     env_threads: bool = True,
     env_procs: int = 0,
+    source: str = "textworld",
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
     workdir = Path(workdir).resolve()
@@ -82,7 +83,7 @@ def env_service(
     short_dir = None
     uds = None
     cmd = [sys.executable, "-m", "fedagent.cli", "serve-env", "--games", str(Path(games_dir).resolve()),
-           "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
+           "--source", source, "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
            "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
     cmd += ["--env-threads", "1" if env_threads else "0", "--env-procs", str(env_procs)]
     if client_id is not None:

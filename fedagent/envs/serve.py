@@ -24,8 +24,9 @@ TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedagent serve-env``."""
-    parser.add_argument("--games", required=True, type=Path, help="TextWorld games directory")
-    parser.add_argument("--split", required=True, choices=["train", "val"])
+    parser.add_argument("--games", required=True, type=Path, help="games directory (TextWorld or ALFWorld root)")
+    parser.add_argument("--source", choices=["textworld", "alfworld"], default="textworld")
+    parser.add_argument("--split", required=True, help="train/val (TextWorld) or an ALFWorld split")
     tasks = parser.add_mutually_exclusive_group(required=True)
     tasks.add_argument("--tasks-file", type=Path, help='JSON list of task ids (or {"tasks": [...]})')
     tasks.add_argument("--all", action="store_true", help="serve every task of the split")
@@ -97,6 +98,19 @@ async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
     await task
 
 
+def make_source(kind: str, games: Path, split: str):
+    """The task source of a service: a TextWorld games dir or an ALFWorld root (one split)."""
+    if kind == "textworld":
+        from fedagent.envs.textworld_games import TextWorldTaskSource
+
+        return TextWorldTaskSource(games)
+    if kind == "alfworld":
+        from fedagent.envs.alfworld import AlfworldTaskSource
+
+        return AlfworldTaskSource(games, splits=[split])
+    raise ValueError(f"unknown env source {kind!r}")
+
+
 def _exit_on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
@@ -106,9 +120,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from fedagent.envs.service import build_app
-    from fedagent.envs.textworld_games import TextWorldTaskSource
 
-    source = TextWorldTaskSource(args.games)
+    source = make_source(args.source, args.games, args.split)
     tasks = source.task_ids(args.split) if args.all else load_task_list(args.tasks_file)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
