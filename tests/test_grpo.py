@@ -119,9 +119,14 @@ def test_policy_moves_toward_the_rewarded_answer(tiny_dir):
     assert steps[-1]["kl"] > 0      # moved away from the reference
 
 
-PARAMS = dict(base_seed=3, epochs=2, groups_per_epoch=2, group_size=2, max_turns=2, max_new_tokens=8,
+PARAMS = dict(base_seed=3, epochs=2, groups_per_epoch=2, group_size=3, max_turns=2, max_new_tokens=8,
               temperature=1.0, lr=1e-3, mini_batch_size=3, micro_batch_size=2, max_prompt_tokens=256,
               pool_size=4)
+
+
+def _env():
+    # Reward variance inside groups (a random tiny model never wins the real fake game).
+    return FakeEnv(mode="draw", win_if=lambda text: len(text) % 2 == 0)
 
 
 def _sha(path):
@@ -132,13 +137,18 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     p = TrainParams.from_dict(PARAMS)
     outs = []
     for k in range(2):
-        env = FakeEnv(mode="draw")
+        env = _env()
         m = train_client(tiny_dir, tiny_dir, env, round=1, client=0, params=p, threads=1, out_dir=tmp_path / f"u{k}")
         assert env.sessions == {}
         outs.append((tmp_path / f"u{k}", m))
     (a, ma), (b, _) = outs
     assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
-    assert _sha(a / "model.safetensors") != _sha(tiny_dir / "model.safetensors")
+    from safetensors.torch import load_file
+
+    before, after = load_file(tiny_dir / "model.safetensors"), load_file(a / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)      # the update moved weights
+    for e in range(2):   # both epochs had a learning signal (so later tests can tell epochs apart)
+        assert max(s["grad_norm"] for s in ma["steps"] if s["epoch"] == e) > 0
     verify_manifest(a)
     assert ma["num_samples"] > 0 and ma["num_tokens"] > 0 and len(ma["steps"]) >= 2
     assert ma["task_seeds"] == [epoch_task_seeds(p, 1, 0, e) for e in range(2)]
@@ -146,7 +156,7 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     for key in ("mean_return", "success_rate", "kl", "wall_time_s", "num_episodes"):
         assert key in ma
     lines = (a / "samples.jsonl").read_text().splitlines()
-    assert len(lines) == 2 * 2 * 2
+    assert len(lines) == 2 * 2 * 3
     assert {"epoch", "group", "seed", "task_id", "turns", "return", "won"} <= set(json.loads(lines[0]))
     # Another round or client draws other tasks.
     assert epoch_task_seeds(p, 2, 0, 0) != epoch_task_seeds(p, 1, 0, 0) != epoch_task_seeds(p, 1, 1, 0)
@@ -156,7 +166,7 @@ def test_train_client_seed_changes_the_update(tiny_dir, tmp_path):
     p = TrainParams.from_dict({**PARAMS, "epochs": 1})
     q = TrainParams.from_dict({**PARAMS, "epochs": 1, "base_seed": 4})
     for name, params in (("p", p), ("q", q)):
-        train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=1, client=0, params=params, threads=1,
+        train_client(tiny_dir, tiny_dir, _env(), round=1, client=0, params=params, threads=1,
                      out_dir=tmp_path / name)
     assert _sha(tmp_path / "p" / "model.safetensors") != _sha(tmp_path / "q" / "model.safetensors")
 
@@ -204,9 +214,29 @@ def test_reference_shortcut_gives_the_same_update(tiny_dir, tmp_path, monkeypatc
     import fedagent.train.local as local
 
     p = TrainParams.from_dict({**PARAMS, "epochs": 2})
-    local.train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
+    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1,
                        out_dir=tmp_path / "fast")
     monkeypatch.setattr(local, "same_weights", lambda a, b: False)
-    local.train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
+    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1,
                        out_dir=tmp_path / "slow")
     assert _sha(tmp_path / "fast" / "model.safetensors") == _sha(tmp_path / "slow" / "model.safetensors")
+
+
+def test_micro_batching_does_not_change_the_update(tiny_dir):
+    """Gradient accumulation over micro-batches = one token-mean over the whole mini-batch."""
+    samples = [grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
+               grpo.Sample([5, 6], [50, 51, 52, 53, 54], 0.0, 0, advantage=-1.0),
+               grpo.Sample([8, 9, 10, 11], [60], 0.0, 0, advantage=0.5)]
+    params = []
+    for micro in (1, 3):
+        model, _ = load_policy(tiny_dir, threads=1)
+        ref, _ = load_policy(tiny_dir, threads=1)
+        with torch.no_grad():   # make the reference differ so the KL term has a gradient
+            next(ref.parameters()).mul_(1.1)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        p = TrainParams(mini_batch_size=3, micro_batch_size=micro, kl_coef=0.5, grad_clip=1e9)
+        grpo_epoch(model, ref, opt, samples, p, python_rng(0, "t"), 0)
+        params.append(torch.cat([q.detach().flatten() for q in model.parameters()]))
+    base = torch.cat([q.detach().flatten() for q in load_policy(tiny_dir, threads=1)[0].parameters()])
+    assert not torch.allclose(params[0], base)
+    assert torch.allclose(params[0] - base, params[1] - base, atol=1e-6, rtol=1e-4)
