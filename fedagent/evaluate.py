@@ -12,10 +12,16 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
+# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
+# sleep. A value set by the caller wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @dataclass(frozen=True)

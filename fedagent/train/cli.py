@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
+
+# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
+# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
+# sleep. A value set by the caller wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
