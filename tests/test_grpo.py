@@ -30,6 +30,20 @@ def test_group_advantages_match_hand_computation():
     assert adv[5:7] == pytest.approx([(5 - m1) / (s1 + 1e-6), (1 - m1) / (s1 + 1e-6)])
     assert adv[7] == pytest.approx(3.0 / (1 + 1e-6))    # single-sample group: mean 0, std 1
     assert grpo.group_advantages([4.0, 4.0], [0, 0]) == [0.0, 0.0]
+    # All turns invalid (everyone -0.1): exactly zero, not rounding noise that Adam would amplify.
+    assert grpo.group_advantages([-0.1] * 12, [0] * 12) == [0.0] * 12
+
+
+def test_no_signal_leaves_the_weights_untouched(tiny_dir, tmp_path):
+    """A round where every answer is invalid and nobody wins must not move the model."""
+    from safetensors.torch import load_file
+
+    p = TrainParams.from_dict({**PARAMS, "epochs": 1})
+    m = train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
+                     out_dir=tmp_path / "u")
+    assert m["mean_return"] == 0.0 and all(s["grad_norm"] == 0.0 for s in m["steps"])
+    before, after = load_file(tiny_dir / "model.safetensors"), load_file(tmp_path / "u" / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_every_turn_carries_the_return_and_only_invalid_turns_pay():

@@ -46,6 +46,8 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     """``(R - mean_g) / (std_g + eps)`` per sample; std is the unbiased one (as torch.std).
 
     A group of one sample gets mean 0 and std 1 (verl's convention), i.e. its raw reward.
+    A group whose rewards are all equal gets exactly 0: rounding in the mean would otherwise
+    leave ~1e-17 / (0 + eps) ≈ 1e-11 advantages, which Adam normalizes into full-size steps.
     """
     by_group: dict[int, list[float]] = {}
     for r, g in zip(rewards, groups):
@@ -54,6 +56,8 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     for g, rs in by_group.items():
         if len(rs) == 1:
             stats[g] = (0.0, 1.0)
+        elif min(rs) == max(rs):
+            stats[g] = (rs[0], 1.0)
         else:
             mean = math.fsum(rs) / len(rs)
             var = math.fsum((r - mean) ** 2 for r in rs) / (len(rs) - 1)
