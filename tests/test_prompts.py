@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedagent.base_model_tiny import build_tokenizer
-from fedagent.rollout.prompts import encode_prompt, windowed_prompt
+from fedagent.rollout.prompts import RESPONSE_PREFIX, encode_prompt, windowed_prompt
 
 ACTIONS = ["go north", "take key", "help"]
 
@@ -42,7 +42,8 @@ def test_chat_template_and_generation_prompt(tok):
     text = tok.decode(ids)
     assert text.startswith("<|im_start|>")
     assert "<|im_start|>user\n" + content + "<|im_end|>" in text
-    assert text.endswith("<|im_start|>assistant\n")
+    # The assistant turn is opened with the prefilled start of a well-formed answer.
+    assert text.endswith("<|im_start|>assistant\n" + RESPONSE_PREFIX)
 
 
 def test_left_truncation_keeps_the_tail(tok):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from fedagent.policy import sample
-from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, windowed_prompt
+from fedagent.rollout.prompts import HISTORY_LENGTH, RESPONSE_PREFIX, encode_prompt, windowed_prompt
 
 
 @dataclass
@@ -101,7 +101,7 @@ def run_episodes(
             ]
             gens = sample(model, tokenizer, prompts, max_new_tokens, temperature, generator)
             for i, g in zip(active, gens):
-                r = env.step(sids[i], g.text)
+                r = env.step(sids[i], RESPONSE_PREFIX + g.text)  # the answer includes its prefilled start
                 tr, st = trajs[i], state[i]
                 tr.turns.append(Turn(prompt_ids=g.prompt_ids, response_ids=g.response_ids, text=g.text,
                                      action=str(r.get("action", "")), valid=bool(r["is_action_valid"]),

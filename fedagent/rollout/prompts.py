@@ -20,8 +20,16 @@ _INSTRUCTION = (
     "You should first reason step-by-step about the current situation. This reasoning process "
     "MUST be enclosed within <think> </think> tags.\n"
     "Once you've finished your reasoning, you should choose an admissible action for current "
-    "step and present it within <action> </action> tags."
+    "step and present it within <action> </action> tags.\n"
+    "Keep the reasoning to one short sentence, then give the action. "
+    "Example: <think>The door is closed, so I open it.</think><action>open door</action>"
 )
+
+# The assistant turn starts with this text (part of the prompt, not of the trained response).
+# Measured on SmolLM2-135M-Instruct at temperature 1.0 (16 samples): with neither the example
+# above nor this prefix 0/16 answers had the required format; with both 4/16. Without any
+# well-formed answer every GRPO advantage is zero and training cannot move the policy.
+RESPONSE_PREFIX = "<think>"
 
 
 def format_actions(admissible: Sequence[str]) -> str:
@@ -67,7 +75,7 @@ def windowed_prompt(
 
 
 def encode_prompt(tokenizer, content: str, max_prompt_tokens: int) -> list[int]:
-    """Chat-format one user message (generation prompt added) and left-truncate to the cap.
+    """Chat-format one user message (generation prompt + :data:`RESPONSE_PREFIX`), left-truncated.
 
     Left truncation keeps the end of the prompt (current observation, actions, instruction
     and the assistant header), the same cap for generation and for the stored sample.
@@ -76,6 +84,6 @@ def encode_prompt(tokenizer, content: str, max_prompt_tokens: int) -> list[int]:
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
+    ) + RESPONSE_PREFIX
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     return ids[-max_prompt_tokens:]
