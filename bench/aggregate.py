@@ -4,8 +4,8 @@
 
 Builds one synthetic previous model and 8 clients of ``--size-gb`` fp32 each (a Llama-like
 mix: one large embedding, per-layer attention/MLP matrices, norms), then for each M runs
-every variant in a fresh subprocess (time measured inside it, peak RSS = its
-``ru_maxrss``):
+every variant in a fresh subprocess (time measured inside it, peak RSS = its VmHWM;
+with ``--reps N`` the minimum time and the maximum peak RSS of N runs):
 
 - floor:   read prev + M client weight files + write and fsync one output of the model's
            size, with the same read sizes and write-back as stream; the I/O alone.
@@ -243,6 +243,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--modes", nargs="+", default=["durable", "nosync"],
                     help="durable: outputs fsync'ed (as fedagent does); nosync: fsync disabled in every variant")
+    ap.add_argument("--reps", type=int, default=1, help="runs per cell: min time, max peak RSS")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic inputs")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -262,7 +263,8 @@ def main() -> int:
         prev_dir, all_clients = build_inputs(work, a.size_gb, max(a.ms))
         size = sum(f.stat().st_size for f in _files(prev_dir, []))
         print(f"# synthetic model: {len(layout(a.size_gb))} tensors, {size / 1e9:.2f} GB fp32 per client "
-              f"(built in {time.perf_counter() - t0:.0f} s); hot page cache; {os.cpu_count()} CPUs")
+              f"(built in {time.perf_counter() - t0:.0f} s); hot page cache; {os.cpu_count()} CPUs; "
+              f"{a.reps} run(s) per cell; load average {os.getloadavg()[0]:.1f}")
         flwr_ok = bool(a.flwr_python) and Path(a.flwr_python).exists()
         variants = [v for v in a.variants if v != "flwr" or flwr_ok]
         for mode in a.modes:
@@ -277,7 +279,11 @@ def main() -> int:
                               f"{mem_available() / 1e9:.0f} GB available)", file=sys.stderr)
                         continue
                     python = a.flwr_python if v == "flwr" else sys.executable
-                    r = measure(v, mode, python, prev_dir, clients, work / "out")
+                    runs = [measure(v, mode, python, prev_dir, clients, work / "out") for _ in range(a.reps)]
+                    runs = [x for x in runs if x]
+                    # min time (the machine may be shared: noise only ever adds), max peak RSS
+                    r = {"seconds": min(x["seconds"] for x in runs),
+                         "peak_rss": max(x["peak_rss"] for x in runs)} if runs else None
                     if r:
                         rows[(m, v)] = r
                         print(f"  {mode} M={m} {v}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",

@@ -179,3 +179,18 @@ def test_chunking_does_not_change_bytes(tmp_path):
     stream_delta(tmp_path / "a.safetensors", p, c, [0.2, 0.3, 0.5], dirs)
     stream_delta(tmp_path / "b.safetensors", p, c, [0.2, 0.3, 0.5], dirs, chunk=7)
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_aggregate_cli_refuses_by_name_and_succeeds(tmp_path):
+    import subprocess
+    import sys
+
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    cmd = [sys.executable, "-m", "fedagent.cli", "aggregate", "--prev", str(prev_dir), "--clients", *map(str, dirs),
+           "--weighting", "tokens", "--out", str(tmp_path / "agg"), "--quarantine", str(tmp_path / "_failed")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "agg" / "aggregate.json").read_text())["weighting"] == "tokens"
+    (dirs[0] / "metrics.json").write_text("{}")  # now the manifest no longer matches
+    res = subprocess.run(cmd[:-4] + ["--out", str(tmp_path / "agg2")], capture_output=True, text=True)
+    assert res.returncode == 1 and "client0/metrics.json" in res.stderr and "manifest" in res.stderr
