@@ -4,8 +4,11 @@ For each concurrency C (default 1, 16, 64) both variants run C sessions at once 
 threads; every session plays ``--episodes`` episodes of ``--steps`` steps over the same
 games (seed → task exactly as the service maps it, index mode), with the same action cycle.
 In-process: each thread owns a ``TextWorldEnv``. Service: a job-scoped ``fedagent
-serve-env`` on a Unix socket with pool C, one shared ``EnvClient``. The two are measured
-alternately (``--repeats`` times) in the same run, and the ratio service/in-process printed.
+serve-env`` on a Unix socket with pool C, one shared ``EnvClient``, in two modes:
+per-request (C threads, one ``/step`` each) and batched (the rollout loop's shape: all C
+sessions step in lockstep, one ``/step_batch`` per step; create/reset/close from C threads).
+The variants are measured alternately (``--repeats`` times) in the same run, and the ratios
+service/in-process printed.
 
     python bench/env_service.py [--games DIR] [--concurrency 1 16 64]
 """
@@ -79,6 +82,24 @@ def run_service(client, tasks, conc, episodes, steps) -> float:
     return total / (time.perf_counter() - t0)
 
 
+def run_service_batched(client, tasks, conc, episodes, steps) -> float:
+    """Steps/s with ``conc`` sessions stepped in lockstep, one ``step_many`` call per step."""
+    sids = [f"batch-{i}" for i in range(conc)]
+    total = 0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(conc) as ex:
+        list(ex.map(client.create, sids))
+        try:
+            for e in range(episodes):
+                list(ex.map(lambda i: client.reset(sids[i], i * episodes + e), range(conc)))
+                for k in range(steps):
+                    client.step_many([(sid, answer(ACTIONS[k % len(ACTIONS)])) for sid in sids])
+                    total += conc
+        finally:
+            list(ex.map(client.close, sids))
+    return total / (time.perf_counter() - t0)
+
+
 def main() -> None:
     """Parse arguments, run both variants per concurrency, print a table with ratios."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -99,17 +120,19 @@ def main() -> None:
     source = TextWorldTaskSource(games)
     tasks = source.task_ids("train")
     print(f"games {games} ({len(tasks)} tasks), episodes/session {args.episodes}, steps/episode {args.steps}")
-    print(f"{'sessions':>8} {'in-process steps/s':>19} {'service steps/s':>16} {'ratio':>6}")
+    print(f"{'sessions':>8} {'in-process steps/s':>19} {'service steps/s':>16} {'ratio':>6}"
+          f" {'batched steps/s':>16} {'ratio':>6}")
     for conc in args.concurrency:
-        inproc, served = [], []
+        inproc, served, batched = [], [], []
         with env_service(games, "train", tasks, work / f"svc{conc}", mode="index", pool_size=conc,
                          max_turns=args.max_turns, env_threads=bool(args.env_threads),
                          env_procs=args.env_procs) as client:
             for _ in range(args.repeats):              # alternate so machine load hits both
                 inproc.append(run_inprocess(source, tasks, conc, args.episodes, args.steps, args.max_turns))
                 served.append(run_service(client, tasks, conc, args.episodes, args.steps))
-        a, b = statistics.median(inproc), statistics.median(served)
-        print(f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f}", flush=True)
+                batched.append(run_service_batched(client, tasks, conc, args.episodes, args.steps))
+        a, b, c = statistics.median(inproc), statistics.median(served), statistics.median(batched)
+        print(f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f} {c:>16.1f} {c / a:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

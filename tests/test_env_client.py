@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fedagent.envs.client import BACKOFF_CAP, JITTER, MAX_RETRIES, EnvClient, EnvServiceError
+from fedagent.envs.client import (BACKOFF_CAP, JITTER, MAX_BATCH_ITEMS, MAX_RETRIES, EnvBatchError, EnvClient,
+                                  EnvServiceError)
 
 
 class Scripted(httpx.BaseTransport):
@@ -87,3 +88,59 @@ def test_needs_exactly_one_address():
         EnvClient()
     with pytest.raises(ValueError):
         EnvClient(uds="/tmp/x", base_url="http://127.0.0.1:1")
+
+
+def _batch_bodies(t):
+    import json
+    return [json.loads(b)["items"] for p, b in t.requests if p == "/step_batch"]
+
+
+def test_step_many_retries_transport_errors_and_advances_only_succeeded_items():
+    ok = (200, {"ok": True})
+    r = {"turns": 1}
+    err = {"error": {"status": 409, "detail": "out of order"}}
+    c, t, _ = client([ok, ok, httpx.ReadError, (200, {"results": [r, err]}), (200, {"results": [r, r]})])
+    c.reset("a", 0)
+    c.reset("b", 0)
+    with pytest.raises(EnvBatchError, match="session 'b'.*out of order") as e:
+        c.step_many([("a", "x"), ("b", "y")])
+    assert e.value.status == 409 and e.value.session_id == "b" and e.value.results == [r, err]
+    assert c.step_many([("a", "x2"), ("b", "y")]) == [r, r]
+    bodies = _batch_bodies(t)
+    assert bodies[0] == bodies[1]                         # the retry re-sent the same ids
+    assert [(i["session_id"], i["step_id"]) for i in bodies[2]] == [("a", 1), ("b", 0)]
+    assert c.retries == 1
+
+
+def test_step_many_refuses_unreset_and_duplicate_sessions():
+    c, t, _ = client([(200, {"ok": True})])
+    c.reset("a", 0)
+    with pytest.raises(RuntimeError, match="'z'"):
+        c.step_many([("a", "x"), ("z", "x")])
+    with pytest.raises(ValueError, match="twice"):
+        c.step_many([("a", "x"), ("a", "y")])
+    assert _batch_bodies(t) == []
+
+
+def test_step_many_splits_at_the_item_limit():
+    n = MAX_BATCH_ITEMS + 3
+
+    class Echo(httpx.BaseTransport):
+        def __init__(self):
+            self.sizes = []
+
+        def handle_request(self, request):
+            import json
+            if request.url.path != "/step_batch":
+                return httpx.Response(200, json={"ok": True})
+            items = json.loads(request.read())["items"]
+            self.sizes.append(len(items))
+            return httpx.Response(200, json={"results": [{"sid": i["session_id"]} for i in items]})
+
+    t = Echo()
+    c = EnvClient(transport=t)
+    sids = [f"s{i}" for i in range(n)]
+    for sid in sids:
+        c.reset(sid, 0)
+    assert [r["sid"] for r in c.step_many([(s, "x") for s in sids])] == sids
+    assert t.sizes == [MAX_BATCH_ITEMS, 3]

@@ -87,3 +87,71 @@ def test_batched_runner_chunks_to_pool(policy):
                                          generator=torch_generator(0, "t"), session_prefix="p", **KW)
     assert [t.seed for t in trajs] == [0, 1, 2, 3, 4]
     assert env.sessions == {}
+
+
+class BatchFakeEnv(FakeEnv):
+    """FakeEnv plus ``step_many`` (per-session steps in order); records the call sizes."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.batches = []
+
+    def step_many(self, items):
+        self.batches.append(len(items))
+        return [self.step(sid, text) for sid, text in items]
+
+
+def _summaries(trajs):
+    return [t.summary(with_tokens=True) for t in trajs]
+
+
+def _win_on_odd_length(text):
+    return len(text) % 2 == 1        # some sessions finish early, so the active set shrinks
+
+
+def test_step_many_path_gives_identical_trajectories(policy, monkeypatch):
+    model, tok = policy
+    calls = []
+    real = episode.sample
+    monkeypatch.setattr(episode, "sample", lambda m, t, p, *a, **k: calls.append(len(p)) or real(m, t, p, *a, **k))
+    kw = dict(KW, max_turns=4)
+    plain = FakeEnv(max_turns=10, win_if=_win_on_odd_length)
+    batched = BatchFakeEnv(max_turns=10, win_if=_win_on_odd_length)
+    a = episode.run_episodes(model, tok, plain, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"),
+                             session_prefix="s", **kw)
+    per_turn = list(calls)
+    b = episode.run_episodes(model, tok, batched, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"),
+                             session_prefix="s", **kw)
+    assert _summaries(a) == _summaries(b)
+    assert batched.batches == per_turn                  # one step_many per turn, all active sessions
+    assert plain.log == batched.log                     # same texts, same order
+    assert batched.sessions == {}
+
+
+class PerSession:
+    """Hides ``step_many``: the loop must fall back to one ``step`` per session."""
+
+    def __init__(self, inner):
+        self.create, self.reset, self.step, self.close = inner.create, inner.reset, inner.step, inner.close
+
+
+def test_service_batch_and_per_session_paths_agree(policy):
+    from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
+    from fedagent.envs.client import EnvClient
+    from fedagent.envs.service import build_app
+
+    model, tok = policy
+    src = FakeTaskSource(5)
+    app = build_app(src, "train", src.task_ids("train"), mode="index", pool_size=4, max_turns=3)
+    uds = short_tmp() / "e.sock"
+    with serve_in_thread(app, uds), EnvClient(uds=str(uds)) as client:
+        run = lambda env, prefix: episode.run_episodes(  # noqa: E731
+            model, tok, env, [3, 1, 4, 1], generator=torch_generator(0, "svc"), session_prefix=prefix, **KW)
+        a = run(PerSession(client), "p")
+        before = client.health()["counters"]
+        b = run(client, "b")
+        after = client.health()
+    assert _summaries(a) == _summaries(b)
+    assert before["batches"] == 0 and after["counters"]["batches"] == 3     # max_turns 3: one per turn
+    assert after["counters"]["steps"] - before["steps"] == before["steps"] == 12
+    assert (after["sessions"], after["pool_free"]) == (0, 4)

@@ -4,6 +4,7 @@ Retries transport errors only (connection refused/reset, timeouts, a response lo
 mid-read), never an HTTP status: every endpoint is idempotent for a retry of the *same*
 request (create waits for the first borrow, a re-sent step_id replays, close of a closed
 session is ok), while a 4xx means the request itself is wrong and must not be repeated.
+A retried ``/step_batch`` is safe for the same reason: every item carries its step_id.
 Backoff: 0.3·2^k s capped at 4 s, plus up to 0.3 s jitter, at most 8 retries. The jitter
 comes from a private RNG and only spreads retries in time; it never affects results.
 """
@@ -14,11 +15,12 @@ import contextlib
 import random
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import httpx
 
 TOKEN_HEADER = "x-fedagent-token"   # the service imports it from here (keeps clients light)
+MAX_BATCH_ITEMS = 256                # items per /step_batch (service limit; step_many splits)
 MAX_RETRIES = 8
 BACKOFF_BASE = 0.3
 BACKOFF_CAP = 4.0
@@ -32,6 +34,22 @@ class EnvServiceError(RuntimeError):
         """Keep status, endpoint and the service's detail message."""
         super().__init__(f"env service {path} -> HTTP {status}: {detail}")
         self.status, self.path, self.detail = status, path, detail
+
+
+class EnvBatchError(EnvServiceError):
+    """Some items of a /step_batch failed; names the first failed session, keeps them all.
+
+    ``failures``: ``(index, session_id, status, detail)`` per failed item; ``results``: every
+    item's result in order (a failed one is its ``{"error": ...}`` object). Sessions whose
+    item succeeded have advanced their step_id.
+    """
+
+    def __init__(self, failures: list[tuple[int, str, int, str]], results: list[dict]):
+        """Describe the first failure and how many more there were."""
+        index, sid, status, detail = failures[0]
+        more = f" (and {len(failures) - 1} more failed items)" if len(failures) > 1 else ""
+        super().__init__(status, "/step_batch", f"item {index}, session {sid!r}: {detail}{more}")
+        self.session_id, self.failures, self.results = sid, failures, results
 
 
 class EnvClient:
@@ -120,6 +138,47 @@ class EnvClient:
         out = self._call("POST", "/step", {"session_id": session_id, "text": text, "step_id": step_id})
         with self._lock:
             self._step_ids[session_id] = step_id + 1
+        return out
+
+    def step_many(self, items: Sequence[tuple[str, str]]) -> list[dict]:
+        """POST /step_batch: one step per ``(session_id, text)``, results in the same order.
+
+        Each session's step_id advances only if its item succeeded; if any item failed,
+        :class:`EnvBatchError` is raised after that bookkeeping (names the session).
+        """
+        items = [(str(sid), str(text)) for sid, text in items]
+        sids = [sid for sid, _ in items]
+        if len(set(sids)) != len(sids):
+            raise ValueError("step_many: a session appears twice in one call (step it twice instead)")
+        with self._lock:
+            missing = [sid for sid in sids if sid not in self._step_ids]
+            if missing:
+                raise RuntimeError(f"step of session {missing[0]!r} before reset (on this client)")
+            step_ids = [self._step_ids[sid] for sid in sids]
+        results: list[dict] = []
+        failures: list[tuple[int, str, int, str]] = []
+        for k in range(0, len(items), MAX_BATCH_ITEMS):
+            chunk = range(k, min(k + MAX_BATCH_ITEMS, len(items)))
+            body = {"items": [{"session_id": sids[i], "text": items[i][1], "step_id": step_ids[i]}
+                              for i in chunk]}
+            out = self._call("POST", "/step_batch", body)["results"]
+            if len(out) != len(chunk):
+                raise EnvServiceError(200, "/step_batch", f"{len(out)} results for {len(chunk)} items")
+            # Book each chunk at once: a later chunk's failure must not lose this one's steps.
+            results.extend(self._book_batch(chunk, sids, step_ids, out, failures))
+        if failures:
+            raise EnvBatchError(failures, results)
+        return results
+
+    def _book_batch(self, chunk, sids, step_ids, out, failures) -> list[dict]:
+        """Advance the step_id of every succeeded item; record the failed ones."""
+        with self._lock:
+            for i, r in zip(chunk, out):
+                if "error" in r:
+                    err = r["error"]
+                    failures.append((i, sids[i], int(err.get("status", 0)), str(err.get("detail", ""))))
+                else:
+                    self._step_ids[sids[i]] = step_ids[i] + 1
         return out
 
     def close(self, session_id: str) -> dict:

@@ -13,6 +13,11 @@ Protocol (FACTS §4, issue 3):
   :func:`fedagent.rollout.parsing.parse_action`; an invalid answer is a no-op turn. step_id
   must be the next expected id; the previous id (same text) replays the cached response;
   anything else is 409.
+- ``POST /step_batch {items: [{session_id, text, step_id}, ...]}``: up to
+  ``MAX_BATCH_ITEMS`` steps in one round trip (the rollout loop steps every session each
+  turn), run concurrently; ``results`` in item order, each the ``/step`` response or
+  ``{error: {status, detail}}`` with the status ``/step`` would have answered (404, 409, 422;
+  500 if the env raised). One bad item never fails the others.
 - ``POST /close {session_id}``: idempotent; returns the env to the pool.
 
 Bad input is always a 4xx (413 body too large, 422 malformed/wrong types/too long, 404
@@ -34,14 +39,17 @@ from typing import Any, Literal, Sequence
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedagent.envs.base import StepResult, TaskSource
-from fedagent.envs.client import TOKEN_HEADER
+from fedagent.envs.client import MAX_BATCH_ITEMS, TOKEN_HEADER
 from fedagent.rollout.parsing import parse_action
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 16 * 1024
+# /step_batch carries up to MAX_BATCH_ITEMS answers: room for every item at its longest
+# (plain ASCII) twice over, still a bounded buffer.
+MAX_BATCH_BODY_BYTES = 2 * MAX_BATCH_ITEMS * MAX_TEXT_CHARS
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 
 
@@ -70,6 +78,12 @@ class StepRequest(_Strict):
     session_id: str = Field(pattern=SESSION_ID_PATTERN)
     text: str = Field(max_length=MAX_TEXT_CHARS)
     step_id: int = Field(ge=0, lt=2**31)
+
+
+class StepBatchRequest(_Strict):
+    """Body of /step_batch; items are validated one by one so a bad one fails only itself."""
+
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
 
 
 class HealthResponse(BaseModel):
@@ -123,6 +137,25 @@ class StepResponse(BaseModel):
     score: float
     step_id: int
     turns: int
+
+
+class ItemError(BaseModel):
+    """Why one batch item failed: the HTTP status /step would have answered, and its detail."""
+
+    status: int
+    detail: str
+
+
+class StepItemError(BaseModel):
+    """A failed /step_batch item."""
+
+    error: ItemError
+
+
+class StepBatchResponse(BaseModel):
+    """Body of /step_batch: one entry per item, in item order."""
+
+    results: list[StepResponse | StepItemError]
 
 
 # ---------------------------------------------------------------- pool and sessions
@@ -204,17 +237,20 @@ class GuardMiddleware:
 
     Pure ASGI rather than ``@app.middleware`` because Starlette's BaseHTTPMiddleware may
     cancel the endpoint when the client disconnects, which would break the
-    "a started step always completes" guarantee.
+    "a started step always completes" guarantee. ``path_caps`` overrides the cap per path
+    (the batch route carries many answers).
     """
 
-    def __init__(self, app, *, max_body: int, token: str | None):
+    def __init__(self, app, *, max_body: int, token: str | None, path_caps: dict[str, int] | None = None):
         """Wrap ``app``."""
-        self.app, self.max_body, self.token = app, max_body, token
+        self.app, self.default_cap, self.token = app, max_body, token
+        self.path_caps = dict(path_caps or {})
 
     async def __call__(self, scope, receive, send):
         """Reject early by headers, then count streamed body bytes."""
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_body = self.path_caps.get(scope.get("path", ""), self.default_cap)
         headers = dict(scope.get("headers") or [])
         if self.token is not None:
             given = headers.get(TOKEN_HEADER.encode(), b"")
@@ -223,11 +259,11 @@ class GuardMiddleware:
         length = headers.get(b"content-length")
         if length is not None:
             try:
-                too_big = int(length) > self.max_body
+                too_big = int(length) > max_body
             except ValueError:
                 return await _plain(send, 400, "bad content-length")
             if too_big:
-                return await _plain(send, 413, f"request body over {self.max_body} bytes")
+                return await _plain(send, 413, f"request body over {max_body} bytes")
         # Buffer the (bounded) body before the app sees it, so an oversized chunked body is
         # a clean 413 instead of a parse error deep inside FastAPI.
         body = bytearray()
@@ -237,8 +273,8 @@ class GuardMiddleware:
             if message["type"] != "http.request":
                 return                                  # client went away before the body
             body += message.get("body", b"")
-            if len(body) > self.max_body:
-                return await _plain(send, 413, f"request body over {self.max_body} bytes")
+            if len(body) > max_body:
+                return await _plain(send, 413, f"request body over {max_body} bytes")
             more = message.get("more_body", False)
         replayed = False
 
@@ -260,6 +296,17 @@ async def _plain(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _item_error(status: int, detail: str) -> dict:
+    return {"error": {"status": status, "detail": detail}}
+
+
+def _brief(exc: ValidationError) -> str:
+    """A one-line summary of a pydantic error (location: message, first three)."""
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or 'item'}: {e.get('msg', '')}"
+             for e in exc.errors()[:3]]
+    return "; ".join(parts)
+
+
 # ---------------------------------------------------------------- app
 def build_app(
     task_source: TaskSource,
@@ -273,6 +320,7 @@ def build_app(
     token: str | None = None,
     create_timeout: float | None = None,
     max_body: int = MAX_BODY_BYTES,
+    max_batch_body: int = MAX_BATCH_BODY_BYTES,
     env_threads: bool = True,
     env_procs: int = 0,
 ) -> FastAPI:
@@ -305,7 +353,8 @@ def build_app(
                 if env_threads else None)
     all_envs = list(pool_._free)
     sessions: dict[str, Session] = {}
-    counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0}
+    counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0,
+                "batches": 0}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -322,7 +371,8 @@ def build_app(
 
     app = FastAPI(title="fedagent env service", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
-    app.add_middleware(GuardMiddleware, max_body=max_body, token=token)
+    app.add_middleware(GuardMiddleware, max_body=max_body, token=token,
+                       path_caps={"/step_batch": max_batch_body})
 
     async def in_thread(fn, *args):
         if executor is None:
@@ -466,6 +516,26 @@ def build_app(
     async def step(req: StepRequest) -> dict:
         """One turn: parse the answer, step the env (or no-op), enforce the turn budget."""
         return await run_to_completion(_step(req))
+
+    async def _batch_item(item: dict[str, Any]) -> dict:
+        """One /step_batch item: exactly /step, with its error status as a value."""
+        try:
+            req = StepRequest.model_validate(item)
+        except ValidationError as exc:
+            return _item_error(422, "invalid item: " + _brief(exc))
+        try:
+            return await run_to_completion(_step(req))
+        except HTTPException as exc:
+            return _item_error(exc.status_code, str(exc.detail))
+        except Exception as exc:   # noqa: BLE001 - an env that raised fails only its own item
+            return _item_error(500, f"step of {req.session_id!r} failed: {type(exc).__name__}: {exc}")
+
+    @app.post("/step_batch", response_model=StepBatchResponse)
+    async def step_batch(req: StepBatchRequest) -> dict:
+        """Many /steps in one round trip, stepped concurrently; results in item order."""
+        counters["batches"] += 1
+        # Items start in order, so repeated items of one session take its lock in order.
+        return {"results": await asyncio.gather(*(_batch_item(item) for item in req.items))}
 
     async def _close(req: SessionRequest) -> SessionResponse:
         """End the session and return its env (idempotent: an unknown id is fine)."""

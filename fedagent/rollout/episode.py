@@ -2,8 +2,10 @@
 
 Policy-agnostic apart from :func:`fedagent.policy.sample`; the environment is any object
 with the env client's methods (``create``, ``reset``, ``step``, ``close``): the HTTP
-:class:`fedagent.envs.client.EnvClient` in jobs, ``tests/fake_env.FakeEnv`` in tests. The
-service parses the raw answer itself, so the loop sends the model's text unchanged.
+:class:`fedagent.envs.client.EnvClient` in jobs, ``tests/fake_env.FakeEnv`` in tests. An env
+that also has ``step_many`` (the client: one ``/step_batch`` round trip) gets one call per
+turn for all active sessions; otherwise each session is stepped on its own. The service
+parses the raw answer itself, so the loop sends the model's text unchanged.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ def run_episodes(
                 for i in active
             ]
             gens = sample(model, tokenizer, prompts, max_new_tokens, temperature, generator)
-            for i, g in zip(active, gens):
-                r = env.step(sids[i], RESPONSE_PREFIX + g.text)  # the answer includes its prefilled start
+            # the answer includes its prefilled start
+            results = _step_all(env, [sids[i] for i in active], [RESPONSE_PREFIX + g.text for g in gens])
+            for i, g, r in zip(active, gens, results):
                 tr, st = trajs[i], state[i]
                 tr.turns.append(Turn(prompt_ids=g.prompt_ids, response_ids=g.response_ids, text=g.text,
                                      action=str(r.get("action", "")), valid=bool(r["is_action_valid"]),
@@ -128,6 +131,14 @@ def run_episodes(
         if errors and completed:
             raise errors[0]
     return trajs
+
+
+def _step_all(env, sids: list[str], texts: list[str]) -> list[dict]:
+    """One env answer per session, in order: a single ``step_many`` call when the env has it."""
+    step_many = getattr(env, "step_many", None)
+    if step_many is not None:
+        return step_many(list(zip(sids, texts)))
+    return [env.step(sid, text) for sid, text in zip(sids, texts)]
 
 
 def run_episodes_batched(model, tokenizer, env, seeds: Sequence[int], *, batch_size: int,
