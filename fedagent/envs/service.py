@@ -524,7 +524,7 @@ def build_app(
         except ValidationError as exc:
             return _item_error(422, "invalid item: " + _brief(exc))
         try:
-            return await run_to_completion(_step(req))
+            return await _step(req)
         except HTTPException as exc:
             return _item_error(exc.status_code, str(exc.detail))
         except Exception as exc:   # noqa: BLE001 - an env that raised fails only its own item
@@ -534,8 +534,12 @@ def build_app(
     async def step_batch(req: StepBatchRequest) -> dict:
         """Many /steps in one round trip, stepped concurrently; results in item order."""
         counters["batches"] += 1
+        # One shield for the whole batch (cheaper than one per item): every item completes.
+        return {"results": await run_to_completion(_batch_items(req.items))}
+
+    async def _batch_items(items: list[dict[str, Any]]) -> list[dict]:
         # Items start in order, so repeated items of one session take its lock in order.
-        return {"results": await asyncio.gather(*(_batch_item(item) for item in req.items))}
+        return list(await asyncio.gather(*(_batch_item(item) for item in items)))
 
     async def _close(req: SessionRequest) -> SessionResponse:
         """End the session and return its env (idempotent: an unknown id is fine)."""
