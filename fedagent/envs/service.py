@@ -27,11 +27,13 @@ unknown session, 409 protocol order, 401 bad token), never a 500.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import hmac
 import json
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
@@ -222,6 +224,57 @@ class Session:
     replay: tuple[int, str, dict] | None = None   # (step_id, text, response) of the last step
 
 
+class ThreadCalls:
+    """Runs blocking env calls on an executor; results reach the loop one wake-up per burst.
+
+    ``run_in_executor`` wakes the event loop once per finished call; a /step_batch of 64
+    items finishes 64 calls at nearly the same time, and those wake-ups cost more than a
+    fast env step. Here a finished call queues its result and only the first one of a burst
+    schedules the drain.
+    """
+
+    def __init__(self, executor: ThreadPoolExecutor):
+        """Use ``executor``'s threads."""
+        self.executor = executor
+        self._done: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._drain_pending = False
+
+    def run(self, loop, fn, *args) -> asyncio.Future:
+        """Start ``fn(*args)`` in a thread; the returned future resolves on ``loop``."""
+        fut = loop.create_future()
+        self.executor.submit(self._call, loop, fut, fn, args)
+        return fut
+
+    def _call(self, loop, fut, fn, args) -> None:
+        try:
+            self._done.append((fut, fn(*args), None))
+        except BaseException as exc:   # noqa: BLE001 - handed to the awaiting coroutine
+            self._done.append((fut, None, exc))
+        with self._lock:
+            if self._drain_pending:
+                return                   # the pending drain will also take this result
+            self._drain_pending = True
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:             # loop closed at shutdown: nobody is waiting
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._drain_pending = False  # before draining: a result queued from now on re-schedules
+        while self._done:
+            fut, out, exc = self._done.popleft()
+            if fut.cancelled():
+                continue
+            if exc is None:
+                fut.set_result(out)
+            elif isinstance(exc, StopIteration):   # a future refuses StopIteration itself
+                fut.set_exception(RuntimeError(f"env call raised {exc!r}"))
+            else:
+                fut.set_exception(exc)
+
+
 def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
     """The pure seed → task map: index mode ``tasks[seed % n]``, draw mode a local-RNG draw."""
     if mode == "index":
@@ -351,6 +404,7 @@ def build_app(
     # One thread per env: env calls block (TextWorld/jericho) and sessions run in parallel.
     executor = (ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
                 if env_threads else None)
+    thread_calls = ThreadCalls(executor) if executor is not None else None
     all_envs = list(pool_._free)
     sessions: dict[str, Session] = {}
     counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0,
@@ -377,7 +431,7 @@ def build_app(
     async def in_thread(fn, *args):
         if executor is None:
             return fn(*args)        # inline: no thread hand-offs (see env_threads)
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        return await thread_calls.run(asyncio.get_running_loop(), fn, *args)
 
     def pool() -> EnvPool:
         return pool_
