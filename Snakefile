@@ -16,6 +16,6 @@ include: "rules/report.smk"
 
 rule all:
     input:
-        f"{RUN}/summary.csv",
-        f"{RUN}/curves.png",
+        f"{round_dir(config['rounds'])}/summary.csv",
+        f"{round_dir(config['rounds'])}/curves.png",
     default_target: True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -57,11 +58,38 @@ def plot_curves(table: pd.DataFrame, out: Path) -> None:
     plt.close(fig)
 
 
+def link_latest(run_dir: Path, summary: Path, curves: Path, round_: int) -> bool:
+    """Point ``run_dir/summary.csv`` and ``curves.png`` at this round's files if it is the newest.
+
+    Relative symlinks, replaced atomically; a link to a later round is left alone (re-running
+    an earlier round's report must not hide later rounds). Returns whether links were updated.
+    """
+    run_dir = Path(run_dir)
+    current = run_dir / "summary.csv"
+    if current.is_symlink():
+        target = Path(os.readlink(current))
+        try:
+            if int(target.parent.name.removeprefix("round_")) > round_:
+                return False
+        except ValueError:
+            pass
+    for name, path in (("summary.csv", summary), ("curves.png", curves)):
+        rel = os.path.relpath(Path(path).resolve(), run_dir.resolve())
+        tmp = run_dir / f".partial-{name}.link"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(rel, tmp)
+        os.replace(tmp, run_dir / name)
+    return True
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent report``."""
     parser.add_argument("--evals", type=Path, nargs="+", required=True)
     parser.add_argument("--summary", type=Path, required=True)
     parser.add_argument("--curves", type=Path, required=True)
+    parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
+                        help="point RUN_DIR/summary.csv and curves.png at these files if newest")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,4 +101,6 @@ def run(args: argparse.Namespace) -> int:
     tmp = args.curves.with_name(".partial-" + args.curves.name)
     plot_curves(table, tmp)
     tmp.replace(args.curves)
+    if args.link_latest is not None:
+        link_latest(args.link_latest, args.summary, args.curves, int(table["round"].max()))
     return 0

@@ -1,15 +1,21 @@
-# The run's summary table and learning curve (one row / point per round, round 0 included).
+# The summary table and learning curve after round r (rows / points for rounds 0..r).
+# One report per round, whose inputs depend only on r: changing `rounds` never re-runs an
+# existing report (a single report over rounds 0..R would re-run whenever R changed).
+# Each report also points results/<run>/summary.csv and curves.png at the newest round's files.
 
 
 rule report:
     input:
-        [f"{round_dir(r)}/eval.json" for r in ROUNDS],
+        lambda w: [f"{round_dir(r)}/eval.json" for r in range(0, int(w.round) + 1)],
     output:
-        summary=report(f"{RUN}/summary.csv", category="Summary", caption="../workflow/report/summary.rst"),
-        curves=report(f"{RUN}/curves.png", category="Summary", caption="../workflow/report/curves.rst"),
+        summary=report(f"{RUN}/round_{{round}}/summary.csv", category="Summary", caption="../workflow/report/summary.rst"),
+        curves=report(f"{RUN}/round_{{round}}/curves.png", category="Summary", caption="../workflow/report/curves.rst"),
+    params:
+        run_dir=RUN,
     conda:
         "../envs/fedagent.yaml"
     log:
-        f"{RUN}/logs/report.log",
+        f"{RUN}/logs/round_{{round}}/report.log",
     shell:
-        "fedagent report --evals {input} --summary {output.summary} --curves {output.curves} > {log} 2>&1"
+        "fedagent report --evals {input} --summary {output.summary} --curves {output.curves}"
+        " --link-latest {params.run_dir} > {log} 2>&1"

@@ -137,3 +137,22 @@ def test_generation_is_deterministic(games_root, tmp_path):
     _spec, game = make_game("valid_seen", 0, SEED, plans, DISTRACTORS)
     rel = data.read_manifest(games_root / data.MANIFEST_DIR / "valid_seen.json")["games"][0]
     assert game == json.loads((games_root / "valid_seen" / rel).read_text())
+
+
+def test_process_that_closed_an_env_exits_cleanly(games_root):
+    # dlclose() of fast-downward's library made the interpreter segfault at exit (status 139).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fedagent.envs.alfworld.source import AlfworldTaskSource\n"
+        f"src = AlfworldTaskSource(sys.argv[1], splits={tuple(SPLITS)!r})\n"
+        "for _ in range(2):\n"
+        "    env = src.make_env(max_turns=5)\n"
+        "    for tid in src.task_ids('train')[:2]:\n"
+        "        env.reset(tid)\n"
+        "    env.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(games_root)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])

@@ -1,6 +1,7 @@
 """Report: one row per round in numeric order, round 0 = base; a curve that is a real PNG."""
 
 import json
+import os
 
 import pytest
 
@@ -26,3 +27,19 @@ def test_duplicate_rounds_are_refused(tmp_path):
     files = [_eval(tmp_path / "a.json", 1, 0.1), _eval(tmp_path / "b.json", 1, 0.2)]
     with pytest.raises(ValueError, match="duplicate"):
         summary_table(files)
+
+
+def test_links_point_at_the_newest_round(tmp_path):
+    from fedagent.report import link_latest
+
+    run = tmp_path / "run"
+    for r in (2, 3):
+        (run / f"round_00{r}").mkdir(parents=True)
+        (run / f"round_00{r}" / "summary.csv").write_text(f"r{r}")
+        (run / f"round_00{r}" / "curves.png").write_text(f"c{r}")
+    assert link_latest(run, run / "round_003/summary.csv", run / "round_003/curves.png", 3)
+    # Re-running round 2's report must not hide round 3.
+    assert not link_latest(run, run / "round_002/summary.csv", run / "round_002/curves.png", 2)
+    assert (run / "summary.csv").read_text() == "r3" and (run / "curves.png").read_text() == "c3"
+    assert not (run / "summary.csv").resolve().is_relative_to(tmp_path / "elsewhere")
+    assert os.readlink(run / "summary.csv") == "round_003/summary.csv"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from workflow_helpers import (RUN, clone_workdir, executed_jobs, make_workdir, run_snakemake,
-                              snakemake_cmd, test_env, tree_state)
+                              snakemake_cmd, snakemake_env, tree_state)
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -49,6 +49,7 @@ def test_dry_run_plans_70_rounds_without_running(tmp_path):
             counts[parts[0]] = int(parts[1])
     assert counts["train_client"] == 140 and counts["aggregate"] == 70
     assert counts["merge"] == 70 and counts["select"] == 70 and counts["eval"] == 71
+    assert counts["report"] == 1  # only the last round's report is requested
     assert not (work / "results").exists()
 
 
@@ -57,6 +58,7 @@ def test_finished_run_has_one_summary_row_per_round(finished3):
 
     table = pd.read_csv(finished3 / RUN / "summary.csv")
     assert list(table["round"]) == [0, 1, 2, 3]
+    assert (finished3 / RUN / "summary.csv").resolve() == (finished3 / RUN / "round_003" / "summary.csv").resolve()
     assert (finished3 / RUN / "curves.png").stat().st_size > 1000
     for r in range(1, 4):
         sel = json.loads((finished3 / RUN / f"round_{r:03d}" / "selection.json").read_text())
@@ -77,8 +79,8 @@ def test_b_forcing_round2_aggregate(finished3, tmp_path):
     jobs = executed_jobs(proc)
     assert ("aggregate", "round=002") in jobs and ("merge", "round=002") in jobs and ("eval", "round=002") in jobs
     assert not any(r == "train_client" and _round_of(w) == "002" for r, w in jobs), jobs
-    assert all(_round_of(w) in ("002", "003") or r == "report" for r, w in jobs), jobs
-    assert {r for r, w in jobs if _round_of(w) == "003"} == {"train_client", "aggregate", "merge", "eval"}
+    assert all(_round_of(w) in ("002", "003") for r, w in jobs), jobs
+    assert {r for r, w in jobs if _round_of(w) == "003"} == {"train_client", "aggregate", "merge", "eval", "report"}
     assert tree_state(work / RUN / "round_001") == before  # nothing upstream touched
 
     # Targeting round 2's eval with the same -R: just those three jobs.
@@ -96,7 +98,7 @@ def test_d_changing_rounds(finished3, tmp_path):
 
     proc = run_snakemake(work, "--config", "rounds=4")
     jobs = executed_jobs(proc)
-    assert {_round_of(w) for r, w in jobs if r != "report"} == {"004"}, jobs
+    assert {_round_of(w) for r, w in jobs} == {"004"}, jobs
     assert {r for r, _ in jobs} == {"select", "train_client", "aggregate", "merge", "eval", "report"}
     for r in ("000", "001", "002", "003"):
         assert tree_state(work / RUN / f"round_{r}") == {k[len(f"round_{r}/"):]: v for k, v in before.items()
@@ -148,7 +150,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
                    and not (clients / c).exists()]
         return len(done) == 1 and len(running) == 1
 
-    proc = subprocess.Popen(snakemake_cmd(), cwd=work, env=test_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(snakemake_cmd(), cwd=work, env=snakemake_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(one_done_other_running, 600, "one client finished and the other training", proc)
@@ -179,7 +181,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     assert not list(clients.glob(".partial-*"))
 
     # SIGKILL of only the training process: the plain same command recovers.
-    proc = subprocess.Popen(snakemake_cmd("--config", "rounds=4"), cwd=work, env=test_env(),
+    proc = subprocess.Popen(snakemake_cmd("--config", "rounds=4"), cwd=work, env=snakemake_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             text=True)
     try:

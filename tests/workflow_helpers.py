@@ -41,7 +41,7 @@ def snakemake_cmd(*args: str) -> list[str]:
     return [str(exe), "--profile", "profiles/local", *args]
 
 
-def test_env() -> dict:
+def snakemake_env() -> dict:
     """Environment for Snakemake runs: the venv's bin first on PATH (rules call `fedagent`)."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -51,7 +51,7 @@ def test_env() -> dict:
 
 def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run Snakemake in ``workdir``; on failure show its output and the failed job logs."""
-    proc = subprocess.run(snakemake_cmd(*args), cwd=workdir, env=test_env(), capture_output=True,
+    proc = subprocess.run(snakemake_cmd(*args), cwd=workdir, env=snakemake_env(), capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"

@@ -71,16 +71,19 @@ def _admissible(state) -> list[str]:
 
 
 def close_game(env) -> None:
-    """Close a wrapped PddlEnv and unload its private planner library copy."""
-    import fast_downward
+    """Close a wrapped PddlEnv and free its private planner library's state.
 
+    The library itself is not dlclose()d: fast-downward registers C++ static destructors with
+    atexit, and unmapping their code made every process that had closed an env segfault at
+    exit (exit status 139, which fails CI even when every test passed).
+    """
     inner = env
     while hasattr(inner, "_wrapped_env"):
         inner = inner._wrapped_env
     lib = getattr(inner, "downward_lib", None)
     env.close()
     if lib is not None:
-        fast_downward.close_lib(lib)
+        lib.cleanup()
         inner.downward_lib = None
 
 
