@@ -1,7 +1,7 @@
 # The summary table and learning curve after round r (rows / points for rounds 0..r).
 # One report per round, whose inputs depend only on r: changing `rounds` never re-runs an
 # existing report (a single report over rounds 0..R would re-run whenever R changed).
-# Each report also points results/<run>/summary.csv and curves.png at the newest round's files.
+# Every round's report is built; each also points results/<run>/summary.csv and curves.png at the newest round's files.
 
 
 rule report:

@@ -49,7 +49,7 @@ def test_dry_run_plans_70_rounds_without_running(tmp_path):
             counts[parts[0]] = int(parts[1])
     assert counts["train_client"] == 140 and counts["aggregate"] == 70
     assert counts["merge"] == 70 and counts["select"] == 70 and counts["eval"] == 71
-    assert counts["report"] == 1  # only the last round's report is requested
+    assert counts["report"] == 71
     assert not (work / "results").exists()
 
 
