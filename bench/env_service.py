@@ -8,7 +8,9 @@ serve-env`` on a Unix socket with pool C, one shared ``EnvClient``, in two modes
 per-request (C threads, one ``/step`` each) and batched (the rollout loop's shape: all C
 sessions step in lockstep, one ``/step_batch`` per step; create/reset/close from C threads).
 The variants are measured alternately (``--repeats`` times) in the same run, and the ratios
-service/in-process printed.
+service/in-process printed. The batched mode is also compared with in-process stepping of
+the same lockstep shape (``ex.map`` over the C envs per step), because the per-step barrier
+costs in-process stepping too and the rollout loop cannot avoid it.
 
     python bench/env_service.py [--games DIR] [--concurrency 1 16 64]
 """
@@ -53,6 +55,26 @@ def run_inprocess(source, tasks, conc, episodes, steps, max_turns) -> float:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as ex:
         total = sum(ex.map(session, range(conc)))
+    dt = time.perf_counter() - t0
+    for env in envs:
+        env.close()
+    return total / dt
+
+
+def run_inprocess_lockstep(source, tasks, conc, episodes, steps, max_turns) -> float:
+    """Steps/s with ``conc`` envs stepped in lockstep from ``conc`` threads (one map per step)."""
+    envs = [source.make_env(max_turns) for _ in range(conc)]
+    for env in envs:                               # warm the per-instance game caches
+        for t in tasks:
+            env.reset(t)
+    total = 0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(conc) as ex:
+        for e in range(episodes):
+            list(ex.map(lambda i: envs[i].reset(task_for_seed(tasks, i * episodes + e, "index")), range(conc)))
+            for k in range(steps):
+                list(ex.map(lambda env: env.step(ACTIONS[k % len(ACTIONS)]), envs))
+                total += conc
     dt = time.perf_counter() - t0
     for env in envs:
         env.close()
@@ -121,9 +143,9 @@ def main() -> None:
     tasks = source.task_ids("train")
     print(f"games {games} ({len(tasks)} tasks), episodes/session {args.episodes}, steps/episode {args.steps}")
     print(f"{'sessions':>8} {'in-process steps/s':>19} {'service steps/s':>16} {'ratio':>6}"
-          f" {'batched steps/s':>16} {'ratio':>6}")
+          f" {'batched steps/s':>16} {'ratio':>6} {'in-proc lockstep':>17} {'batched/lockstep':>17}")
     for conc in args.concurrency:
-        inproc, served, batched = [], [], []
+        inproc, served, batched, lockstep = [], [], [], []
         with env_service(games, "train", tasks, work / f"svc{conc}", mode="index", pool_size=conc,
                          max_turns=args.max_turns, env_threads=bool(args.env_threads),
                          env_procs=args.env_procs) as client:
@@ -131,8 +153,11 @@ def main() -> None:
                 inproc.append(run_inprocess(source, tasks, conc, args.episodes, args.steps, args.max_turns))
                 served.append(run_service(client, tasks, conc, args.episodes, args.steps))
                 batched.append(run_service_batched(client, tasks, conc, args.episodes, args.steps))
-        a, b, c = statistics.median(inproc), statistics.median(served), statistics.median(batched)
-        print(f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f} {c:>16.1f} {c / a:>6.2f}", flush=True)
+                lockstep.append(run_inprocess_lockstep(source, tasks, conc, args.episodes, args.steps,
+                                                       args.max_turns))
+        a, b, c, d = (statistics.median(x) for x in (inproc, served, batched, lockstep))
+        print(f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f} {c:>16.1f} {c / a:>6.2f} {d:>17.1f} {c / d:>17.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":
