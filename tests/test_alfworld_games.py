@@ -156,3 +156,25 @@ def test_process_that_closed_an_env_exits_cleanly(games_root):
     )
     proc = subprocess.run([sys.executable, "-c", code, str(games_root)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_served_through_the_env_service(games_root, tmp_path):
+    # The same HTTP service path as TextWorld: task id and type on every step, won by the plan.
+    from fedagent.envs.lifecycle import env_service
+
+    source = _source(games_root)
+    ids = source.task_ids("train")
+    with env_service(games_root, "train", ids, tmp_path, mode="index", pool_size=1, max_turns=50,
+                     source="alfworld") as client:
+        assert client.health()["ok"]
+        client.create("s")
+        reset = client.reset("s", 1)                       # index mode: seed 1 → ids[1]
+        assert reset["task_id"] == ids[1] and reset["task_type"] == source.task_type(ids[1])
+        step = None
+        for command in _walkthrough(source, ids[1]):
+            step = client.step("s", f"<think>plan</think><action>{command}</action>")
+            assert step["task_id"] == ids[1] and step["task_type"] == source.task_type(ids[1])
+            assert step["is_action_valid"]
+        assert step["won"] and step["done"] and step["reward"] == 10
+        client.close("s")
+        assert client.health()["pool_free"] == 1
