@@ -1,6 +1,6 @@
 """Benchmark: streamed aggregation vs the raw I/O floor, load-all, and Flower's helper.
 
-    python bench/aggregate.py [--size-gb 1.0] [--ms 2 4 8] [--workdir /work/...]
+    python bench/aggregate.py [--size-gb 1.0] [--ms 2 4 8] [--workdir DIR]
 
 Builds one synthetic previous model and 8 clients of ``--size-gb`` fp32 each (a Llama-like
 mix: one large embedding, per-layer attention/MLP matrices, norms), then for each M runs
