@@ -6,7 +6,8 @@ games (seed → task exactly as the service maps it, index mode), with the same 
 In-process: each thread owns a ``TextWorldEnv``. Service: a job-scoped ``fedagent
 serve-env`` on a Unix socket with pool C, one shared ``EnvClient``, in two modes:
 per-request (C threads, one ``/step`` each) and batched (the rollout loop's shape: all C
-sessions step in lockstep, one ``/step_batch`` per step; create/reset/close from C threads).
+sessions in lockstep, one ``/create_batch``, one ``/reset_batch`` per episode, one
+``/step_batch`` per step, one ``/close_batch``, all from one thread).
 The variants are measured alternately (``--repeats`` times) in the same run, and the ratios
 service/in-process printed. The batched mode is also compared with in-process stepping of
 the same lockstep shape (``ex.map`` over the C envs per step), because the per-step barrier
@@ -105,20 +106,19 @@ def run_service(client, tasks, conc, episodes, steps) -> float:
 
 
 def run_service_batched(client, tasks, conc, episodes, steps) -> float:
-    """Steps/s with ``conc`` sessions stepped in lockstep, one ``step_many`` call per step."""
+    """Steps/s with ``conc`` sessions in lockstep: one batch call per phase, as the rollout loop."""
     sids = [f"batch-{i}" for i in range(conc)]
     total = 0
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(conc) as ex:
-        list(ex.map(client.create, sids))
-        try:
-            for e in range(episodes):
-                list(ex.map(lambda i: client.reset(sids[i], i * episodes + e), range(conc)))
-                for k in range(steps):
-                    client.step_many([(sid, answer(ACTIONS[k % len(ACTIONS)])) for sid in sids])
-                    total += conc
-        finally:
-            list(ex.map(client.close, sids))
+    client.create_many(sids)
+    try:
+        for e in range(episodes):
+            client.reset_many([(sid, i * episodes + e) for i, sid in enumerate(sids)])
+            for k in range(steps):
+                client.step_many([(sid, answer(ACTIONS[k % len(ACTIONS)])) for sid in sids])
+                total += conc
+    finally:
+        client.close_many(sids)
     return total / (time.perf_counter() - t0)
 
 

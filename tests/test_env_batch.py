@@ -1,4 +1,4 @@
-"""/step_batch: each item is exactly a /step (replay, 409, 404, 422), errors stay per item."""
+"""/*_batch routes: each item is exactly its single endpoint (replay, 409, 404, 422), errors stay per item."""
 
 from __future__ import annotations
 
@@ -189,3 +189,64 @@ def test_client_step_many_over_a_flaky_socket():
             assert c.step_many([("a", GOOD.format("look"))])[0]["turns"] == 6
             for sid in sids:
                 c.close(sid)
+
+
+def test_create_reset_close_batches_are_their_single_endpoints(tc):
+    # a duplicate id in one batch (a retried item) waits for the first borrow: one env, not two
+    res = post(tc, "/create_batch", {"items": [{"session_id": "a"}, {"session_id": "b"}, {"session_id": "a"}]})
+    assert [r["created"] for r in res["results"]] == [True, True, False]
+    h = tc.get("/health").json()
+    assert (h["sessions"], h["pool_free"], h["counters"]["borrows"]) == (2, 2, 2)
+    res = post(tc, "/reset_batch", {"items": [
+        {"session_id": "a", "seed": 3},
+        {"session_id": "ghost", "seed": 0},          # unknown session
+        {"session_id": "b", "seed": -1},             # out of range
+        {"session_id": "b", "seed": "1"},            # wrong type (strict)
+        {"session_id": "b", "seed": 11},
+    ]})["results"]
+    assert [r["error"]["status"] if "error" in r else 200 for r in res] == [200, 404, 422, 422, 200]
+    assert (res[0]["task_id"], res[4]["task_id"]) == ("fake-003", "fake-001")     # seed % 10
+    assert set(res[0]) == set(post(tc, "/reset", {"session_id": "a", "seed": 3}))
+    assert post(tc, "/step_batch", {"items": [item("a", "look", 0), item("b", "look", 0)]})["results"][1]["turns"] == 1
+    # close: idempotent per item (an unknown or repeated id is fine), every env back in the pool
+    res = post(tc, "/close_batch", {"items": [{"session_id": "a"}, {"session_id": "ghost"}, {"session_id": "b"},
+                                              {"session_id": "a"}, {"session_id": "a/b"}]})["results"]
+    assert [r.get("existed") for r in res[:4]] == [True, False, True, False] and res[4]["error"]["status"] == 422
+    h = tc.get("/health").json()
+    assert (h["sessions"], h["pool_free"]) == (0, 4)
+    for path in ("/create_batch", "/reset_batch", "/close_batch"):
+        assert tc.post(path, json={"items": []}).status_code == 422
+
+
+def test_create_batch_over_the_pool_times_out_per_item():
+    _src, app = make(pool_size=2, create_timeout=0.3)
+    with TestClient(app) as tc:
+        res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "abc"]})["results"]
+        assert [r["error"]["status"] if "error" in r else 200 for r in res] == [200, 200, 503]
+        post(tc, "/close_batch", {"items": [{"session_id": s} for s in "abc"]})
+        h = tc.get("/health").json()
+        assert (h["sessions"], h["pool_free"]) == (0, 2)
+
+
+def test_client_batch_lifecycle_over_a_flaky_socket():
+    """Lost create/reset/close batch responses are retried without a second borrow or a leak."""
+    src, app = make(pool_size=4)
+    uds = short_tmp() / "l.sock"
+    with serve_in_thread(app, uds):
+        flaky = FlakyTransport(httpx.HTTPTransport(uds=str(uds)), random.Random(3),
+                               {"/create_batch", "/reset_batch", "/close_batch"}, before=0.3, after=0.3)
+        with EnvClient(transport=flaky, sleep=lambda s: None) as c:
+            for rnd in range(6):
+                sids = [f"r{rnd}-{i}" for i in range(4)]
+                c.create_many(sids)
+                res = c.reset_many([(sid, i + rnd) for i, sid in enumerate(sids)])
+                assert [r["task_id"] for r in res] == [f"fake-{(i + rnd) % 10:03d}" for i in range(4)]
+                assert [r["turns"] for r in c.step_many([(sid, GOOD.format("look")) for sid in sids])] == [1] * 4
+                c.close_many(sids)
+            assert flaky.injected > 0
+            h = c.health()
+            assert (h["sessions"], h["pool_free"], h["counters"]["borrows"]) == (0, 4, 24)
+            with pytest.raises(EnvBatchError, match="/reset_batch.*session 'ghost'"):
+                c.reset_many([("ghost", 0)])
+            with pytest.raises(ValueError, match="appears twice"):
+                c.create_many(["x", "x"])

@@ -90,15 +90,28 @@ def test_batched_runner_chunks_to_pool(policy):
 
 
 class BatchFakeEnv(FakeEnv):
-    """FakeEnv plus ``step_many`` (per-session steps in order); records the call sizes."""
+    """FakeEnv plus the batch forms (per-session calls in order); records the step call sizes."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.batches = []
+        self.phases = []
+
+    def create_many(self, sids):
+        self.phases.append(("create", len(sids)))
+        return [self.create(sid) for sid in sids]
+
+    def reset_many(self, items):
+        self.phases.append(("reset", len(items)))
+        return [self.reset(sid, seed) for sid, seed in items]
 
     def step_many(self, items):
         self.batches.append(len(items))
         return [self.step(sid, text) for sid, text in items]
+
+    def close_many(self, sids):
+        self.phases.append(("close", len(sids)))
+        return [self.close(sid) for sid in sids]
 
 
 def _summaries(trajs):
@@ -124,12 +137,44 @@ def test_step_many_path_gives_identical_trajectories(policy, monkeypatch):
                              session_prefix="s", **kw)
     assert _summaries(a) == _summaries(b)
     assert batched.batches == per_turn                  # one step_many per turn, all active sessions
+    assert batched.phases == [("create", 6), ("reset", 6), ("close", 6)]   # one call per phase
     assert plain.log == batched.log                     # same texts, same order
     assert batched.sessions == {}
 
 
+class BrokenCloseMany(BatchFakeEnv):
+    """``close_many`` always fails (a broken batch route): sessions must still be closed."""
+
+    def close_many(self, sids):
+        raise ConnectionError("close_batch lost")
+
+
+def test_failed_close_many_falls_back_to_closing_each_session(policy):
+    model, tok = policy
+    env = BrokenCloseMany(max_turns=3)
+    episode.run_episodes(model, tok, env, [0, 1, 2], generator=torch_generator(0, "t"), session_prefix="s", **KW)
+    assert env.sessions == {}
+    assert [c[1] for c in env.log if c[0] == "close"] == ["s-0", "s-1", "s-2"]
+
+
+class FailingCreateMany(BatchFakeEnv):
+    """``create_many`` creates the first session, then fails: whatever it made must be closed."""
+
+    def create_many(self, sids):
+        self.create(sids[0])
+        raise RuntimeError("pool borrow timed out")
+
+
+def test_a_half_done_create_many_leaks_nothing(policy):
+    model, tok = policy
+    env = FailingCreateMany(max_turns=3)
+    with pytest.raises(RuntimeError, match="timed out"):
+        episode.run_episodes(model, tok, env, [0, 1], generator=torch_generator(0, "t"), session_prefix="s", **KW)
+    assert env.sessions == {}
+
+
 class PerSession:
-    """Hides ``step_many``: the loop must fall back to one ``step`` per session."""
+    """Hides the batch forms: the loop must fall back to one call per session."""
 
     def __init__(self, inner):
         self.create, self.reset, self.step, self.close = inner.create, inner.reset, inner.step, inner.close
@@ -152,6 +197,7 @@ def test_service_batch_and_per_session_paths_agree(policy):
         b = run(client, "b")
         after = client.health()
     assert _summaries(a) == _summaries(b)
-    assert before["batches"] == 0 and after["counters"]["batches"] == 3     # max_turns 3: one per turn
+    # max_turns 3: one /step_batch per turn, plus one create, reset and close batch
+    assert before["batches"] == 0 and after["counters"]["batches"] == 3 + 3
     assert after["counters"]["steps"] - before["steps"] == before["steps"] == 12
     assert (after["sessions"], after["pool_free"]) == (0, 4)

@@ -4,7 +4,8 @@ Retries transport errors only (connection refused/reset, timeouts, a response lo
 mid-read), never an HTTP status: every endpoint is idempotent for a retry of the *same*
 request (create waits for the first borrow, a re-sent step_id replays, close of a closed
 session is ok), while a 4xx means the request itself is wrong and must not be repeated.
-A retried ``/step_batch`` is safe for the same reason: every item carries its step_id.
+A retried ``/*_batch`` request is safe for the same reason: each item is a single
+endpoint's body (a step item carries its step_id).
 Backoff: 0.3·2^k s capped at 4 s, plus up to 0.3 s jitter, at most 8 retries. The jitter
 comes from a private RNG and only spreads retries in time; it never affects results.
 """
@@ -20,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 TOKEN_HEADER = "x-fedagent-token"   # the service imports it from here (keeps clients light)
-MAX_BATCH_ITEMS = 256                # items per /step_batch (service limit; step_many splits)
+MAX_BATCH_ITEMS = 256                # items per /*_batch request (service limit; *_many split)
 MAX_RETRIES = 8
 BACKOFF_BASE = 0.3
 BACKOFF_CAP = 4.0
@@ -37,18 +38,18 @@ class EnvServiceError(RuntimeError):
 
 
 class EnvBatchError(EnvServiceError):
-    """Some items of a /step_batch failed; names the first failed session, keeps them all.
+    """Some items of a /*_batch request failed; names the first failed session, keeps them all.
 
     ``failures``: ``(index, session_id, status, detail)`` per failed item; ``results``: every
-    item's result in order (a failed one is its ``{"error": ...}`` object). Sessions whose
-    item succeeded have advanced their step_id.
+    item's result in order (a failed one is its ``{"error": ...}`` object). The client's
+    bookkeeping (step ids) already reflects the items that succeeded.
     """
 
-    def __init__(self, failures: list[tuple[int, str, int, str]], results: list[dict]):
+    def __init__(self, failures: list[tuple[int, str, int, str]], results: list[dict], path: str = "/step_batch"):
         """Describe the first failure and how many more there were."""
         index, sid, status, detail = failures[0]
         more = f" (and {len(failures) - 1} more failed items)" if len(failures) > 1 else ""
-        super().__init__(status, "/step_batch", f"item {index}, session {sid!r}: {detail}{more}")
+        super().__init__(status, path, f"item {index}, session {sid!r}: {detail}{more}")
         self.session_id, self.failures, self.results = sid, failures, results
 
 
@@ -147,39 +148,69 @@ class EnvClient:
         :class:`EnvBatchError` is raised after that bookkeeping (names the session).
         """
         items = [(str(sid), str(text)) for sid, text in items]
-        sids = [sid for sid, _ in items]
-        if len(set(sids)) != len(sids):
-            raise ValueError("step_many: a session appears twice in one call (step it twice instead)")
+        sids = _distinct([sid for sid, _ in items], "step_many", "step it twice instead")
         with self._lock:
             missing = [sid for sid in sids if sid not in self._step_ids]
             if missing:
                 raise RuntimeError(f"step of session {missing[0]!r} before reset (on this client)")
             step_ids = [self._step_ids[sid] for sid in sids]
+        bodies = [{"session_id": sid, "text": text, "step_id": step_id}
+                  for (sid, text), step_id in zip(items, step_ids)]
+
+        def book(i: int, _result: dict) -> None:
+            self._step_ids[sids[i]] = step_ids[i] + 1
+
+        return self._batch("/step_batch", bodies, book)
+
+    def create_many(self, session_ids: Sequence[str]) -> list[dict]:
+        """POST /create_batch: create every session in one round trip (no read timeout, as create)."""
+        sids = _distinct([str(s) for s in session_ids], "create_many")
+        timeout = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
+        return self._batch("/create_batch", [{"session_id": sid} for sid in sids], timeout=timeout)
+
+    def reset_many(self, items: Sequence[tuple[str, int]]) -> list[dict]:
+        """POST /reset_batch: one reset per ``(session_id, seed)``; each reset session's next step_id is 0."""
+        bodies = [{"session_id": str(sid), "seed": int(seed)} for sid, seed in items]
+        _distinct([b["session_id"] for b in bodies], "reset_many")
+
+        def book(i: int, _result: dict) -> None:
+            self._step_ids[bodies[i]["session_id"]] = 0
+
+        return self._batch("/reset_batch", bodies, book)
+
+    def close_many(self, session_ids: Sequence[str]) -> list[dict]:
+        """POST /close_batch (retried; idempotent on the service)."""
+        sids = [str(s) for s in session_ids]
+        with self._lock:
+            for sid in sids:
+                self._step_ids.pop(sid, None)
+        return self._batch("/close_batch", [{"session_id": sid} for sid in sids])
+
+    def _batch(self, path: str, bodies: list[dict], book=None, *, timeout=httpx.USE_CLIENT_DEFAULT) -> list[dict]:
+        """POST ``bodies`` as items of ``path`` in chunks; ``book(i, result)`` per succeeded item.
+
+        Raises :class:`EnvBatchError` naming the first failed item after every chunk ran and
+        was booked: a later chunk's failure must not lose an earlier chunk's bookkeeping.
+        """
         results: list[dict] = []
         failures: list[tuple[int, str, int, str]] = []
-        for k in range(0, len(items), MAX_BATCH_ITEMS):
-            chunk = range(k, min(k + MAX_BATCH_ITEMS, len(items)))
-            body = {"items": [{"session_id": sids[i], "text": items[i][1], "step_id": step_ids[i]}
-                              for i in chunk]}
-            out = self._call("POST", "/step_batch", body)["results"]
+        for k in range(0, len(bodies), MAX_BATCH_ITEMS):
+            chunk = bodies[k:k + MAX_BATCH_ITEMS]
+            out = self._call("POST", path, {"items": chunk}, timeout=timeout)["results"]
             if len(out) != len(chunk):
-                raise EnvServiceError(200, "/step_batch", f"{len(out)} results for {len(chunk)} items")
-            # Book each chunk at once: a later chunk's failure must not lose this one's steps.
-            results.extend(self._book_batch(chunk, sids, step_ids, out, failures))
+                raise EnvServiceError(200, path, f"{len(out)} results for {len(chunk)} items")
+            with self._lock:
+                for i, r in enumerate(out, start=k):
+                    if "error" in r:
+                        err = r["error"]
+                        failures.append((i, bodies[i]["session_id"], int(err.get("status", 0)),
+                                         str(err.get("detail", ""))))
+                    elif book is not None:
+                        book(i, r)
+            results.extend(out)
         if failures:
-            raise EnvBatchError(failures, results)
+            raise EnvBatchError(failures, results, path)
         return results
-
-    def _book_batch(self, chunk, sids, step_ids, out, failures) -> list[dict]:
-        """Advance the step_id of every succeeded item; record the failed ones."""
-        with self._lock:
-            for i, r in zip(chunk, out):
-                if "error" in r:
-                    err = r["error"]
-                    failures.append((i, sids[i], int(err.get("status", 0)), str(err.get("detail", ""))))
-                else:
-                    self._step_ids[sids[i]] = step_ids[i] + 1
-        return out
 
     def close(self, session_id: str) -> dict:
         """POST /close (retried; idempotent on the service)."""
@@ -206,3 +237,10 @@ class EnvClient:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _distinct(sids: list[str], what: str, hint: str = "one item per session") -> list[str]:
+    """``sids`` unchanged if no session appears twice (a batch item per session), else ValueError."""
+    if len(set(sids)) != len(sids):
+        raise ValueError(f"{what}: a session appears twice in one call ({hint})")
+    return sids

@@ -3,8 +3,9 @@
 Policy-agnostic apart from :func:`fedagent.policy.sample`; the environment is any object
 with the env client's methods (``create``, ``reset``, ``step``, ``close``): the HTTP
 :class:`fedagent.envs.client.EnvClient` in jobs, ``tests/fake_env.FakeEnv`` in tests. An env
-that also has ``step_many`` (the client: one ``/step_batch`` round trip) gets one call per
-turn for all active sessions; otherwise each session is stepped on its own. The service
+that also has the batch forms (the client's ``create_many``/``reset_many``/``step_many``/
+``close_many``: one ``/*_batch`` round trip each) gets one call per phase for all sessions
+(per turn for steps); otherwise each session is handled on its own. The service
 parses the raw answer itself, so the loop sends the model's text unchanged.
 """
 
@@ -82,12 +83,16 @@ def run_episodes(
     created: list[str] = []
     completed = False
     try:
-        for sid in sids:
-            env.create(sid)
-            created.append(sid)
+        many = getattr(env, "create_many", None)
+        if many is not None:
+            created = list(sids)          # a failed batch may have created some: close all
+            many(sids)
+        else:
+            for sid in sids:
+                env.create(sid)
+                created.append(sid)
         state = []   # per session: task, observation, admissible, history
-        for sid, seed in zip(sids, seeds):
-            r = env.reset(sid, int(seed))
+        for sid, seed, r in zip(sids, seeds, _reset_all(env, sids, seeds)):
             trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
             state.append({"task": r.get("task", ""), "obs": r["observation"],
                           "admissible": list(r.get("admissible_commands", [])), "history": []})
@@ -121,16 +126,43 @@ def run_episodes(
                     done[i] = True
         completed = True
     finally:
-        errors = []
-        for sid in created:
-            try:
-                env.close(sid)
-            except Exception as exc:   # close every session even if one close fails
-                errors.append(exc)
+        errors = _close_all(env, created)
         # A failing close must not mask the exception that is already propagating.
         if errors and completed:
             raise errors[0]
     return trajs
+
+
+def _reset_all(env, sids: list[str], seeds: Sequence[int]) -> list[dict]:
+    """One reset answer per session, in order: a single ``reset_many`` call when the env has it."""
+    reset_many = getattr(env, "reset_many", None)
+    if reset_many is not None:
+        return reset_many([(sid, int(seed)) for sid, seed in zip(sids, seeds)])
+    return [env.reset(sid, int(seed)) for sid, seed in zip(sids, seeds)]
+
+
+def _close_all(env, sids: list[str]) -> list[Exception]:
+    """Close every session; returns the errors instead of stopping at the first.
+
+    A failed ``close_many`` (after its own retries) falls back to one ``close`` per session,
+    so a single bad item or a broken batch route never leaks the others' envs.
+    """
+    if not sids:
+        return []
+    close_many = getattr(env, "close_many", None)
+    if close_many is not None:
+        try:
+            close_many(sids)
+            return []
+        except Exception:   # noqa: BLE001 - retried one by one below
+            pass
+    errors = []
+    for sid in sids:
+        try:
+            env.close(sid)
+        except Exception as exc:   # close every session even if one close fails
+            errors.append(exc)
+    return errors
 
 
 def _step_all(env, sids: list[str], texts: list[str]) -> list[dict]:
