@@ -1,14 +1,50 @@
 """``fedagent verify``: recompute a round in float64 from the client updates and compare.
 
-Tolerance, per element: |stored − exact| ≤ (M + 3) · u · S with u = 2⁻²⁴ (fp32 unit
-roundoff) and S = Σ_i w_i |c_i − p| + |Δ_exact|. Why: aggregate forms fl(c_i − p) (one
+Aggregate. Tolerance, per element: |stored − exact| ≤ (M + 3) · u · S with u = 2⁻²⁴ (fp32
+unit roundoff) and S = Σ_i w_i |c_i − p| + |Δ_exact|. Why: aggregate forms fl(c_i − p) (one
 rounding), scales by an fp32-rounded weight (two more) and sums M terms recursively (M − 1
 roundings); the standard bound for that is (M + 2)·u·Σ|terms| + O(u²), and one more u
 covers the final fp32 store. Bounding by the magnitude of the *terms* (not of the result)
 keeps it sound when client deltas cancel, and it is far tighter than a fixed 1e-4: any
 tampering larger than a few fp32 ulps of the terms is caught. bf16/fp16 → fp32 is exact,
-so stored dtype adds nothing. The merged FedAvg model adds two roundings (scale, add):
-(M + 5) · u · (|p| + η S).
+so stored dtype adds nothing.
+
+Server step (``--model``), for all four server optimizers. The flags are the truth (what the
+run's config asked for; same flags and defaults as ``fedagent merge``): the merged dir's
+server.json must name the same optimizer and hyper-parameters, else verify fails (so a merge
+run with other values is caught, and a server.json edited to match is still caught by the
+values, which are recomputed from the flags); its step must be the previous state's step + 1
+(1 without ``--prev-server-state``) and its round the previous round + 1. The new and the
+previous ``server_state.safetensors`` must hold exactly the F32 tensors ``<slot>/<tensor>``
+with the model's shapes.
+
+The merge consumed the *stored* fp32 delta d (checked against the exact one above), the prev
+weights p (exact in fp32) and the stored fp32 state m₀, v₀ (round 1: ``init_state``, m₀ = 0,
+v₀ = fl(τ²)), so those are exact inputs here and the only error is the fp32 rounding of this
+one step. Each fp32 operation, rounding a hyper-parameter to fp32 included, errs by at most u
+times its result; an input already off by e carries e (times the factor it is multiplied by).
+The bounds are first order with every coefficient raised by one: the spare u·(magnitudes)
+exceeds all O(u²) terms (≤ k²u² times the same magnitudes, k ≤ 8) and float64's own 2⁻⁵³.
+Each bound also gets TINY = 2⁻¹⁴⁶ (8 subnormal ulps), where relative bounds fail.
+
+- FedAvg   w = p + ηd             e_w = 2u|p| + 4u|ηd|           (η→fp32, ×, +)
+- FedAvgM  m = βm₀ + d            e_m = 4u(|βm₀| + |d|)          (β→fp32, ×, +)
+           w = p + ηm             e_w = 2u|p| + 4u|ηm| + |η|e_m
+- FedAdam  m = β₁m₀ + (1−β₁)d     e_m = 4u(|β₁m₀| + |(1−β₁)d|)
+           v = β₂v₀ + (1−β₂)d²    e_v = 4uβ₂v₀ + 5u(1−β₂)d²      (fl(d²) adds one)
+- FedYogi  m as FedAdam;  v = v₀ − (1−β₂)d²·s, s = sign(v₀ − d²):  e_v = 2uv₀ + 5u(1−β₂)d²
+- Adam/Yogi w = p + q, q = ηm/(√v + τ), through √ (1 rounding), +τ (2), η·m̂ (2), ÷ (1), +p (1):
+    e_√   = min(e_v / (√v + √(v − e_v)), √e_v)     (|√a − √b| = |a − b|/(√a + √b) ≤ √|a − b|)
+    e_den = e_√ + 3u(√v + τ);   e_num = |η|e_m + 3u|ηm|
+    e_q   = (e_num + |q|·e_den) / (√v + τ − e_den) + 2u|q|   (|a'/b' − a/b| ≤ (|a'−a| + |a/b||b'−b|)/|b'|)
+    e_w   = 2u(|p| + |q|) + e_q
+  i.e. ≈ 14u relative on the quotient when m does not cancel (e_√ ≈ 2.5u√v, e_den ≲ 5.5u·den).
+
+Yogi's sign: fp32 takes sign(v₀ − fl(d²)), which differs from the exact sign (or is 0) only
+where |v₀ − d²| ≤ u·d². At elements with |v₀ − d²| ≤ 2u·d² + TINY all of s ∈ {−1, 0, 1} are
+honest; the branch nearest the stored v is used for v *and* w, so both must agree on one branch
+(another branch is a (1−β₂)·d² change, far outside tolerance). A 1e-4 relative change of any
+weight or state element is ~100× these tolerances, unless m itself cancels there.
 """
 
 from __future__ import annotations
@@ -18,6 +54,8 @@ import json
 import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -25,9 +63,14 @@ import torch
 
 from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
 from fedagent.atomic import ManifestError, verify_manifest
-from fedagent.hf_dir import FormatError, TensorReader, read_header, tensor_index
+from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
+from fedagent.merge import SERVER_JSON, STATE_FILE
+from fedagent.server_opt import OPTIMIZERS, FedAvg, ServerOptimizer, make_optimizer
 
 U32 = 2.0 ** -24
+TINY = 2.0 ** -146
+WEIGHT = "weight"  # key of the model tensor among the recomputed slots ("m", "v")
+FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2", "tau": "--tau"}
 
 
 def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
@@ -38,22 +81,249 @@ def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
             f"|diff|={float(diff.reshape(-1)[i]):.3e} > tol={float(tol.reshape(-1)[i]):.3e}")
 
 
-def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, agg_dir: Path, *,
-                 model_dir: Path | None = None, server_opt: str = "fedavg", server_lr: float = 1.0) -> list[str]:
-    """Return a list of failures (empty = the round verifies)."""
-    prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
-    client_dirs = [Path(d) for d in client_dirs]
-    dirs = [prev_dir, *client_dirs, agg_dir] + ([Path(model_dir)] if model_dir else [])
-    def manifest_problem(d: Path) -> str | None:
+# ---- the server step in float64: (value, error bound of fp32's result) per output --------
+
+Bound = tuple[torch.Tensor, torch.Tensor]
+
+
+def _axpy(p: torch.Tensor, eta: float, x: torch.Tensor, e_x: torch.Tensor | float) -> Bound:
+    """p + η·x as ``p.add_(x̂, alpha=η)`` gives it, x̂ being off by at most e_x."""
+    y = eta * x
+    return p + y, 2 * U32 * p.abs() + 4 * U32 * y.abs() + abs(eta) * e_x + TINY
+
+
+def _lin(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> Bound:
+    """a·x + b·y as ``x.mul_(a).add_(y, alpha=b)`` gives it (momentum / first moment)."""
+    ax, by = a * x, b * y
+    return ax + by, 4 * U32 * (ax.abs() + by.abs()) + TINY
+
+
+def _adam_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float) -> Bound:
+    """FedAdam's second moment β₂v₀ + (1−β₂)d²."""
+    a, b = beta2 * v0, (1 - beta2) * d2
+    return a + b, 4 * U32 * a + 5 * U32 * b + TINY
+
+
+def _yogi_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float, got_v: torch.Tensor) -> Bound:
+    """FedYogi's v₀ − (1−β₂)d²·sign(v₀ − d²), the sign taken from the stored v where rounding may flip it."""
+    c = 1 - beta2
+    s = torch.sign(v0 - d2)  # exact: d2 is exact in float64, and a subtraction keeps its sign
+    near = (v0 - d2).abs() <= 2 * U32 * d2 + TINY
+    if bool(near.any()):
+        vb, cd, gb = v0[near], c * d2[near], got_v[near]
+        branches = torch.stack([vb + cd, vb, vb - cd])  # s = −1, 0, +1
+        s[near] = (gb - branches).abs().argmin(0).to(s.dtype) - 1
+    return v0 - c * d2 * s, 2 * U32 * v0 + 5 * U32 * c * d2 + TINY
+
+
+def _adaptive_w(p: torch.Tensor, eta: float, m: Bound, v: Bound, tau: float) -> Bound:
+    """p + η·m/(√v + τ) as ``addcdiv_`` gives it from m̂ and v̂ (see the module docstring)."""
+    (m, e_m), (v, e_v) = m, v
+    r = v.sqrt()
+    e_r = torch.minimum(e_v / (r + (v - e_v).clamp_min(0).sqrt()), e_v.sqrt())
+    den = r + tau
+    e_den = e_r + 3 * U32 * den + TINY
+    num = eta * m
+    e_num = abs(eta) * e_m + 3 * U32 * num.abs() + TINY
+    q = num / den
+    # den − e_den ≤ 0 would mean no bound: the division gives inf there (e_num > 0).
+    e_q = (e_num + q.abs() * e_den) / (den - e_den).clamp_min(0) + 2 * U32 * q.abs() + TINY
+    return p + q, 2 * U32 * (p.abs() + q.abs()) + e_q + TINY
+
+
+def _fedavg(p, d, old, hp, got) -> dict[str, Bound]:
+    """w = p + ηd."""
+    return {WEIGHT: _axpy(p, hp["lr"], d, 0.0)}
+
+
+def _fedavgm(p, d, old, hp, got) -> dict[str, Bound]:
+    """m = βm₀ + d; w = p + ηm."""
+    m = _lin(hp["momentum"], old["m"], 1.0, d)
+    return {WEIGHT: _axpy(p, hp["lr"], *m), "m": m}
+
+
+def _adaptive(p, d, old, hp, got, *, yogi: bool) -> dict[str, Bound]:
+    """FedAdam / FedYogi: m, v, then w = p + ηm/(√v + τ)."""
+    m = _lin(hp["beta1"], old["m"], 1 - hp["beta1"], d)
+    d2 = d * d  # exact: 24-bit significands, fp32 exponents
+    v = _yogi_v(old["v"], d2, hp["beta2"], got["v"]) if yogi else _adam_v(old["v"], d2, hp["beta2"])
+    return {WEIGHT: _adaptive_w(p, hp["lr"], m, v, hp["tau"]), "m": m, "v": v}
+
+
+STEPS = {"fedavg": _fedavg, "fedavgm": _fedavgm,
+         "fedadam": partial(_adaptive, yogi=False), "fedyogi": partial(_adaptive, yogi=True)}
+
+
+def recompute(opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[str, torch.Tensor],
+              got: dict[str, torch.Tensor]) -> dict[str, Bound]:
+    """Float64 new weight and state of one tensor with fp32 error bounds.
+
+    All tensors float64; ``old`` is the previous state, ``got`` the stored new state (Yogi's
+    sign is resolved against it where rounding can flip it).
+    """
+    return STEPS[opt.name](p, d, old, opt.hparams(), got)
+
+
+# ---- inputs and their structure -----------------------------------------------------------
+
+@dataclass
+class ServerStep:
+    """Headers and server.json of the merged model dir and of the previous state (None: round 1)."""
+
+    model: dict[str, TensorInfo]
+    state: dict[str, TensorInfo]
+    meta: dict
+    prev_state: dict[str, TensorInfo] | None
+    prev_meta: dict | None
+
+
+def _load_server_step(model_dir: Path, prev_state_dir: Path | None) -> ServerStep:
+    """Read the headers and server.json files (no tensor data)."""
+    def meta(d: Path) -> dict:
+        m = json.loads((d / SERVER_JSON).read_text())
+        if not isinstance(m, dict):
+            raise ValueError(f"{d / SERVER_JSON} is not a JSON object")
+        return m
+
+    prev_state = read_header(prev_state_dir / STATE_FILE) if prev_state_dir else None
+    return ServerStep(tensor_index(model_dir), read_header(model_dir / STATE_FILE), meta(model_dir),
+                      prev_state, meta(prev_state_dir) if prev_state_dir else None)
+
+
+def _shape_failures(label: str, idx: dict[str, TensorInfo], want: dict[str, tuple[int, ...]]) -> list[str]:
+    """Names, F32 dtype and shapes of ``idx`` against ``want``."""
+    if set(idx) != set(want):
+        missing, extra = sorted(set(want) - set(idx)), sorted(set(idx) - set(want))
+        return [f"structure: {label} tensors differ from the model's: missing {missing[:5]}, extra {extra[:5]}"]
+    return [f"structure: {label} tensor {n!r} is {info.dtype}{list(info.shape)}, expected F32{list(want[n])}"
+            for n, info in idx.items() if info.shape != want[n] or info.dtype != "F32"]
+
+
+def _structure_failures(prev: dict[str, TensorInfo], delta: dict[str, TensorInfo], server: ServerStep | None,
+                        opt: ServerOptimizer) -> list[str]:
+    """Delta, merged weights and both server states against prev's names and shapes."""
+    shapes = {n: info.shape for n, info in prev.items()}
+    out = _shape_failures("aggregate delta", delta, shapes)
+    if server is None:
+        return out
+    slots = {f"{s}/{n}": shape for n, shape in shapes.items() for s in opt.slots}
+    out += _shape_failures("merged model", server.model, shapes)
+    out += _shape_failures(f"server state ({opt.name})", server.state, slots)
+    if server.prev_state is not None:
+        out += _shape_failures(f"previous server state ({opt.name})", server.prev_state, slots)
+    return out
+
+
+def _summary_failures(summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float]) -> list[str]:
+    """aggregate.json against this run: weighting, clients and each recomputed weight."""
+    out = []
+    recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
+    if summary.get("weighting") != weighting:
+        out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r}")
+    if [Path(d).name for d, _ in recorded] != [d.name for d in client_dirs]:
+        out.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]}")
+        return out
+    for (d, w_rec), w in zip(recorded, weights):
+        if not isinstance(w_rec, (int, float)) or abs(w_rec - w) > 1e-12 * max(1.0, abs(w)):
+            out.append(f"aggregate.json: client {d} weight {w_rec} != recomputed {w}")
+    return out
+
+
+def _config_failures(label: str, meta: dict, opt: ServerOptimizer) -> list[str]:
+    """Optimizer and hyper-parameters recorded in a server.json against the flags."""
+    if meta.get("optimizer") != opt.name:
+        return [f"{label}: optimizer {meta.get('optimizer')!r} != --server-opt {opt.name}"]
+    rec, want = meta.get("hparams"), opt.hparams()
+    rec = rec if isinstance(rec, dict) else {}
+    return [f"{label}: hparams {k}={rec.get(k)!r} != {FLAGS.get(k, k)} {want.get(k)!r}"
+            for k in sorted(set(rec) | set(want)) if rec.get(k) != want.get(k)]
+
+
+def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
+    """server.json of the merged dir (and of the previous state) against the flags and each other."""
+    out = _config_failures("server.json", server.meta, opt)
+    if server.prev_meta is None:
+        chain = [("step", 0)]  # fresh state: step 1, whatever the round number
+    else:
+        out += _config_failures("previous server.json", server.prev_meta, opt)
+        chain = [(key, server.prev_meta.get(key)) for key in ("step", "round")]
+    for key, prev_value in chain:
+        got = server.meta.get(key)
+        if not isinstance(prev_value, int) or got != prev_value + 1:
+            out.append(f"server.json: {key} {got!r} != previous {key} {prev_value!r} + 1")
+    return out
+
+
+# ---- values -------------------------------------------------------------------------------
+
+def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: Sequence[dict[str, TensorInfo]],
+                        weights: Sequence[float], delta: TensorInfo) -> list[str]:
+    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring)."""
+    exact = torch.zeros_like(p)
+    mag = torch.zeros_like(p)
+    for c, w in zip(clients, weights):
+        d = reader.read(c[n]).to(torch.float64) - p
+        exact.add_(d, alpha=w)
+        mag.add_(d.abs(), alpha=w)
+    mag.add_(exact.abs())
+    diff = (reader.read(delta).to(torch.float64) - exact).abs()
+    tol = (len(clients) + 3) * U32 * mag
+    return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)}"]
+
+
+def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: TensorInfo, server: ServerStep,
+                          opt: ServerOptimizer) -> list[str]:
+    """Stored new weight and state of tensor ``n`` against the float64 server step."""
+    def read(info: TensorInfo) -> torch.Tensor:
+        return reader.read(info).to(torch.float64)
+
+    if server.prev_state is None:
+        old = {s: t.to(torch.float64) for s, t in opt.init_state(p.to(torch.float32)).items()}
+    else:
+        old = {s: read(server.prev_state[f"{s}/{n}"]) for s in opt.slots}
+    got = {WEIGHT: read(server.model[n]), **{s: read(server.state[f"{s}/{n}"]) for s in opt.slots}}
+    out = []
+    for key, (want, tol) in recompute(opt, p, read(delta), old, got).items():
+        diff = (got[key] - want).abs()
+        if not bool((diff <= tol).all()):
+            label, name = ("merged model", n) if key == WEIGHT else ("server state", f"{key}/{n}")
+            out.append(f"{label}: {_worst(name, diff, tol)}")
+    return out
+
+
+def _manifest_failures(dirs: Sequence[Path]) -> list[str]:
+    """Every directory's manifest (one run lists every problem); two threads hash in parallel."""
+    def problem(d: Path) -> str | None:
         try:
             verify_manifest(d)
         except ManifestError as exc:
             return f"manifest: {exc}"
         return None
 
-    # Every directory (one run lists every manifest problem); two threads hash in parallel.
+    unique: dict[Path, Path] = {}
+    for d in dirs:  # the previous state dir is usually prev itself: hash it once
+        unique.setdefault(d.resolve(), d)
     with ThreadPoolExecutor(2) as pool:
-        failures = [f for f in pool.map(manifest_problem, dirs) if f]
+        return [f for f in pool.map(problem, unique.values()) if f]
+
+
+def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, agg_dir: Path, *,
+                 model_dir: Path | None = None, opt: ServerOptimizer | None = None,
+                 prev_state_dir: Path | None = None) -> list[str]:
+    """Return a list of failures (empty = the round verifies).
+
+    With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
+    ``prev_state_dir`` (None: fresh state, as in round 1).
+    """
+    opt = opt or FedAvg()
+    prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
+    model_dir = Path(model_dir) if model_dir else None
+    prev_state_dir = Path(prev_state_dir) if prev_state_dir else None
+    client_dirs = [Path(d) for d in client_dirs]
+    if prev_state_dir is not None and model_dir is None:
+        return ["usage: --prev-server-state needs --model"]
+    dirs = [prev_dir, *client_dirs, agg_dir] + [d for d in (model_dir, prev_state_dir) if d is not None]
+    failures = _manifest_failures(dirs)
     if failures:
         return failures
     try:
@@ -61,76 +331,55 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
         prev, clients = check_structure(prev_dir, client_dirs)
         delta = read_header(agg_dir / DELTA_FILE)
         summary = json.loads((agg_dir / AGG_JSON).read_text())
-        model = tensor_index(Path(model_dir)) if model_dir else None
+        server = _load_server_step(model_dir, prev_state_dir) if model_dir else None
     except (AggregateError, FormatError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    # The recorded weights must be the recomputed ones, client by client.
-    recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
-    if summary.get("weighting") != weighting:
-        failures.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r}")
-    if [Path(d).name for d, _ in recorded] != [d.name for d in client_dirs]:
-        failures.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]}")
-    else:
-        for (d, w_rec), w in zip(recorded, weights):
-            if not isinstance(w_rec, (int, float)) or abs(w_rec - w) > 1e-12 * max(1.0, abs(w)):
-                failures.append(f"aggregate.json: client {d} weight {w_rec} != recomputed {w}")
-    for label, idx in (("aggregate delta", delta), ("merged model", model)):
-        if idx is None:
-            continue
-        if set(idx) != set(prev):
-            failures.append(f"structure: {label} tensors differ from prev: {sorted(set(idx) ^ set(prev))[:5]}")
-            return failures
-        for n, info in idx.items():
-            if info.shape != prev[n].shape or info.dtype != "F32":
-                failures.append(f"structure: {label} tensor {n!r} is {info.dtype}{list(info.shape)}, "
-                                f"expected F32{list(prev[n].shape)}")
+    failures = _summary_failures(summary, weighting, client_dirs, weights)
+    failures += _structure_failures(prev, delta, server, opt)
+    if server is not None:
+        failures += _meta_failures(server, opt)
     if failures:
         return failures
-    M = len(client_dirs)
     with TensorReader() as reader:
         for n in prev:
             p = reader.read(prev[n]).to(torch.float64)
-            exact = torch.zeros_like(p)
-            mag = torch.zeros_like(p)
-            for c, w in zip(clients, weights):
-                d = reader.read(c[n]).to(torch.float64) - p
-                exact.add_(d, alpha=w)
-                mag.add_(d.abs(), alpha=w)
-            mag.add_(exact.abs())
-            got = reader.read(delta[n]).to(torch.float64)
-            diff = (got - exact).abs()
-            tol = (M + 3) * U32 * mag
-            if not bool((diff <= tol).all()):
-                failures.append(f"aggregate: {_worst(n, diff, tol)}")
-            if model is not None and server_opt == "fedavg":
-                want = p + server_lr * exact
-                diff = (reader.read(model[n]).to(torch.float64) - want).abs()
-                tol = (M + 5) * U32 * (p.abs() + server_lr * mag)
-                if not bool((diff <= tol).all()):
-                    failures.append(f"merged model: {_worst(n, diff, tol)}")
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n])
+            if server is not None:
+                failures += _server_step_failures(reader, n, p, delta[n], server, opt)
     return failures
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``fedagent verify``."""
+    """Flags of ``fedagent verify`` (server-step flags and defaults as ``fedagent merge``)."""
     parser.add_argument("--prev", required=True, type=Path)
     parser.add_argument("--clients", required=True, nargs="+", type=Path)
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
     parser.add_argument("--aggregate", required=True, type=Path)
-    parser.add_argument("--model", type=Path, default=None, help="merged model dir to check too")
-    parser.add_argument("--server-opt", default="fedavg",
-                        help="only fedavg merges are recomputed; others get a structure check")
+    parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
+    parser.add_argument("--prev-server-state", default="none",
+                        help="the state dir the merge was given (previous round's model dir), or 'none'")
+    parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
     parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
+    parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
+    parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
+    parser.add_argument("--tau", type=float, default=1e-3, help="FedAdam/FedYogi adaptivity")
 
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 if everything matches, 1 (printing every failure) otherwise."""
+    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
+                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
+    state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
     failures = verify_round(args.prev, args.clients, args.weighting, args.aggregate, model_dir=args.model,
-                            server_opt=args.server_opt, server_lr=args.server_lr)
+                            opt=opt, prev_state_dir=state)
     if failures:
         for f in failures:
             print(f"verify: FAIL {f}", file=sys.stderr)
         return 1
-    extra = "" if args.model is None or args.server_opt == "fedavg" else f" (model: structure only for {args.server_opt})"
+    extra = ""
+    if args.model is not None:
+        hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
+        extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
     print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
     return 0
