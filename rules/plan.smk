@@ -56,7 +56,8 @@ rule val_set:
 
 rule base_model:
     output:
-        directory(model_dir(0)),
+        # every round's KL reference by default: kept always, protected() when asked
+        protected(directory(model_dir(0))) if config["keep"]["protect_models"] else directory(model_dir(0)),
     params:
         command="tiny-model --seed {}".format(config["seed"]) if config["model"] == "tiny"
         else "base-model --source {}".format(config["model"]),

@@ -202,3 +202,59 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     run_snakemake(work, "--config", "rounds=4")
     assert (work / RUN / "round_004" / "eval.json").exists()
     assert not list((work / RUN / "round_004" / "clients").glob(".partial-*"))
+
+
+KEEP_FEW = "keep: {client_updates: false, aggregates: false, models_every: 2, protect_models: true}\n"
+
+
+def _would_remove(proc) -> set[str]:
+    text = proc.stdout + proc.stderr
+    return {line.split("Would remove temporary output ", 1)[1].strip().removeprefix(f"{RUN}/")
+            for line in text.splitlines() if "Would remove temporary output " in line}
+
+
+def test_keep_policy_plan_deletes_all_but_every_kth_and_last_model(tmp_path):
+    """Issue 4 keep-policy: the dry run of a 5-round run with models_every=2 shows what goes."""
+    work = make_workdir(tmp_path / "w")
+    (work / "keep.yaml").write_text("rounds: 5\n" + KEEP_FEW)
+    proc = run_snakemake(work, "-n", "--configfile", "keep.yaml")
+    removed = _would_remove(proc)
+    assert {p for p in removed if p.endswith("/model")} == {"round_001/model", "round_003/model"}
+    for r in range(1, 6):
+        assert {f"round_{r:03d}/clients/0", f"round_{r:03d}/clients/1", f"round_{r:03d}/aggregate"} <= removed
+    jobs = executed_jobs(proc)
+    assert {w for r, w in jobs if r == "merge_protected"} == {"round=002", "round=004"}
+    assert {w for r, w in jobs if r == "merge"} == {"round=005"}          # the last: kept, not protected
+    assert {w for r, w in jobs if r == "merge_temporary"} == {"round=001", "round=003"}
+
+
+def test_keep_policy_on_extending_a_run(finished3, tmp_path):
+    """rounds 3 → 4 with temporary updates/aggregates and models every 2: Snakemake deletes
+    what the new round consumed and is no longer kept; a re-run then has nothing to do."""
+    work = clone_workdir(finished3, tmp_path / "w")
+    (work / "keep.yaml").write_text("rounds: 4\n" + KEEP_FEW)
+    proc = run_snakemake(work, "--configfile", "keep.yaml")
+    jobs = executed_jobs(proc)
+    assert {_round_of(w) for r, w in jobs} == {"004"}, jobs
+    assert ("merge_protected", "round=004") in jobs
+    rd = work / RUN
+    assert not (rd / "round_003" / "model").exists()        # was the last; now temporary, used by round 4
+    assert not (rd / "round_004" / "aggregate").exists() and not (rd / "round_004" / "clients" / "0").exists()
+    model4 = rd / "round_004" / "model"
+    assert (model4 / "manifest.json").is_file()
+    assert not any(p.stat().st_mode & 0o222 for p in [model4, *model4.rglob("*")])   # protected(): read-only
+    assert (rd / "round_002" / "model" / "manifest.json").is_file()
+    for target in ([], ["-n"]):
+        proc = run_snakemake(work, "--configfile", "keep.yaml", *target)
+        assert executed_jobs(proc) == [], target
+        assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_another_optimizers_knob_reruns_no_merge(finished3, tmp_path):
+    """params of merge carry only the chosen optimizer's hyper-parameters."""
+    work = clone_workdir(finished3, tmp_path / "w")
+    (work / "srv.yaml").write_text("server: {optimizer: fedavg, momentum: 0.5, beta2: 0.9}\n")
+    assert executed_jobs(run_snakemake(work, "-n", "--configfile", "srv.yaml")) == []
+    (work / "srv.yaml").write_text("server: {optimizer: fedavg, lr: 0.5}\n")
+    jobs = executed_jobs(run_snakemake(work, "-n", "--configfile", "srv.yaml"))
+    assert ("merge", "round=001") in jobs

@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 from fedagent.config import ConfigError, check_cross_fields, validate_schema
 from fedagent.selection import select_clients
+from fedagent.server_opt import make_optimizer
 
 try:
     # Our validator first: one short message naming the key (Snakemake's dumps the schema).
@@ -63,6 +64,35 @@ def maybe_temp(path, keep):
     return path if keep else temp(path)
 
 
+def model_keep_classes():
+    """Rounds >= 1 by what happens to their global model: (protected, plain kept, all kept).
+
+    Kept: every k-th round (keep.models_every) and the last. Of those, the every-k ones are
+    protected() when keep.protect_models; the last round's is never, since extending the
+    run can make it temporary. Every other round's model is temp(): Snakemake deletes it
+    once the next round's jobs and its eval have used it.
+    """
+    every, last = config["keep"]["models_every"], config["rounds"]
+    kept = [r for r in range(1, last + 1) if r == last or (every > 0 and r % every == 0)]
+    protect = [r for r in kept if config["keep"]["protect_models"] and every > 0 and r % every == 0]
+    plain = [r for r in kept if r not in protect]
+    return protect, plain, kept
+
+
+def rounds_regex(rounds):
+    """A round wildcard regex matching exactly ``rounds`` (never matches if empty)."""
+    return "(?:" + "|".join(f"{r:03d}" for r in rounds) + ")" if rounds else "(?!)"
+
+
+def other_rounds_regex(rounds):
+    """A round wildcard regex matching every round >= 1 not in ``rounds``."""
+    # Each alternative is exactly three digits, so a lookahead at the start excludes it.
+    return f"(?!{'|'.join(f'{r:03d}' for r in rounds)})(?!000)\\d{{3}}" if rounds else r"(?!000)\d{3}"
+
+
+PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_classes()
+
+
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
@@ -74,3 +104,19 @@ EVAL_PARAMS = as_json({
     "pool_size": config["env"]["pool_size"],
     **{k: v for k, v in config["eval"].items() if k not in ("threads", "n")},
 })
+
+
+def server_flags(server):
+    """`fedagent merge` flags of the chosen server optimizer only: its hyper-parameters, no others.
+
+    A knob of another optimizer (e.g. momentum under fedadam) is not in the string, so
+    changing it re-runs nothing.
+    """
+    knobs = {k: v for k, v in server.items() if k != "optimizer"}
+    hparams = make_optimizer(server["optimizer"], **knobs).hparams()
+    flag = {"lr": "--server-lr"}
+    return " ".join([f"--server-opt {server['optimizer']}"]
+                    + [f"{flag.get(k, '--' + k)} {v!r}" for k, v in sorted(hparams.items())])
+
+
+SERVER_FLAGS = server_flags(config["server"])
