@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -136,3 +138,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(yaml.safe_dump(config, sort_keys=True), end="")
     return 0
+
+
+def dataclass_from_dict(cls, d: dict[str, Any], what: str):
+    """``cls(**d)`` for a params dataclass; unknown keys are a ValueError naming them.
+
+    A typo'd key must not silently fall back to a default (that would change the science).
+    """
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} params: {unknown} (known: {sorted(known)})")
+    return cls(**d)

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,6 +21,8 @@ from typing import Any, Sequence
 # (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
 # sleep. A value set by the caller wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from fedagent.config import dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,7 @@ class EvalParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
         """Build from a dict; unknown keys are an error that names them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown eval params: {unknown} (known: {sorted(known)})")
-        p = cls(**d)
+        p = dataclass_from_dict(cls, d, "eval")
         if p.batch < 1 or p.pool_size < 1 or p.max_turns < 1 or p.max_new_tokens < 1 or p.temperature < 0:
             raise ValueError(f"bad eval params: {p}")
         return p
@@ -121,7 +118,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent eval``."""
     from fedagent.atomic import atomic_write_json
-    from fedagent.envs.lifecycle import env_service
+    from fedagent.envs.lifecycle import job_env_service
     from fedagent.policy import load_policy
 
     params = EvalParams.from_dict(json.loads(args.params))
@@ -129,15 +126,9 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_policy(args.model, args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    workdir = out.parent / f".env-{out.stem}"
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    try:
-        with env_service(args.games, "val", tasks, workdir, mode="index", pool_size=params.pool_size,
+    with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns) as env:
-            result = evaluate(model, tok, env, seeds, params, round=args.round)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        result = evaluate(model, tok, env, seeds, params, round=args.round)
     atomic_write_json(out, result)
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

@@ -165,14 +165,23 @@ class TensorReader:
         """The tensor described by ``info``, in its stored dtype."""
         return self.read_range(info, 0, info.numel).reshape(info.shape)
 
-    def read_range(self, info: TensorInfo, begin: int, end: int) -> torch.Tensor:
-        """Flat elements ``[begin, end)`` of a tensor (row-major, so one contiguous byte range)."""
+    def read_range(self, info: TensorInfo, begin: int, end: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Flat elements ``[begin, end)`` of a tensor (row-major, so one contiguous byte range).
+
+        ``out``: a uint8 buffer of at least the range's size to read into (the result is a
+        view of it); streaming callers reuse one, so memory does not churn per chunk.
+        """
         fh = self._files.get(info.file)
         if fh is None:
             fh = self._files[info.file] = open(info.file, "rb", buffering=0)
         size = ITEMSIZE[info.dtype]
         nbytes, offset = (end - begin) * size, info.start + begin * size
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if out is None:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.numel() < nbytes:
+            raise ValueError(f"read_range: out must be uint8 with >= {nbytes} bytes")
+        else:
+            buf = out[:nbytes]
         view = memoryview(buf.numpy())
         got = 0
         while got < nbytes:

@@ -194,3 +194,24 @@ def test_aggregate_cli_refuses_by_name_and_succeeds(tmp_path):
     (dirs[0] / "metrics.json").write_text("{}")  # now the manifest no longer matches
     res = subprocess.run(cmd[:-4] + ["--out", str(tmp_path / "agg2")], capture_output=True, text=True)
     assert res.returncode == 1 and "client0/metrics.json" in res.stderr and "manifest" in res.stderr
+
+
+def test_streaming_reads_into_reused_buffers_whatever_m(tmp_path, monkeypatch):
+    """Peak memory flat in M (issue 4): every chunk read of a stream lands in the same
+    scratch buffers; a fresh allocation per read let the heap grow with M (+13 % at M=8)."""
+    import fedagent.aggregate as agg
+
+    calls = []
+    real = TensorReader.read_range
+
+    def spy(self, info, begin, end, out=None):
+        calls.append(None if out is None else out.data_ptr())
+        return real(self, info, begin, end, out)
+
+    monkeypatch.setattr(TensorReader, "read_range", spy)
+    for m in (2, 5):
+        calls.clear()
+        _, prev_dir, _, dirs = make_round(tmp_path / f"m{m}", m)
+        agg.aggregate(prev_dir, dirs, tmp_path / f"agg{m}")
+        assert calls and None not in calls
+        assert len(set(calls)) == 2                          # prev's buffer and the clients' one

@@ -142,3 +142,21 @@ def env_service(
             path.unlink(missing_ok=True)
         if short_dir is not None:
             shutil.rmtree(short_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def job_env_service(games_dir: Path, split: str, task_ids: Sequence[str], out: Path, **kwargs) -> Iterator[EnvClient]:
+    """:func:`env_service` in a fresh ``.env-<name>`` workdir beside a job's output ``out``.
+
+    Beside, not inside: an output dir's manifest must list only its own files, and the same
+    filesystem keeps the Unix-socket path short. A killed attempt's leftover is removed
+    first; the workdir is removed afterwards whatever happens.
+    """
+    workdir = Path(out).parent / f".env-{Path(out).name}"
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    try:
+        with env_service(games_dir, split, task_ids, workdir, **kwargs) as env:
+            yield env
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from pathlib import Path
 
 # Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
@@ -44,26 +43,17 @@ def client_shard(partition_file: Path, client: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent train-client``."""
-    from fedagent.envs.lifecycle import env_service
+    from fedagent.envs.lifecycle import job_env_service
     from fedagent.train.local import TrainParams, train_client
 
     params = TrainParams.from_dict(json.loads(args.params))
     shard = client_shard(args.partition, args.client)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Beside the staging dir (same filesystem, short Unix-socket path); never inside it,
-    # because the update dir's manifest must list only the update's files.
-    workdir = out.parent / f".env-{out.name}"
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    try:
-        with env_service(args.games, "train", shard, workdir, mode="draw", pool_size=params.pool_size,
+    with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client)) as env:
-            metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
-                                   params=params, threads=args.threads, out_dir=out,
-                                   quarantine=args.quarantine)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
+                               params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
                       "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
                       "wall_time_s": metrics["wall_time_s"]}))

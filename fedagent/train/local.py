@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fedagent.config import dataclass_from_dict
 from fedagent.seeds import derive_seed, python_rng, torch_generator
 from fedagent.train import grpo
 
@@ -51,11 +52,7 @@ class TrainParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
         """Build from a dict; unknown keys are an error that names them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown train params: {unknown} (known: {sorted(known)})")
-        p = cls(**d)
+        p = dataclass_from_dict(cls, d, "train")
         for name in ("epochs", "groups_per_epoch", "group_size", "max_turns", "mini_batch_size",
                      "micro_batch_size", "max_prompt_tokens", "pool_size"):
             if int(getattr(p, name)) < 1:
