@@ -188,36 +188,37 @@ def bump(t, name, rel=1e-4):
     x[int(x.abs().argmax())] *= 1 + rel
 
 
-def test_verify_server_step_two_honest_rounds(two_rounds):
+def test_verify_server_step_two_honest_rounds(two_rounds, capsys):
+    # In-process main() (exit code = run()'s return): the subprocess path is covered above.
     for i in (1, 2):
         rnd = two_rounds[i]
-        res = verify_cli(rnd, flags=flags_of(two_rounds, rnd))
+        res = verify_cli(rnd, flags=flags_of(two_rounds, rnd), in_process=capsys)
         assert res.returncode == 0, res.stderr
         assert "verify: OK" in res.stdout and two_rounds["name"] in res.stdout
         assert ("fresh state" if i == 1 else "state from") in res.stdout
 
 
-def test_verify_server_step_fails_on_tampered_weight(two_rounds, tmp_path):
+def test_verify_server_step_fails_on_tampered_weight(two_rounds, tmp_path, capsys):
     model = tampered_copy(two_rounds, tmp_path, "model.safetensors", lambda t: bump(t, "layer.0.attn.weight"))
-    res = verify_cli(two_rounds[2], model, flags_of(two_rounds, two_rounds[2]))
+    res = verify_cli(two_rounds[2], model, flags_of(two_rounds, two_rounds[2]), in_process=capsys)
     assert res.returncode != 0
     assert "merged model: tensor 'layer.0.attn.weight': 1 element(s) outside tolerance" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("slot", ["m", "v"])
-def test_verify_server_step_fails_on_tampered_state(two_rounds, tmp_path, slot):
+def test_verify_server_step_fails_on_tampered_state(two_rounds, tmp_path, slot, capsys):
     if slot not in make_optimizer(two_rounds["name"]).slots:
         pytest.skip(f"{two_rounds['name']} has no state {slot!r}")
     name = f"{slot}/layer.0.mlp.weight"
     model = tampered_copy(two_rounds, tmp_path, "server_state.safetensors", lambda t: bump(t, name))
-    res = verify_cli(two_rounds[2], model, flags_of(two_rounds, two_rounds[2]))
+    res = verify_cli(two_rounds[2], model, flags_of(two_rounds, two_rounds[2]), in_process=capsys)
     assert res.returncode != 0
     assert f"server state: tensor {name!r}: 1 element(s) outside tolerance" in res.stderr, res.stderr
 
 
-def test_verify_server_step_fails_on_wrong_hparam_flag(two_rounds):
+def test_verify_server_step_fails_on_wrong_hparam_flag(two_rounds, capsys):
     key, value = WRONG[two_rounds["name"]]
-    res = verify_cli(two_rounds[2], flags=flags_of(two_rounds, two_rounds[2], **{key: value}))
+    res = verify_cli(two_rounds[2], flags=flags_of(two_rounds, two_rounds[2], **{key: value}), in_process=capsys)
     assert res.returncode != 0
     assert f"server.json: hparams {key}={two_rounds['hp'][key]!r} != {FLAGS[key]} {value!r}" in res.stderr, res.stderr
 
