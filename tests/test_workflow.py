@@ -21,6 +21,7 @@ from workflow_helpers import (RUN, clone_workdir, executed_jobs, make_workdir, r
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 ROUND_JOBS = {"select", "train_client", "aggregate", "merge", "eval"}
+KEEP_FEW = "keep: {client_updates: false, aggregates: false, models_every: 2, protect_models: true}\n"
 
 
 def _round_of(wildcards: str) -> str | None:
@@ -90,19 +91,37 @@ def test_b_forcing_round2_aggregate(finished3, tmp_path):
 
 
 def test_d_changing_rounds(finished3, tmp_path):
+    """rounds=2 on a 3-round run does nothing; rounds=4 runs only round 4. The rounds=4 run
+    also switches on the issue-4 keep-policy (temporary updates/aggregates, models every 2),
+    so one extra round shows both: Snakemake deletes what round 4 consumed and is no longer
+    kept, and re-runs then have nothing to do."""
     work = clone_workdir(finished3, tmp_path / "w")
     before = tree_state(work / RUN)
     proc = run_snakemake(work, "--config", "rounds=2")
     assert executed_jobs(proc) == []
     assert tree_state(work / RUN) == before  # nothing deleted, nothing rewritten
 
-    proc = run_snakemake(work, "--config", "rounds=4")
+    (work / "keep.yaml").write_text("rounds: 4\n" + KEEP_FEW)
+    proc = run_snakemake(work, "--configfile", "keep.yaml")
     jobs = executed_jobs(proc)
     assert {_round_of(w) for r, w in jobs} == {"004"}, jobs
-    assert {r for r, _ in jobs} == {"select", "train_client", "aggregate", "merge", "eval", "report"}
+    assert {r for r, _ in jobs} == {"select", "train_client", "aggregate", "merge_protected", "eval", "report"}
+    after = tree_state(work / RUN)
     for r in ("000", "001", "002", "003"):
-        assert tree_state(work / RUN / f"round_{r}") == {k[len(f"round_{r}/"):]: v for k, v in before.items()
-                                                         if k.startswith(f"round_{r}/")}
+        unchanged = {k: v for k, v in before.items() if k.startswith(f"round_{r}/")}
+        if r == "003":   # was the last round's model; now temporary, and used by round 4
+            unchanged = {k: v for k, v in unchanged.items() if not k.startswith("round_003/model/")}
+        assert {k: v for k, v in after.items() if k.startswith(f"round_{r}/")} == unchanged, r
+    rd = work / RUN
+    assert not (rd / "round_003" / "model").exists()
+    assert not (rd / "round_004" / "aggregate").exists() and not (rd / "round_004" / "clients" / "0").exists()
+    model4 = rd / "round_004" / "model"
+    assert (model4 / "manifest.json").is_file()
+    assert not any(p.stat().st_mode & 0o222 for p in [model4, *model4.rglob("*")])   # protected(): read-only
+    for extra in ([], ["-n"]):
+        proc = run_snakemake(work, "--configfile", "keep.yaml", *extra)
+        assert executed_jobs(proc) == [], extra
+        assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
 def test_e_one_round_target_builds_only_what_it_needs(finished3, tmp_path):
@@ -204,9 +223,6 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     assert not list((work / RUN / "round_004" / "clients").glob(".partial-*"))
 
 
-KEEP_FEW = "keep: {client_updates: false, aggregates: false, models_every: 2, protect_models: true}\n"
-
-
 def _would_remove(proc) -> set[str]:
     text = proc.stdout + proc.stderr
     return {line.split("Would remove temporary output ", 1)[1].strip().removeprefix(f"{RUN}/")
@@ -226,28 +242,6 @@ def test_keep_policy_plan_deletes_all_but_every_kth_and_last_model(tmp_path):
     assert {w for r, w in jobs if r == "merge_protected"} == {"round=002", "round=004"}
     assert {w for r, w in jobs if r == "merge"} == {"round=005"}          # the last: kept, not protected
     assert {w for r, w in jobs if r == "merge_temporary"} == {"round=001", "round=003"}
-
-
-def test_keep_policy_on_extending_a_run(finished3, tmp_path):
-    """rounds 3 → 4 with temporary updates/aggregates and models every 2: Snakemake deletes
-    what the new round consumed and is no longer kept; a re-run then has nothing to do."""
-    work = clone_workdir(finished3, tmp_path / "w")
-    (work / "keep.yaml").write_text("rounds: 4\n" + KEEP_FEW)
-    proc = run_snakemake(work, "--configfile", "keep.yaml")
-    jobs = executed_jobs(proc)
-    assert {_round_of(w) for r, w in jobs} == {"004"}, jobs
-    assert ("merge_protected", "round=004") in jobs
-    rd = work / RUN
-    assert not (rd / "round_003" / "model").exists()        # was the last; now temporary, used by round 4
-    assert not (rd / "round_004" / "aggregate").exists() and not (rd / "round_004" / "clients" / "0").exists()
-    model4 = rd / "round_004" / "model"
-    assert (model4 / "manifest.json").is_file()
-    assert not any(p.stat().st_mode & 0o222 for p in [model4, *model4.rglob("*")])   # protected(): read-only
-    assert (rd / "round_002" / "model" / "manifest.json").is_file()
-    for target in ([], ["-n"]):
-        proc = run_snakemake(work, "--configfile", "keep.yaml", *target)
-        assert executed_jobs(proc) == [], target
-        assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
 def test_another_optimizers_knob_reruns_no_merge(finished3, tmp_path):
