@@ -23,7 +23,7 @@ from fedagent.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
 from fedagent.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
                              tensor_index, write_weights)
-from fedagent.server_opt import OPTIMIZERS, ServerOptimizer, make_optimizer
+from fedagent.server_opt import ServerOptimizer, add_server_args, optimizer_from_args
 
 STATE_FILE = "server_state.safetensors"
 SERVER_JSON = "server.json"
@@ -107,14 +107,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fedagent merge``."""
     parser.add_argument("--prev", required=True, type=Path, help="previous global model dir")
     parser.add_argument("--aggregate", required=True, type=Path, help="aggregate dir (delta.safetensors)")
-    parser.add_argument("--prev-server-state", default="none",
-                        help="previous round's merged model dir holding server state, or 'none'")
-    parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--server-lr", type=float, default=1.0)
-    parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
-    parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
-    parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
-    parser.add_argument("--tau", type=float, default=1e-3, help="FedAdam/FedYogi adaptivity")
+    add_server_args(parser)
     parser.add_argument("--round", type=int, required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--shard-size-mb", type=float, default=2048.0)
@@ -123,9 +116,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 on success, 1 with a message on refused inputs."""
-    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
-                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
-    state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
+    opt, state = optimizer_from_args(args)
     try:
         meta = merge(args.prev, args.aggregate, args.out, opt, round_=args.round, prev_state_dir=state,
                      shard_bytes=int(args.shard_size_mb * (1 << 20)), quarantine=args.quarantine)

@@ -15,6 +15,9 @@ elementwise, so a resumed run that reloads the state reproduces the same bytes.
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import torch
 
 
@@ -107,3 +110,40 @@ def make_optimizer(name: str, *, lr: float = 1.0, momentum: float = 0.9, beta1: 
     if name in ("fedadam", "fedyogi"):
         return OPTIMIZERS[name](lr, beta1, beta2, tau)
     raise ValueError(f"unknown server optimizer {name!r} (choose from {sorted(OPTIMIZERS)})")
+
+
+
+# The command-line flag of each hyper-parameter: `fedagent merge` and `fedagent verify` take
+# the same flags, and the workflow passes them (only the chosen optimizer's, see cli_flags).
+HPARAM_FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2",
+                "tau": "--tau"}
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The server-step flags shared by ``fedagent merge`` and ``fedagent verify``."""
+    parser.add_argument("--prev-server-state", default="none",
+                        help="previous round's merged model dir holding server state, or 'none'")
+    parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
+    parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
+    parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
+    parser.add_argument("--tau", type=float, default=1e-3, help="FedAdam/FedYogi adaptivity")
+
+
+def optimizer_from_args(args: argparse.Namespace) -> tuple[ServerOptimizer, Path | None]:
+    """The optimizer and the previous state dir (None for 'none') named by :func:`add_server_args` flags."""
+    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
+                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
+    state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
+    return opt, state
+
+
+def cli_flags(name: str, **knobs: float) -> str:
+    """``--server-opt NAME`` plus the flags of that optimizer's own hyper-parameters only.
+
+    The workflow's merge params: a knob of another optimizer is not in the string, so
+    changing it re-runs nothing.
+    """
+    hparams = make_optimizer(name, **knobs).hparams()
+    return " ".join([f"--server-opt {name}"] + [f"{HPARAM_FLAGS[k]} {v!r}" for k, v in sorted(hparams.items())])

@@ -65,12 +65,11 @@ from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError,
 from fedagent.atomic import ManifestError, verify_manifest
 from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.merge import SERVER_JSON, STATE_FILE
-from fedagent.server_opt import OPTIMIZERS, FedAvg, ServerOptimizer, make_optimizer
+from fedagent.server_opt import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
 
 U32 = 2.0 ** -24
 TINY = 2.0 ** -146
 WEIGHT = "weight"  # key of the model tensor among the recomputed slots ("m", "v")
-FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2", "tau": "--tau"}
 
 
 def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
@@ -235,7 +234,7 @@ def _config_failures(label: str, meta: dict, opt: ServerOptimizer) -> list[str]:
         return [f"{label}: optimizer {meta.get('optimizer')!r} != --server-opt {opt.name}"]
     rec, want = meta.get("hparams"), opt.hparams()
     rec = rec if isinstance(rec, dict) else {}
-    return [f"{label}: hparams {k}={rec.get(k)!r} != {FLAGS.get(k, k)} {want.get(k)!r}"
+    return [f"{label}: hparams {k}={rec.get(k)!r} != {HPARAM_FLAGS.get(k, k)} {want.get(k)!r}"
             for k in sorted(set(rec) | set(want)) if rec.get(k) != want.get(k)]
 
 
@@ -356,21 +355,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
     parser.add_argument("--aggregate", required=True, type=Path)
     parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
-    parser.add_argument("--prev-server-state", default="none",
-                        help="the state dir the merge was given (previous round's model dir), or 'none'")
-    parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--server-lr", type=float, default=1.0)
-    parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
-    parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
-    parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
-    parser.add_argument("--tau", type=float, default=1e-3, help="FedAdam/FedYogi adaptivity")
+    add_server_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 if everything matches, 1 (printing every failure) otherwise."""
-    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
-                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
-    state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
+    opt, state = optimizer_from_args(args)
     failures = verify_round(args.prev, args.clients, args.weighting, args.aggregate, model_dir=args.model,
                             opt=opt, prev_state_dir=state)
     if failures:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -11,15 +10,14 @@ import sys
 import pytest
 import torch
 
-import fedagent.merge as merge_mod
-import fedagent.verify as verify_mod
 from fedagent.aggregate import aggregate
 from fedagent.atomic import write_manifest
 from fedagent.cli import main as cli_main
 from fedagent.hf_dir import TensorReader, read_header, save_model_dir, tensor_index, write_tensors
 from fedagent.merge import merge
 from fedagent.server_opt import FedAvg, make_optimizer
-from fedagent.verify import FLAGS, WEIGHT, recompute
+from fedagent.server_opt import HPARAM_FLAGS as FLAGS
+from fedagent.verify import WEIGHT, recompute
 from test_aggregate import make_round, random_model
 
 
@@ -269,16 +267,6 @@ def test_verify_server_state_structure(two_rounds, tmp_path, capsys):
     write_manifest(state)
     res = verify_cli(run[2], flags=server_flags(run["name"], run["hp"], state), in_process=capsys)
     assert res.returncode != 0 and f"previous server state ({run['name']}) tensor {bad!r}" in res.stderr, res.stderr
-
-
-def test_verify_flag_defaults_match_merge():
-    parsers = {}
-    for mod in (verify_mod, merge_mod):
-        parsers[mod] = argparse.ArgumentParser()
-        mod.add_args(parsers[mod])
-    keys = ["server_opt", "server_lr", "momentum", "beta1", "beta2", "tau", "prev_server_state"]
-    got = {mod: {k: parsers[mod].get_default(k) for k in keys} for mod in parsers}
-    assert got[verify_mod] == got[merge_mod]
 
 
 # ---- the bounds themselves, in process -------------------------------------------------------

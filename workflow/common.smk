@@ -10,7 +10,7 @@ from snakemake.utils import validate
 
 from fedagent.config import ConfigError, check_cross_fields, validate_schema
 from fedagent.selection import select_clients
-from fedagent.server_opt import make_optimizer
+from fedagent.server_opt import cli_flags
 
 try:
     # Our validator first: one short message naming the key (Snakemake's dumps the schema).
@@ -73,10 +73,10 @@ def model_keep_classes():
     once the next round's jobs and its eval have used it.
     """
     every, last = config["keep"]["models_every"], config["rounds"]
-    kept = [r for r in range(1, last + 1) if r == last or (every > 0 and r % every == 0)]
-    protect = [r for r in kept if config["keep"]["protect_models"] and every > 0 and r % every == 0]
-    plain = [r for r in kept if r not in protect]
-    return protect, plain, kept
+    every_k = [r for r in range(1, last + 1) if every > 0 and r % every == 0]
+    kept = sorted(set(every_k) | {last})
+    protect = every_k if config["keep"]["protect_models"] else []
+    return protect, [r for r in kept if r not in protect], kept
 
 
 def rounds_regex(rounds):
@@ -106,17 +106,6 @@ EVAL_PARAMS = as_json({
 })
 
 
-def server_flags(server):
-    """`fedagent merge` flags of the chosen server optimizer only: its hyper-parameters, no others.
-
-    A knob of another optimizer (e.g. momentum under fedadam) is not in the string, so
-    changing it re-runs nothing.
-    """
-    knobs = {k: v for k, v in server.items() if k != "optimizer"}
-    hparams = make_optimizer(server["optimizer"], **knobs).hparams()
-    flag = {"lr": "--server-lr"}
-    return " ".join([f"--server-opt {server['optimizer']}"]
-                    + [f"{flag.get(k, '--' + k)} {v!r}" for k, v in sorted(hparams.items())])
-
-
-SERVER_FLAGS = server_flags(config["server"])
+# `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).
+SERVER_FLAGS = cli_flags(config["server"]["optimizer"],
+                         **{k: v for k, v in config["server"].items() if k != "optimizer"})
