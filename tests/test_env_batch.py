@@ -218,12 +218,29 @@ def test_create_reset_close_batches_are_their_single_endpoints(tc):
         assert tc.post(path, json={"items": []}).status_code == 422
 
 
-def test_create_batch_over_the_pool_times_out_per_item():
+def test_create_batch_larger_than_the_pool_is_refused_whole():
+    """Without a create timeout such a batch used to wait forever; now a 409, nothing borrowed.
+
+    (The timeout here only turns a regression into a failure instead of a hang.)"""
+    _src, app = make(pool_size=2, create_timeout=3)
+    with TestClient(app) as tc:
+        post(tc, "/create", {"session_id": "a"})
+        res = tc.post("/create_batch", json={"items": [{"session_id": s} for s in "abcd"]})
+        assert res.status_code == 409 and "pool of 2" in res.json()["detail"]
+        h = tc.get("/health").json()
+        assert (h["sessions"], h["pool_free"]) == (1, 1)
+        # "a" exists (idempotent re-create, no borrow) and "b" is new: fits the pool
+        res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "aab"]})["results"]
+        assert [r["created"] for r in res] == [False, False, True]
+
+
+def test_create_batch_item_times_out_while_others_hold_the_pool():
     _src, app = make(pool_size=2, create_timeout=0.3)
     with TestClient(app) as tc:
-        res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "abc"]})["results"]
-        assert [r["error"]["status"] if "error" in r else 200 for r in res] == [200, 200, 503]
-        post(tc, "/close_batch", {"items": [{"session_id": s} for s in "abc"]})
+        post(tc, "/create", {"session_id": "x"})
+        res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "ab"]})["results"]
+        assert [r["error"]["status"] if "error" in r else 200 for r in res] == [200, 503]
+        post(tc, "/close_batch", {"items": [{"session_id": s} for s in "abx"]})
         h = tc.get("/health").json()
         assert (h["sessions"], h["pool_free"]) == (0, 2)
 

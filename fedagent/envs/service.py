@@ -21,7 +21,8 @@ Protocol (FACTS §4, issue 3):
 - ``POST /close {session_id}``: idempotent; returns the env to the pool.
 - ``POST /create_batch``, ``/reset_batch``, ``/close_batch`` ``{items: [...]}``: the same
   per item (items are the single endpoint's bodies), run concurrently, results in item
-  order with per-item errors like ``/step_batch``. The rollout loop opens, resets and
+  order with per-item errors like ``/step_batch``. A ``/create_batch`` of more new sessions
+  than the pool holds is a 409 before anything is borrowed (it could only wait forever). The rollout loop opens, resets and
   closes all its sessions at once; one request per session for these cost the service a
   quarter of its throughput at 64 sessions (bench/env_service.py).
 
@@ -619,7 +620,15 @@ def build_app(
 
     @app.post("/create_batch", response_model=SessionBatchResponse)
     async def create_batch(req: BatchRequest) -> dict:
-        """Many /creates in one round trip (each waits for its borrow); results in item order."""
+        """Many /creates in one round trip (each waits for its borrow); results in item order.
+
+        A batch that would hold more new sessions than the pool has envs can never finish
+        (its items keep their envs until closed), so it is refused whole, before any borrow.
+        """
+        new = {i.get("session_id") for i in req.items if isinstance(i, dict)} - sessions.keys()
+        if len(new) > pool().total:
+            raise HTTPException(409, f"create_batch of {len(new)} new sessions cannot be served by a pool "
+                                     f"of {pool().total} envs; send at most {pool().total} at once")
         return await _run_batch("create", SessionRequest, _create, req.items)
 
     @app.post("/reset_batch", response_model=ResetBatchResponse)
