@@ -112,7 +112,6 @@ def make_optimizer(name: str, *, lr: float = 1.0, momentum: float = 0.9, beta1: 
     raise ValueError(f"unknown server optimizer {name!r} (choose from {sorted(OPTIMIZERS)})")
 
 
-
 # The command-line flag of each hyper-parameter: `fedagent merge` and `fedagent verify` take
 # the same flags, and the workflow passes them (only the chosen optimizer's, see cli_flags).
 HPARAM_FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2",

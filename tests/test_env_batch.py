@@ -232,6 +232,10 @@ def test_create_batch_larger_than_the_pool_is_refused_whole():
         # "a" exists (idempotent re-create, no borrow) and "b" is new: fits the pool
         res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "aab"]})["results"]
         assert [r["created"] for r in res] == [False, False, True]
+        # malformed ids are each item's own 422 (not counted as new sessions, never a 500)
+        res = post(tc, "/create_batch", {"items": [{"session_id": ["x"]}, {"session_id": {"y": 1}},
+                                                   {"session_id": 3}, {}]})["results"]
+        assert [r["error"]["status"] for r in res] == [422] * 4
 
 
 def test_create_batch_item_times_out_while_others_hold_the_pool():

@@ -22,9 +22,10 @@ Protocol (FACTS §4, issue 3):
 - ``POST /create_batch``, ``/reset_batch``, ``/close_batch`` ``{items: [...]}``: the same
   per item (items are the single endpoint's bodies), run concurrently, results in item
   order with per-item errors like ``/step_batch``. A ``/create_batch`` of more new sessions
-  than the pool holds is a 409 before anything is borrowed (it could only wait forever). The rollout loop opens, resets and
-  closes all its sessions at once; one request per session for these cost the service a
-  quarter of its throughput at 64 sessions (bench/env_service.py).
+  than the pool holds is a 409 before anything is borrowed (it could only wait forever).
+  The rollout loop opens, resets and closes all its sessions at once; one request per
+  session for these cost the service a quarter of its throughput at 64 sessions
+  (bench/env_service.py).
 
 Bad input is always a 4xx (413 body too large, 422 malformed/wrong types/too long, 404
 unknown session, 409 protocol order, 401 bad token), never a 500.
@@ -625,7 +626,8 @@ def build_app(
         A batch that would hold more new sessions than the pool has envs can never finish
         (its items keep their envs until closed), so it is refused whole, before any borrow.
         """
-        new = {i.get("session_id") for i in req.items if isinstance(i, dict)} - sessions.keys()
+        # Only well-formed ids can borrow; a malformed one (even unhashable) is its item's own 422.
+        new = {sid for item in req.items if isinstance(sid := item.get("session_id"), str)} - sessions.keys()
         if len(new) > pool().total:
             raise HTTPException(409, f"create_batch of {len(new)} new sessions cannot be served by a pool "
                                      f"of {pool().total} envs; send at most {pool().total} at once")
