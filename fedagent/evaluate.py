@@ -36,6 +36,9 @@ class EvalParams:
     max_prompt_tokens: int = 1024
     pool_size: int = 8
     batch: int = 8
+    answer_format: str = "think_action"   # rollout.answer_format
+    device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
+    compile: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -43,6 +46,10 @@ class EvalParams:
         p = dataclass_from_dict(cls, d, "eval")
         if p.batch < 1 or p.pool_size < 1 or p.max_turns < 1 or p.max_new_tokens < 1 or p.temperature < 0:
             raise ValueError(f"bad eval params: {p}")
+        if p.answer_format not in ("think_action", "action"):
+            raise ValueError(f"eval param answer_format must be think_action or action, got {p.answer_format!r}")
+        if p.device not in ("cpu", "cuda"):
+            raise ValueError(f"eval param device must be cpu or cuda, got {p.device!r}")
         return p
 
 
@@ -80,7 +87,8 @@ def summarize(trajs: Sequence, round: int) -> dict:
     }
 
 
-def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int) -> dict:
+def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int,
+             sampler=None) -> dict:
     """Play one episode per seed with the fixed eval generator; return the eval.json dict."""
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.seeds import torch_generator
@@ -89,8 +97,11 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
     trajs = run_episodes_batched(
         model, tokenizer, env, list(seeds), batch_size=min(params.batch, params.pool_size),
         session_prefix=f"eval-r{round}", max_turns=params.max_turns, max_new_tokens=params.max_new_tokens,
-        temperature=params.temperature, generator=gen, max_prompt_tokens=params.max_prompt_tokens)
+        temperature=params.temperature, generator=gen, max_prompt_tokens=params.max_prompt_tokens,
+        answer_format=params.answer_format, sampler=sampler)
     out = summarize(trajs, round)
+    turns = [x for t in trajs for x in t.turns]
+    out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0
     out["params"] = dataclasses.asdict(params)
     return out
 
@@ -113,6 +124,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="eval.json path")
+    parser.add_argument("--timings", type=Path, default=None,
+                        help="where to write the job's phase timings (JSON; wall clock, informational)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,14 +134,34 @@ def run(args: argparse.Namespace) -> int:
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.policy import load_policy
 
+    from fedagent.timing import PhaseClock
+
+    clock = PhaseClock()
     params = EvalParams.from_dict(json.loads(args.params))
     tasks, seeds = load_val_set(args.val_set)
-    model, tok = load_policy(args.model, args.threads)
+    model, tok = load_policy(args.model, args.threads, device=params.device)
+    sampler = None
+    if params.device == "cuda":
+        import torch
+
+        from fedagent.static_sampler import StaticSampler
+
+        model = model.to(torch.bfloat16)
+        sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
+                                max_prompt_tokens=params.max_prompt_tokens, max_new_tokens=params.max_new_tokens,
+                                compile=params.compile)
+    clock.mark("model_loaded")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
-                         max_turns=params.max_turns) as env:
-        result = evaluate(model, tok, env, seeds, params, round=args.round)
+                         max_turns=params.max_turns, answer_format=params.answer_format) as env:
+        with clock.phase("rollout"):
+            result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)
+    if sampler is not None and sampler.first_token_time is not None:
+        clock.set("first_token", sampler.first_token_time)
     atomic_write_json(out, result)
+    if args.timings is not None:
+        # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.
+        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary()})
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

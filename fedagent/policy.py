@@ -29,11 +29,13 @@ class Generation:
     finished: bool               # True iff a stop token ended it (not the length cap)
 
 
-def load_policy(model_dir: Path, threads: int, *, verify: bool = True):
+def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: str = "cpu"):
     """Load ``(model, tokenizer)`` from an HF dir: fp32, eval mode, left-padding tokenizer.
 
     Sets torch's intra-op thread count to ``threads`` (results are reproducible for a
-    fixed thread count). ``verify`` checks the directory's manifest first.
+    fixed thread count). ``verify`` checks the directory's manifest first. ``device``
+    ("cpu" or "cuda"): where the fp32 weights live (a CUDA request without a GPU is an
+    error, never a silent fall back to the CPU).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,11 +44,23 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True):
 
         verify_manifest(Path(model_dir))
     torch.set_num_threads(int(threads))
+    check_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.to(torch.float32)
+    model.to(device=device, dtype=torch.float32)
     model.eval()
     tokenizer = load_tokenizer(model_dir)
     return model, tokenizer
+
+
+def check_device(device: str) -> None:
+    """``cpu`` or ``cuda`` (when a GPU is visible); anything else is an error naming it."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' asked for, but torch sees no GPU (CUDA_VISIBLE_DEVICES="
+                           f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES')!r})")
 
 
 def load_tokenizer(model_dir: Path):
@@ -156,7 +170,7 @@ def save_policy(model, tokenizer, out_dir: Path) -> None:
     """Write an fp32 safetensors HF dir: config, generation config, tokenizer, chat template."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = model.to(torch.float32)
+    model = model.to(device="cpu", dtype=torch.float32)
     model.save_pretrained(str(out_dir))
     model.generation_config.save_pretrained(str(out_dir))
     padding_side = tokenizer.padding_side

@@ -34,6 +34,46 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+TIMING_COLUMNS = ["round", "train_jobs", "train_job_s", "cold_start_s", "cold_start_share", "generation_s",
+                  "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s"]
+
+
+def _bench_seconds(path: Path) -> float:
+    """Wall seconds of one job from its Snakemake benchmark file (first row's ``s``)."""
+    table = pd.read_csv(path, sep="\t")
+    return float(table["s"].iloc[0])
+
+
+def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clients: list[Path]) -> dict:
+    """One row of the per-round time split, summed over the round's jobs (seconds).
+
+    Train jobs: cold start (process start → first sampled token) and generation / training
+    phases from each client's ``metrics.json``; every job's wall time from its Snakemake
+    benchmark file; eval's split from ``eval_timings.json``. Wall clock, informational only.
+    """
+    by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
+    ev = json.loads(Path(eval_timings).read_text())
+    train = [json.loads((Path(c) / "metrics.json").read_text()).get("timings", {}) for c in clients]
+    train_job_s = sum(v for k, v in by_name.items() if k.startswith("train_client_"))
+    cold = sum(t.get("cold_start_s") or 0.0 for t in train)
+    return {
+        "round": int(round_), "train_jobs": len(clients), "train_job_s": round(train_job_s, 3),
+        "cold_start_s": round(cold, 3),
+        "cold_start_share": round(cold / train_job_s, 4) if train_job_s else None,
+        "generation_s": round(sum(t.get("phases", {}).get("rollout", 0.0) for t in train), 3),
+        "training_s": round(sum(t.get("phases", {}).get("train", 0.0) for t in train), 3),
+        "aggregate_s": by_name.get("aggregate"), "merge_s": by_name.get("merge"), "eval_s": by_name.get("eval"),
+        "eval_cold_start_s": ev.get("cold_start_s"), "eval_generation_s": ev.get("phases", {}).get("rollout"),
+    }
+
+
+def timings_table(row: dict, prev: Path | None) -> pd.DataFrame:
+    """The previous round's table (rounds < r) plus this round's row."""
+    rows = pd.read_csv(prev).to_dict("records") if prev is not None else []
+    rows = [r for r in rows if int(r["round"]) != int(row["round"])] + [row]
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS).sort_values("round", kind="stable").reset_index(drop=True)
+
+
 def plot_curves(table: pd.DataFrame, out: Path) -> None:
     """Validation success rate per round with its 95 % interval."""
     import matplotlib
@@ -88,6 +128,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evals", type=Path, nargs="+", required=True)
     parser.add_argument("--summary", type=Path, required=True)
     parser.add_argument("--curves", type=Path, required=True)
+    parser.add_argument("--round", type=int, default=None, help="this report's round (with --timings)")
+    parser.add_argument("--eval-timings", type=Path, default=None, help="this round's eval_timings.json")
+    parser.add_argument("--benchmarks", type=Path, nargs="*", default=[], help="this round's Snakemake benchmark files")
+    parser.add_argument("--clients", nargs="*", default=[], help="this round's client update dirs ('none': round 0)")
+    parser.add_argument("--prev-timings", default="none", help="previous round's timings.csv ('none': round 0)")
+    parser.add_argument("--timings", type=Path, default=None, help="timings.csv to write (rounds 0..r)")
     parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
                         help="point RUN_DIR/summary.csv and curves.png at these files if newest")
 
@@ -101,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
     tmp = args.curves.with_name(".partial-" + args.curves.name)
     plot_curves(table, tmp)
     tmp.replace(args.curves)
+    if args.timings is not None:
+        if args.round is None or args.eval_timings is None:
+            raise SystemExit("fedagent report: --timings needs --round and --eval-timings")
+        clients = [Path(c) for c in args.clients if c != "none"]
+        prev = None if args.prev_timings == "none" else Path(args.prev_timings)
+        row = round_timings(args.round, args.eval_timings, args.benchmarks, clients)
+        atomic_write_text(args.timings, timings_table(row, prev).to_csv(index=False))
     if args.link_latest is not None:
         link_latest(args.link_latest, args.summary, args.curves, int(table["round"].max()))
     return 0

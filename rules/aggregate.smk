@@ -17,6 +17,8 @@ rule aggregate:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/aggregate.log",
+    benchmark:
+        f"{RUN}/benchmarks/round_{{round}}/aggregate.tsv"
     shell:
         "fedagent aggregate --prev {input.prev} --clients {input.clients}"
         " --weighting {params.weighting} --out {output} --quarantine {params.quarantine} > {log} 2>&1"

@@ -7,7 +7,9 @@ rule eval:
         games=GAMES,
         val_set=VAL_SET,
     output:
-        report(f"{RUN}/round_{{round}}/eval.json", category="Evaluation", caption="../workflow/report/eval.rst"),
+        eval=report(f"{RUN}/round_{{round}}/eval.json", category="Evaluation", caption="../workflow/report/eval.rst"),
+        # Phase timings (wall clock) beside eval.json, which stays byte-identical across re-runs.
+        timings=f"{RUN}/round_{{round}}/eval_timings.json",
     params:
         eval=EVAL_PARAMS,
     threads: config["eval"]["threads"]
@@ -20,4 +22,4 @@ rule eval:
     shell:
         "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --threads {threads}"
-        " --out {output} > {log} 2>&1"
+        " --out {output.eval} --timings {output.timings} > {log} 2>&1"

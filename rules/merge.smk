@@ -20,6 +20,8 @@ rule merge:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/merge.log",
+    benchmark:
+        f"{RUN}/benchmarks/round_{{round}}/merge.tsv"
     shell:
         "fedagent merge --prev {input.prev} --aggregate {input.aggregate} --prev-server-state {params.prev_state}"
         " {params.server}"

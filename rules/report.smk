@@ -4,18 +4,38 @@
 # Every round's report is built; each also points results/<run>/summary.csv and curves.png at the newest round's files.
 
 
+def report_inputs(w):
+    """Evals of rounds 0..r; this round's job timings (client metrics, eval timings, Snakemake
+    benchmark files); the previous round's timings.csv (so the table has every round)."""
+    r = int(w.round)
+    d = {"evals": [f"{round_dir(k)}/eval.json" for k in range(0, r + 1)],
+         "eval_timings": f"{round_dir(r)}/eval_timings.json",
+         "benchmarks": [f"{RUN}/benchmarks/round_{r:03d}/eval.tsv"]}
+    if r >= 1:
+        d["clients"] = [f"{round_dir(r)}/clients/{c}" for c in selected_clients(r)]
+        d["benchmarks"] += [f"{RUN}/benchmarks/round_{r:03d}/{name}.tsv" for name in
+                            ["aggregate", "merge"] + [f"train_client_{c}" for c in selected_clients(r)]]
+        d["prev_timings"] = f"{round_dir(r - 1)}/timings.csv"
+    return d
+
+
 rule report:
     input:
-        lambda w: [f"{round_dir(r)}/eval.json" for r in range(0, int(w.round) + 1)],
+        unpack(report_inputs),
     output:
         summary=report(f"{RUN}/round_{{round}}/summary.csv", category="Summary", caption="../workflow/report/summary.rst"),
         curves=report(f"{RUN}/round_{{round}}/curves.png", category="Summary", caption="../workflow/report/curves.rst"),
+        timings=f"{RUN}/round_{{round}}/timings.csv",
     params:
         run_dir=RUN,
+        clients=lambda w, input: " ".join(input.get("clients", [])) or "none",
+        prev_timings=lambda w, input: input.get("prev_timings", "none"),
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/report.log",
     shell:
-        "fedagent report --evals {input} --summary {output.summary} --curves {output.curves}"
+        "fedagent report --evals {input.evals} --summary {output.summary} --curves {output.curves}"
+        " --round {wildcards.round} --eval-timings {input.eval_timings} --benchmarks {input.benchmarks}"
+        " --clients {params.clients} --prev-timings {params.prev_timings} --timings {output.timings}"
         " --link-latest {params.run_dir} > {log} 2>&1"

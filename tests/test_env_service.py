@@ -297,3 +297,20 @@ def test_create_has_no_read_timeout():
         t.join(10)
         assert out and out[0]["created"] is True
         c.close("late")
+
+
+def test_action_answer_format_needs_no_think_block():
+    # rollout.answer_format=action: "<action>x</action>" alone is a valid turn that steps the env;
+    # the default think_action format keeps treating it as a no-op (test above).
+    src, app = make(answer_format="action")
+    with TestClient(app) as client:
+        post(client, "/create", {"session_id": "a"})
+        post(client, "/reset", {"session_id": "a", "seed": 2})
+        r = post(client, "/step", {"session_id": "a", "text": "<action>win</action>", "step_id": 0})
+        assert r["is_action_valid"] is True and r["won"] is True and r["reward"] > 0
+        post(client, "/create", {"session_id": "b"})
+        post(client, "/reset", {"session_id": "b", "seed": 2})
+        r = post(client, "/step", {"session_id": "b", "text": "win, no tags", "step_id": 0})
+        assert r["is_action_valid"] is False and r["reward"] == 0.0
+    with pytest.raises(ValueError, match="answer_format"):
+        make(answer_format="free_text")

@@ -62,7 +62,8 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
     seen = {}
 
     @contextlib.contextmanager
-    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None):
+    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
+                     answer_format="think_action"):
         seen.update(split=split, tasks=list(task_ids), mode=mode)
         yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
 

@@ -199,7 +199,8 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
     seen = {}
 
     @contextlib.contextmanager
-    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None):
+    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
+                     answer_format="think_action"):
         seen.update(split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
                     workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
         yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)

@@ -54,3 +54,19 @@ def test_left_truncation_keeps_the_tail(tok):
     assert cut == full[-64:]
     with pytest.raises(ValueError):
         encode_prompt(tok, content, 0)
+
+
+def test_action_answer_format_prompt_and_prefix():
+    from fedagent.rollout.parsing import parse_action
+    from fedagent.rollout.prompts import response_prefix
+
+    p = windowed_prompt("find the key", "You are in a hall.", ACTIONS, [], answer_format="action")
+    assert "<action> </action>" in p and "<think>" not in p and "Example" not in p
+    tok = build_tokenizer()
+    ids = encode_prompt(tok, p, 4096, answer_format="action")
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n<action>")
+    assert response_prefix("action") == "<action>" and response_prefix() == RESPONSE_PREFIX
+    assert parse_action("<action>take key</action>", require_think=False).valid
+    assert not parse_action("<action>take key</action>").valid
+    with pytest.raises(ValueError):
+        windowed_prompt("t", "o", ACTIONS, [], answer_format="json")

@@ -94,15 +94,25 @@ PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_class
 
 
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
+def job_params(section, drop):
+    """A train/eval section's job knobs: ``compile`` only matters (and only counts) on cuda."""
+    d = {k: v for k, v in config[section].items() if k not in drop}
+    if d.get("device", "cpu") == "cpu":
+        d.pop("compile", None)
+    return d
+
+
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **{k: v for k, v in config["train"].items() if k not in ("threads", "backend", "ref_anchor", "algorithm")},
+    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm")),
     "pool_size": config["env"]["pool_size"],
+    "answer_format": config["rollout"]["answer_format"],
 })
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],
     "pool_size": config["env"]["pool_size"],
-    **{k: v for k, v in config["eval"].items() if k not in ("threads", "n")},
+    **job_params("eval", ("threads", "n")),
+    "answer_format": config["rollout"]["answer_format"],
 })
 
 

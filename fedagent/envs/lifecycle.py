@@ -71,6 +71,7 @@ def env_service(
     env_threads: bool = True,
     env_procs: int = 0,
     source: str = "textworld",
+    answer_format: str = "think_action",
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
     workdir = Path(workdir).resolve()
@@ -85,7 +86,8 @@ def env_service(
     cmd = [sys.executable, "-m", "fedagent.cli", "serve-env", "--games", str(Path(games_dir).resolve()),
            "--source", source, "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
            "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
-    cmd += ["--env-threads", "1" if env_threads else "0", "--env-procs", str(env_procs)]
+    cmd += ["--env-threads", "1" if env_threads else "0", "--env-procs", str(env_procs),
+            "--answer-format", answer_format]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
     if create_timeout is not None:

@@ -33,6 +33,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["draw", "index"], default="draw")
     parser.add_argument("--pool-size", type=int, default=4)
     parser.add_argument("--max-turns", type=int, default=50)
+    parser.add_argument("--answer-format", choices=["think_action", "action"], default="think_action",
+                        help="what an answer must hold to be a valid turn (rollout.answer_format)")
     parser.add_argument("--client-id", default=None)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--uds", type=Path, help="Unix socket path")
@@ -126,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,
-                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads), env_procs=args.env_procs)
+                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads), env_procs=args.env_procs,
+                    answer_format=args.answer_format)
     sock, where = bind_socket(args)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=3, lifespan="on")

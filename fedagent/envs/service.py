@@ -396,8 +396,13 @@ def build_app(
     max_batch_body: int = MAX_BATCH_BODY_BYTES,
     env_threads: bool = True,
     env_procs: int = 0,
+    answer_format: str = "think_action",
 ) -> FastAPI:
-    """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool."""
+    """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool.
+
+    ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of
+    an answer for it to be a valid (non-no-op) turn.
+    """
     tasks = list(task_ids)
     if not tasks:
         raise ValueError("a service needs at least one task")
@@ -405,6 +410,9 @@ def build_app(
         raise ValueError(f"unknown mode {mode!r} (index or draw)")
     if pool_size < 1 or max_turns < 1:
         raise ValueError("pool_size and max_turns must be >= 1")
+    if answer_format not in ("think_action", "action"):
+        raise ValueError(f"unknown answer_format {answer_format!r} (think_action or action)")
+    require_think = answer_format == "think_action"
     task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
     tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
     type_counts: dict[str, int] = {}
@@ -566,7 +574,7 @@ def build_app(
                 return s.replay[2]
             if req.step_id != s.next_step_id:
                 raise HTTPException(409, f"step_id {req.step_id} out of order (expected {s.next_step_id})")
-            parsed = parse_action(req.text)
+            parsed = parse_action(req.text, require_think=require_think)
             if s.done:
                 # Past the end: nothing changes, nothing is earned.
                 r = StepResult(s.last_obs, 0.0, True, s.last_won, s.last_admissible, s.last_score)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from fedagent.policy import sample
-from fedagent.rollout.prompts import HISTORY_LENGTH, RESPONSE_PREFIX, encode_prompt, windowed_prompt
+from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, windowed_prompt
 
 
 @dataclass
@@ -71,13 +71,20 @@ def run_episodes(
     session_prefix: str,
     max_prompt_tokens: int,
     history_length: int = HISTORY_LENGTH,
+    answer_format: str = "think_action",
+    sampler=None,
 ) -> list[Trajectory]:
     """Play one episode per seed, all sessions in lockstep; returns trajectories in seed order.
 
     Session ids are ``f"{session_prefix}-{i}"``. Every session is created, reset with its
     seed and stepped until done or ``max_turns``; every created session is closed in
     ``finally`` (a leaked session would shrink the service's pool for good).
+    ``answer_format`` picks the prompt's instruction and the prefilled answer start (the env
+    service must parse the same format). ``sampler`` replaces :func:`fedagent.policy.sample`
+    (same signature), e.g. the GPU path's :class:`fedagent.gpu_sampler.StaticSampler`.
     """
+    sample_fn = sample if sampler is None else sampler
+    prefix = response_prefix(answer_format)
     sids = [f"{session_prefix}-{i}" for i in range(len(seeds))]
     trajs: list[Trajectory] = []
     created: list[str] = []
@@ -103,12 +110,13 @@ def run_episodes(
                 break
             prompts = [
                 encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
-                                                         state[i]["history"], history_length), max_prompt_tokens)
+                                                         state[i]["history"], history_length, answer_format),
+                              max_prompt_tokens, answer_format)
                 for i in active
             ]
-            gens = sample(model, tokenizer, prompts, max_new_tokens, temperature, generator)
+            gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
             # the answer includes its prefilled start
-            results = _step_all(env, [sids[i] for i in active], [RESPONSE_PREFIX + g.text for g in gens])
+            results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
             for i, g, r in zip(active, gens, results):
                 tr, st = trajs[i], state[i]
                 tr.turns.append(Turn(prompt_ids=g.prompt_ids, response_ids=g.response_ids, text=g.text,

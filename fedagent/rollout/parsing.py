@@ -1,6 +1,7 @@
 """Parse the agent's answer ``<think>…</think><action>…</action>`` into an env action.
 
-The answer is valid iff it has a ``<think>`` block, an ``<action>`` block and no CJK text.
+The answer is valid iff it has a ``<think>`` block, an ``<action>`` block and no CJK text
+(``require_think=False``, the ``action`` answer format: an ``<action>`` block and no CJK text).
 The action is the first ``<action>`` block's content, stripped and lower-cased. An
 invalid answer still yields a string (the last characters of the answer), which the
 environment treats as a no-op; the invalid-format penalty is applied by training only.
@@ -25,7 +26,7 @@ class ParsedAction:
     valid: bool
 
 
-def parse_action(text: str, fallback_chars: int = FALLBACK_CHARS) -> ParsedAction:
+def parse_action(text: str, fallback_chars: int = FALLBACK_CHARS, *, require_think: bool = True) -> ParsedAction:
     """Project a model answer onto an action string; see the module docstring."""
     if not isinstance(text, str):
         raise TypeError(f"answer must be a string, got {type(text).__name__}")
@@ -34,5 +35,6 @@ def parse_action(text: str, fallback_chars: int = FALLBACK_CHARS) -> ParsedActio
         tail = text[-fallback_chars:].strip().lower() if fallback_chars > 0 else ""
         return ParsedAction(action=tail, valid=False)
     action = " ".join(match.group(1).split()).lower()
-    valid = bool(action) and _THINK.search(text) is not None and _CJK.search(text) is None
+    has_think = _THINK.search(text) is not None or not require_think
+    valid = bool(action) and has_think and _CJK.search(text) is None
     return ParsedAction(action=action, valid=valid)

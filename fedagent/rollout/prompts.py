@@ -31,6 +31,31 @@ _INSTRUCTION = (
 # well-formed answer every GRPO advantage is zero and training cannot move the policy.
 RESPONSE_PREFIX = "<think>"
 
+# The ``action`` answer format (``rollout.answer_format: action``): no reasoning block, the
+# answer is one admissible command in <action> tags, and the assistant turn is prefilled with
+# "<action>" so the model only has to name the command. No example action is printed (a
+# printed example is what a small model copies instead of reading the admissible list).
+_ACTION_INSTRUCTION = (
+    "Now it's your turn to take an action.\n"
+    "Answer with exactly one of the admissible actions above, copied as written, "
+    "within <action> </action> tags."
+)
+
+ANSWER_FORMATS = ("think_action", "action")
+_PREFIXES = {"think_action": RESPONSE_PREFIX, "action": "<action>"}
+_INSTRUCTIONS = {"think_action": _INSTRUCTION, "action": _ACTION_INSTRUCTION}
+
+
+def _check_format(answer_format: str) -> str:
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    return answer_format
+
+
+def response_prefix(answer_format: str = "think_action") -> str:
+    """The text the assistant turn is prefilled with for ``answer_format``."""
+    return _PREFIXES[_check_format(answer_format)]
+
 
 def format_actions(admissible: Sequence[str]) -> str:
     """Admissible commands, each quoted and comma-terminated, one per line (``help`` dropped)."""
@@ -43,12 +68,14 @@ def windowed_prompt(
     admissible: Sequence[str],
     history: Sequence[tuple[str, str]],
     history_length: int = HISTORY_LENGTH,
+    answer_format: str = "think_action",
 ) -> str:
     """The user-message text for the next turn.
 
     ``history`` holds every earlier ``(observation_before_action, projected_action)`` pair
     of the episode, oldest first; its length is the number of steps already taken.
     """
+    instruction = _INSTRUCTIONS[_check_format(answer_format)]
     task_line = f" Your task is to: {task}" if task else ""
     actions = format_actions(admissible)
     if not history:
@@ -56,7 +83,7 @@ def windowed_prompt(
             f"{_HEAD}{task_line}\n"
             f"Your current observation is: {observation}\n"
             f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-            f"{_INSTRUCTION}"
+            f"{instruction}"
         )
     k = len(history)
     window = list(history)[-history_length:] if history_length > 0 else []
@@ -70,12 +97,12 @@ def windowed_prompt(
         f"{len(window)} observations and the corresponding actions you took:\n{entries}\n"
         f"You are now at step {k + 1} and your current observation is: {observation}\n"
         f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-        f"{_INSTRUCTION}"
+        f"{instruction}"
     )
 
 
-def encode_prompt(tokenizer, content: str, max_prompt_tokens: int) -> list[int]:
-    """Chat-format one user message (generation prompt + :data:`RESPONSE_PREFIX`), left-truncated.
+def encode_prompt(tokenizer, content: str, max_prompt_tokens: int, answer_format: str = "think_action") -> list[int]:
+    """Chat-format one user message (generation prompt + the format's prefix), left-truncated.
 
     Left truncation keeps the end of the prompt (current observation, actions, instruction
     and the assistant header), the same cap for generation and for the stored sample.
@@ -84,6 +111,6 @@ def encode_prompt(tokenizer, content: str, max_prompt_tokens: int) -> list[int]:
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    ) + RESPONSE_PREFIX
+    ) + response_prefix(answer_format)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     return ids[-max_prompt_tokens:]

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
-                         max_turns=params.max_turns, client_id=str(args.client)) as env:
+                         max_turns=params.max_turns, client_id=str(args.client),
+                         answer_format=params.answer_format) as env:
         metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],

@@ -75,6 +75,7 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
     """
     from fedagent.policy import _left_pad
 
+    device = next(model.parameters()).device
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     ids, mask, pos = _left_pad(seqs, pad_id=0)
     width = ids.shape[1]
@@ -85,11 +86,13 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
             rows.append(i)
             cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
+    if device.type != "cpu":
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
-    h = hidden[torch.tensor(rows), torch.tensor(cols)]
+    h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
     logits = model.get_output_embeddings()(h).float()
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(1, torch.tensor(targets)[:, None]).squeeze(1)
+    logp = logp_all.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
     entropy = None
     if with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -126,6 +129,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
     return loss, stats
 
 
-def token_advantages(samples: Sequence[Sample]) -> torch.Tensor:
+def token_advantages(samples: Sequence[Sample], device=None) -> torch.Tensor:
     """Each response token carries its sample's advantage (flat, sample order)."""
-    return torch.tensor([s.advantage for s in samples for _ in s.response_ids], dtype=torch.float32)
+    return torch.tensor([s.advantage for s in samples for _ in s.response_ids], dtype=torch.float32,
+                        device=device)

@@ -48,6 +48,9 @@ class TrainParams:
     pool_size: int = 8
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    answer_format: str = "think_action"   # rollout.answer_format: think_action | action
+    device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
+    compile: bool = True                  # cuda: compiled static-cache decode step
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
@@ -59,6 +62,10 @@ class TrainParams:
                 raise ValueError(f"train param {name} must be >= 1, got {getattr(p, name)}")
         if p.max_new_tokens < 1 or p.temperature < 0 or p.lr <= 0 or not 0 < p.clip < 1:
             raise ValueError(f"bad train params: {p}")
+        if p.answer_format not in ("think_action", "action"):
+            raise ValueError(f"train param answer_format must be think_action or action, got {p.answer_format!r}")
+        if p.device not in ("cpu", "cuda"):
+            raise ValueError(f"train param device must be cpu or cuda, got {p.device!r}")
         return p
 
 
@@ -95,6 +102,17 @@ def _logprobs_nograd(model, samples, micro: int) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
+def _autocast(model):
+    """bf16 autocast for forward passes on a GPU (fp32 master weights, fp32 log-softmax);
+    nothing on the CPU, whose path stays byte-identical to before."""
+    import contextlib
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _token_slices(samples) -> list[slice]:
     out, k = [], 0
     for s in samples:
@@ -112,13 +130,16 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
     pass over the samples is saved.
     """
     model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
-    old = _logprobs_nograd(model, samples, p.micro_batch_size)
+    amp = _autocast(model)
+    with amp:
+        old = _logprobs_nograd(model, samples, p.micro_batch_size)
     if ref_model is None:
         ref = None
     elif ref_is_policy:
         ref = old
     else:
-        ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size)
+        with _autocast(model):
+            ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size)
     slices = _token_slices(samples)
     order = list(range(len(samples)))
     shuffle_rng.shuffle(order)
@@ -130,10 +151,11 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
         acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
         for micro in _chunks(mb, p.micro_batch_size):
             batch = [samples[i] for i in micro]
-            logp, ent = grpo.response_logprobs(model, batch, with_entropy=True)
+            with _autocast(model):
+                logp, ent = grpo.response_logprobs(model, batch, with_entropy=True)
             old_b = torch.cat([old[slices[i]] for i in micro])
             ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
-            adv = grpo.token_advantages(batch)
+            adv = grpo.token_advantages(batch, device=logp.device)
             terms, st = grpo.grpo_token_terms(
                 logp, old_b, ref_b, adv, clip=p.clip, kl_coef=p.kl_coef,
                 entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
@@ -159,26 +181,41 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
 
     Output (via :func:`fedagent.atomic.atomic_dir`): fp32 HF dir + ``metrics.json`` +
     ``samples.jsonl``. Returns the metrics dict. ``ref_model_dir`` None (or kl_coef 0)
-    disables the KL term.
+    disables the KL term. On ``device: cuda`` the fp32 master weights train under bf16
+    autocast and rollouts come from a bf16 copy (synced before every epoch) through the
+    compiled static-cache sampler; the update written is the fp32 master.
     """
     from fedagent.atomic import atomic_dir
     from fedagent.policy import load_policy, save_policy
     from fedagent.rollout.episode import run_episodes_batched
+    from fedagent.timing import PhaseClock
 
+    clock = PhaseClock()
     t0 = time.time()
     p = params
-    model, tok = load_policy(model_dir, threads, verify=verify)
+    model, tok = load_policy(model_dir, threads, verify=verify, device=p.device)
     ref_model = None
     same_ref = False
     if ref_model_dir is not None and p.kl_coef:
         same_ref = same_weights(model_dir, ref_model_dir)
         # Same weights (round 1, or ref_anchor=round): copy in memory instead of reloading.
-        ref_model = copy.deepcopy(model) if same_ref else load_policy(ref_model_dir, threads, verify=verify)[0]
+        ref_model = (copy.deepcopy(model) if same_ref
+                     else load_policy(ref_model_dir, threads, verify=verify, device=p.device)[0])
         ref_model.requires_grad_(False)
+    rollout_model, sampler = model, None
+    if p.device == "cuda":
+        from fedagent.static_sampler import StaticSampler
+
+        rollout_model = copy.deepcopy(model).to(torch.bfloat16)
+        rollout_model.requires_grad_(False)
+        sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
+                                max_new_tokens=p.max_new_tokens, compile=p.compile)
+    clock.mark("model_loaded")
     optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     steps, records, seeds_used = [], [], []
     n_samples = n_tokens = n_prompt_tokens = 0
     returns, wins = [], []
+    groups_total = groups_signal = 0
     for epoch in range(p.epochs):
         seeds = epoch_task_seeds(p, round, client, epoch)
         seeds_used.append(seeds)
@@ -186,19 +223,30 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         groups = [g for g in range(len(seeds)) for _ in range(p.group_size)]
         gen = torch_generator(p.base_seed, "rollout_sampling", round=round, client=client, epoch=epoch)
         model.eval()
-        trajs = run_episodes_batched(
-            model, tok, env, rollout_seeds, batch_size=p.pool_size,
-            session_prefix=f"r{round}-c{client}-e{epoch}", max_turns=p.max_turns,
-            max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
-            max_prompt_tokens=p.max_prompt_tokens)
+        if rollout_model is not model:
+            with torch.no_grad():
+                for dst, src in zip(rollout_model.parameters(), model.parameters()):
+                    dst.copy_(src)
+        with clock.phase("rollout"):
+            trajs = run_episodes_batched(
+                rollout_model, tok, env, rollout_seeds, batch_size=p.pool_size,
+                session_prefix=f"r{round}-c{client}-e{epoch}", max_turns=p.max_turns,
+                max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
+                max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format, sampler=sampler)
         samples = grpo.turn_samples(trajs, groups, p.invalid_penalty)
         advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
         for s, a in zip(samples, advs):
             s.advantage = a
+        by_group: dict[int, bool] = {}
+        for s in samples:
+            by_group[s.group] = by_group.get(s.group, False) or s.advantage != 0.0
+        groups_total += len(by_group)
+        groups_signal += sum(by_group.values())
         shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
         if samples:
-            steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
-                                    ref_is_policy=same_ref and epoch == 0))
+            with clock.phase("train"):
+                steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
+                                        ref_is_policy=same_ref and epoch == 0))
         n_samples += len(samples)
         n_tokens += sum(len(s.response_ids) for s in samples)
         n_prompt_tokens += sum(len(s.prompt_ids) for s in samples)
@@ -206,23 +254,37 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
             returns.append(tr.episode_return)
             wins.append(tr.won)
             records.append({"epoch": epoch, "group": g, **tr.summary()})
+    if sampler is not None and sampler.first_token_time is not None:
+        clock.set("first_token", sampler.first_token_time)
     metrics = {
         "round": round, "client": client, "num_samples": n_samples, "num_tokens": n_tokens,
         "num_prompt_tokens": n_prompt_tokens,
         "num_episodes": len(returns),
         "mean_return": (math.fsum(returns) / len(returns)) if returns else 0.0,
         "success_rate": (sum(wins) / len(wins)) if wins else 0.0,
+        # GRPO learns only from groups whose samples differ: the share that carried signal.
+        "groups": groups_total,
+        "groups_nonzero_advantage": groups_signal,
+        "invalid_rate": _invalid_rate(records),
         "kl": (math.fsum(s["kl"] for s in steps) / len(steps)) if steps else 0.0,
         "steps": steps, "task_seeds": seeds_used, "params": dataclasses.asdict(p),
-        "threads": threads, "wall_time_s": round_(time.time() - t0),
+        "threads": threads, "device": p.device, "wall_time_s": round_(time.time() - t0),
     }
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tok, staging)
+        clock.mark("saved")
+        metrics["timings"] = clock.summary()
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
         with open(staging / "samples.jsonl", "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
     return metrics
+
+
+def _invalid_rate(records: list[dict]) -> float:
+    """Share of turns whose answer broke the format (a no-op turn for the env)."""
+    turns = [t for r in records for t in r["turns"]]
+    return (sum(1 for t in turns if not t["valid"]) / len(turns)) if turns else 0.0
 
 
 def round_(x: float) -> float:

@@ -1,0 +1,75 @@
+"""Per-job phase timings (informational: wall clock never changes a plan, shard or model).
+
+A job's clock starts at its *process* start (Linux ``/proc/self/stat``; the interpreter's and
+torch's imports count as cold start, as they do for the user), marks named moments as
+seconds since then, and sums named phases that may repeat (one rollout and one training
+phase per local epoch). ``summary()`` is what a job writes under ``"timings"`` in its metrics:
+
+    {"marks": {"model_loaded": s, "rollout_start": s, "first_token": s, "rollout_done": s,
+               "train_done": s, "saved": s},
+     "phases": {"rollout": s, "train": s}, "cold_start_s": s, "total_s": s}
+
+``cold_start_s`` = process start → first sampled token (where the sampler reports it; else
+→ the start of the first rollout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux), else the time this module was imported."""
+    try:
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])          # field 22 of stat(5): starttime, in clock ticks
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+class PhaseClock:
+    """Marks and summed phases of one job, in seconds since the process started."""
+
+    def __init__(self, start: float | None = None):
+        self.start = process_start_time() if start is None else float(start)
+        self.marks: dict[str, float] = {}
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str, when: float | None = None) -> None:
+        """Record ``name`` at ``when`` (now by default); the first record of a name wins."""
+        self.marks.setdefault(name, (time.time() if when is None else float(when)) - self.start)
+
+    def set(self, name: str, when: float) -> None:
+        """Record ``name`` at the absolute time ``when`` (overwrites)."""
+        self.marks[name] = float(when) - self.start
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Time a block: adds to ``phases[name]``, marks ``<name>_start`` once and ``<name>_done`` last."""
+        t = time.time()
+        self.mark(f"{name}_start", t)
+        try:
+            yield
+        finally:
+            now = time.time()
+            self.phases[name] = self.phases.get(name, 0.0) + (now - t)
+            self.marks[f"{name}_done"] = now - self.start
+
+    def summary(self) -> dict:
+        """The JSON-able timings block (3 decimals)."""
+        first = self.marks.get("first_token", self.marks.get("rollout_start"))
+        return {
+            "marks": {k: round(v, 3) for k, v in sorted(self.marks.items(), key=lambda kv: kv[1])},
+            "phases": {k: round(v, 3) for k, v in sorted(self.phases.items())},
+            "cold_start_s": round(first, 3) if first is not None else None,
+            "total_s": round(time.time() - self.start, 3),
+        }

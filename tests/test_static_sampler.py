@@ -1,0 +1,61 @@
+"""The GPU path's static-cache sampler, run on the CPU (compile off): same tokens as the CPU sampler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fake_env import build_tiny_model
+from fedagent.policy import load_policy, sample
+from fedagent.seeds import torch_generator
+from fedagent.static_sampler import StaticSampler
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    d = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=11)
+    return load_policy(d, threads=1)
+
+
+def _prompts(tok):
+    texts = ["go", "You are in the kitchen. There is a table and a key here, take it",
+             "Your admissible actions are: 'go north', 'take key', 'look' and more"]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
+def test_greedy_tokens_equal_the_cpu_sampler_at_any_batch_fill(policy):
+    model, tok = policy
+    ps = _prompts(tok)
+    ref = sample(model, tok, ps, 10, 0.0, None)
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, compile=False)
+    for k in (3, 1, 2):          # padded rows and a reused (reset) cache change nothing
+        got = s(model, tok, ps[:k], 10, 0.0, None)
+        assert [g.response_ids for g in got] == [g.response_ids for g in ref[:k]]
+        assert [g.text for g in got] == [g.text for g in ref[:k]]
+        assert [g.finished for g in got] == [g.finished for g in ref[:k]]
+    assert s.first_token_time is not None and s.tokens > 0
+
+
+def test_sampling_is_seeded_by_the_callers_generator_only(policy):
+    model, tok = policy
+    ps = _prompts(tok)
+    s = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    before = torch.get_rng_state()
+    a = s(model, tok, ps, 8, 1.0, torch_generator(5, "t"))
+    s2 = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    b = s2(model, tok, ps, 8, 1.0, torch_generator(5, "t"))
+    assert [g.response_ids for g in a] == [g.response_ids for g in b]
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_shape_limits_are_errors(policy):
+    model, tok = policy
+    s = StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, compile=False)
+    with pytest.raises(ValueError, match="batch size"):
+        s(model, tok, _prompts(tok), 4, 0.0, None)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        s(model, tok, _prompts(tok)[1:2], 4, 0.0, None)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        s(model, tok, _prompts(tok)[:1], 5, 0.0, None)
+    with pytest.raises(ValueError, match="Generator"):
+        s(model, tok, _prompts(tok)[:1], 4, 1.0, None)
