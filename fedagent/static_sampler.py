@@ -48,7 +48,7 @@ class StaticSampler:
         self.cache = StaticCache(config=model.config, max_cache_len=self.width + self.max_new_tokens)
         self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
         self.pad_id = int(tokenizer.pad_token_id)
-        self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=True)
+        self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
                         if compile else self._decode_step)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect

@@ -8,7 +8,7 @@ rule games:
         seed=config["seed"],
         env=config["env"],
         quarantine=QUARANTINE,
-    threads: 2
+    threads: 8   # tw-make processes; Snakemake caps it at --cores (2 on a laptop run)
     conda:
         "../envs/fedagent.yaml"
     log:

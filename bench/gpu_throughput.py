@@ -1,0 +1,213 @@
+"""Generation and training throughput on one GPU, all columns measured in one run.
+
+    python bench/gpu_throughput.py --model results/<run>/round_000/model [--vllm-pythonpath DIR]
+
+Generation (batch 64, prompt 256 random token ids, exactly 64 new tokens, temperature 1.0, bf16):
+  hf_eager   transformers ``generate`` with its dynamic cache (the baseline)
+  local      fedagent's GPU path: :class:`fedagent.static_sampler.StaticSampler` (static cache,
+             compiled decode step)
+  vllm       ``vllm.LLM.generate`` on token-id prompts, in a subprocess whose PYTHONPATH starts
+             with ``--vllm-pythonpath`` (vLLM lives in its own install)
+Each column: one warm-up call, then the median of ``--reps`` timed calls; the ratios are
+against vLLM and HF eager of the same run.
+
+Training (batch 64 x 512 tokens, the local backend's update: fp32 master weights, bf16 autocast,
+log-probs of the last 128 tokens, AdamW): tokens/s and MFU = 6·N·T (+ attention) / time / peak,
+with peak = ``--peak-tflops`` (bf16 dense; the H200 datasheet's 989 by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+B, PROMPT, NEW = 64, 256, 64
+
+
+def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab - 100, (B, PROMPT), generator=g).tolist()
+
+
+def _sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def bench_hf(model, prompts, reps):
+    import torch
+
+    ids = torch.tensor(prompts, device="cuda")
+    mask = torch.ones_like(ids)
+
+    def call():
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
+                                  do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    return _timed(call, reps)
+
+
+def bench_local(model, tok, prompts, reps):
+    import torch
+
+    from fedagent.static_sampler import StaticSampler
+
+    s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW, compile=True,
+                      sync_every=NEW + 1)
+    s.stops = torch.tensor([-1], device="cuda")          # exactly NEW tokens per row, like the others
+    gen = torch.Generator().manual_seed(1)
+    t0 = time.time()
+    s(model, tok, prompts, NEW, 1.0, gen)
+    _sync()
+    first = time.time() - t0
+    return _timed(lambda: s(model, tok, prompts, NEW, 1.0, gen), reps), first
+
+
+def _timed(fn, reps):
+    fn()
+    _sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+VLLM_CHILD = r"""
+import json, statistics, sys, time
+def main():
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    model, reps, prompts = sys.argv[1], int(sys.argv[2]), json.load(open(sys.argv[3]))
+    t0 = time.time()
+    llm = LLM(model=model, dtype="bfloat16", skip_tokenizer_init=True, gpu_memory_utilization=0.3, seed=0)
+    start = time.time() - t0
+    sp = SamplingParams(max_tokens=%d, min_tokens=%d, ignore_eos=True, temperature=1.0, detokenize=False)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    llm.generate(ps, sp, use_tqdm=False)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter(); llm.generate(ps, sp, use_tqdm=False); times.append(time.perf_counter() - t)
+    print("VLLM_RESULT " + json.dumps({"median_s": statistics.median(times), "engine_start_s": start}))
+if __name__ == "__main__":
+    main()
+""" % (NEW, NEW)
+
+
+def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
+    script = Path(workdir) / "vllm_child.py"
+    script.write_text(VLLM_CHILD)
+    pfile = Path(workdir) / "prompts.json"
+    pfile.write_text(json.dumps(prompts))
+    env = dict(os.environ, PYTHONPATH=f"{pythonpath}:{os.environ.get('PYTHONPATH', '')}",
+               VLLM_USE_FLASHINFER_SAMPLER="0")
+    proc = subprocess.run([sys.executable, str(script), str(model_dir), str(reps), str(pfile)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith("VLLM_RESULT "):
+            return json.loads(line[len("VLLM_RESULT "):])
+    raise RuntimeError(f"vLLM child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def bench_train(model_dir, reps, peak_tflops, seq=512, resp=128):
+    import torch
+
+    from fedagent.policy import load_policy
+    from fedagent.train import grpo
+    from fedagent.train.local import _autocast
+
+    model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
+    model.train()
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randint(100, cfg.vocab_size - 100, (B, seq), generator=g).tolist()
+    samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
+                           advantage=1.0) for r in rows]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with _autocast(model):
+            logp, _ = grpo.response_logprobs(model, samples)
+        loss = -(logp.mean())
+        loss.backward()
+        opt.step()
+    t = _timed(step, reps)
+    tokens = B * seq
+    # Forward+backward: 6·N per token for the weights, plus causal attention 6·L·d·seq per token
+    # (QK^T and AV, half the square, times 3 for forward+backward).
+    flops = 6 * n_params * tokens + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
+    return {"step_s": t, "tokens_per_s": tokens / t, "tflops": flops / t / 1e12,
+            "mfu": flops / t / (peak_tflops * 1e12), "params": n_params}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, required=True, help="HF model dir (fp32 safetensors)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import tempfile
+
+    import torch
+
+    from fedagent.policy import load_policy
+
+    assert torch.cuda.is_available(), "this bench needs a GPU"
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
+           "new_tokens": NEW}
+    model, tok = load_policy(args.model, 1, verify=False, device="cuda")
+    model = model.to(torch.bfloat16)
+    prompts = _prompts(model.config.vocab_size)
+    gen_tokens = B * NEW
+    t_hf = bench_hf(model, prompts, args.reps)
+    out["hf_eager_tok_s"] = gen_tokens / t_hf
+    t_local, first = bench_local(model, tok, prompts, args.reps)
+    out["local_tok_s"] = gen_tokens / t_local
+    out["local_first_call_s"] = first
+    print(json.dumps(out), flush=True)
+    del model
+    torch.cuda.empty_cache()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.vllm_pythonpath:
+            # vLLM loads safetensors in bf16 itself; give it a bf16 copy so load time is comparable.
+            v = bench_vllm(args.model, prompts, args.reps, args.vllm_pythonpath, tmp)
+            out["vllm_tok_s"] = gen_tokens / v["median_s"]
+            out["vllm_engine_start_s"] = v["engine_start_s"]
+            out["local_over_vllm"] = out["local_tok_s"] / out["vllm_tok_s"]
+    out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
+    out["train"] = bench_train(args.model, args.reps, args.peak_tflops)
+    print(json.dumps(out, indent=1))
+    print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
+    print(f"  hf_eager {out['hf_eager_tok_s']:10.0f} tok/s")
+    print(f"  local    {out['local_tok_s']:10.0f} tok/s  ({out['local_over_hf_eager']:.2f}x hf_eager"
+          + (f", {out['local_over_vllm']:.2f}x vllm" if "vllm_tok_s" in out else "") + ")")
+    if "vllm_tok_s" in out:
+        print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
+    tr = out["train"]
+    print(f"training B{B}x512: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, MFU {tr['mfu']:.3f}"
+          f" of {args.peak_tflops:.0f}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU node: run (or resume) a preset through the workflow and pack what to bring back.
+#   scripts/gpu/node-run.sh CONFIGFILE [SECONDS] [snakemake args...]
+# Stops Snakemake cleanly after SECONDS (default 540: under one device call), so a later call
+# resumes the same run from its files. Packs results (no weights, no games), logs and
+# benchmarks into $OUT/run.tgz when OUT is set.
+set -uo pipefail
+cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
+source scripts/gpu/node-env.sh
+run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
+t0=$(date +%s)
+timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
+rc=$?
+echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s"
+if [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
+  tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude="results/$run/plan/games" \
+    --exclude='*/tokenizer.json' "results/$run"
+  cp "results/$run/summary.csv" "$OUT/" 2>/dev/null; cp "results/$run/curves.png" "$OUT/" 2>/dev/null
+  cp "results/$run/round_"*/timings.csv "$OUT/" 2>/dev/null | tail -1
+fi
+exit $rc

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU node (no package index): put carried pieces in place and install them.
+#   scripts/gpu/node-setup.sh carry BUNDLE PIECE...   copy pieces (carried in the checkout) to $FA_GPU
+#   scripts/gpu/node-setup.sh install                 join + install every complete bundle, once
+# then `source scripts/gpu/node-env.sh`. BUNDLE: proj (fedagent's deps + SmolLM2) or vllm.
+set -euo pipefail
+FA=${FA_GPU:-/tmp/fa-gpu}
+case "${1:-}" in
+  carry)
+    b=${2:?bundle}; shift 2; mkdir -p "$FA/pieces/$b"
+    for p in "$@"; do cp "$p" "$FA/pieces/$b/"; done
+    ls "$FA/pieces/$b" | tr '\n' ' '; echo ;;
+  install)
+    for b in proj vllm; do
+      [ -d "$FA/pieces/$b" ] || continue
+      [ -f "$FA/$b.installed" ] && { echo "$b: installed before"; continue; }
+      rm -rf "$FA/$b-x"; mkdir -p "$FA/$b-x"
+      cat "$FA/pieces/$b"/part-* | tar -x -C "$FA/$b-x"
+      target="$FA/site"; [ "$b" = vllm ] && target="$FA/vsite"
+      t0=$(date +%s)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$target" "$FA/$b-x"/wheelhouse/*.whl
+      touch "$FA/$b.installed"; rm -rf "$FA/$b-x"
+      echo "$b: installed into $target in $(( $(date +%s) - t0 )) s"
+    done
+    mkdir -p "$FA/bin"
+    printf '#!/usr/bin/env python3\nimport sys\nfrom fedagent.cli import main\nsys.exit(main())\n' > "$FA/bin/fedagent"
+    chmod +x "$FA/bin/fedagent" ;;
+  *) echo "usage: node-setup.sh carry BUNDLE PIECE... | install" >&2; exit 2 ;;
+esac
