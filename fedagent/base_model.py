@@ -43,11 +43,18 @@ def smollm2_gguf_path() -> Path:
 
 
 def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
+    import copy
+
     import torch
     from transformers import AutoModelForCausalLM
 
-    # A fresh model of the same config; GGUF-loaded modules cannot be saved directly.
-    config = model.config
+    # A fresh model of the same config; GGUF-loaded modules cannot be saved directly. The
+    # GGUF quantization record must not travel into the fp32 dir: transformers >= 5.11 keeps it
+    # in config.json, and a model loaded from such a dir refuses save_pretrained
+    # ("quantized with QuantizationMethod.GGUF and is not serializable"), i.e. every client update.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     config.dtype = "float32"
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
@@ -57,6 +64,8 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     if missing or unexpected:
         raise BaseModelError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
     fresh.save_pretrained(out, safe_serialization=True)
+    if "quantization_config" in json.loads((Path(out) / "config.json").read_text()):
+        raise BaseModelError(f"{out}/config.json still names a quantization; the fp32 dir would not re-save")
     tokenizer.save_pretrained(out)
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 

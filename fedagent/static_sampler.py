@@ -80,10 +80,22 @@ class StaticSampler:
 
     def _pick(self, logits, temperature: float, gen):
         logits = logits.float()
+        # A row with non-finite logits would make the sampling kernel assert on the device (an
+        # unreadable crash). Flag it on the device, sample that row from zeros, and raise a
+        # clear error at the next host sync (no extra sync per token).
+        finite = torch.isfinite(logits).all(dim=-1)
+        self._bad |= ~finite
+        logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
         if temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits / float(temperature), dim=-1)
         return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    def _check_finite(self, step: int) -> None:
+        if bool(self._bad.any()):
+            rows = self._bad.nonzero().flatten().tolist()
+            raise FloatingPointError(f"non-finite logits (NaN/inf) by decode step {step} in batch rows {rows} "
+                                     f"of sampler call {self.calls}: the rollout weights or activations are broken")
 
     @torch.no_grad()
     def __call__(self, model, tokenizer, prompts: Sequence[Sequence[int] | str], max_new_tokens: int,
@@ -110,6 +122,7 @@ class StaticSampler:
             raise ValueError(f"a prompt is longer than max_prompt_tokens={self.width}")
         gen = self._generator(generator)
         self.calls += 1
+        self._bad = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         rows = prompt_ids + [prompt_ids[0]] * (self.batch_size - n)
         B, W, N = self.batch_size, self.width, self.max_new_tokens
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
@@ -139,11 +152,14 @@ class StaticSampler:
                 self.first_token_time = time.time()
             if step == max_new_tokens - 1:
                 break
-            if (step + 1) % self.sync_every == 0 and bool(finished.all()):
-                break
+            if (step + 1) % self.sync_every == 0:
+                self._check_finite(step)
+                if bool(finished.all()):
+                    break
             logits = self._decode(tok[:, None].clone(), next_pos.clone(),
                                   torch.tensor([W + step], device=self.device), mask).clone()
             next_pos = next_pos + 1
+        self._check_finite(max_new_tokens)
         host = tokens.cpu().tolist()
         stop_set = set(self.stops.tolist())
         gens = []

@@ -255,3 +255,21 @@ def test_micro_batching_does_not_change_the_update(tiny_dir):
     base = torch.cat([q.detach().flatten() for q in load_policy(tiny_dir, threads=1)[0].parameters()])
     assert not torch.allclose(params[0], base)
     assert torch.allclose(params[0] - base, params[1] - base, atol=1e-6, rtol=1e-4)
+
+
+def test_far_log_ratios_give_finite_gradients():
+    # verl clamps log-ratios to ±20 before exp; without that an overflowing exp (ratio or k3 KL)
+    # is clamped afterwards but its backward is 0 * inf = NaN, and NaN reaches the weights.
+    from fedagent.train.grpo import grpo_token_terms
+
+    logp = torch.tensor([-120.0, -0.5, -3.0], requires_grad=True)
+    old = torch.tensor([-0.1, -0.5, -3.0])
+    ref = torch.tensor([-0.2, -0.4, -95.0])
+    adv = torch.tensor([1.0, -1.0, -1.0])
+    loss, _ = grpo_token_terms(logp, old, ref, adv, clip=0.2, kl_coef=0.01)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all(), logp.grad
+    logp2 = torch.tensor([-0.1], requires_grad=True)
+    loss2, _ = grpo_token_terms(logp2, torch.tensor([-100.0]), None, torch.tensor([-1.0]), clip=0.2, kl_coef=0.0)
+    loss2.sum().backward()
+    assert torch.isfinite(loss2).all() and torch.isfinite(logp2.grad).all()

@@ -59,3 +59,15 @@ def test_shape_limits_are_errors(policy):
         s(model, tok, _prompts(tok)[:1], 5, 0.0, None)
     with pytest.raises(ValueError, match="Generator"):
         s(model, tok, _prompts(tok)[:1], 4, 1.0, None)
+
+
+def test_non_finite_logits_are_a_clear_error_not_a_device_assert(policy, tmp_path):
+    import copy
+
+    model, tok = policy
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.get_output_embeddings().weight[5, 0] = float("nan")
+    s = StaticSampler(broken, tok, batch_size=2, max_prompt_tokens=64, max_new_tokens=4, compile=False)
+    with pytest.raises(FloatingPointError, match="non-finite logits"):
+        s(broken, tok, _prompts(tok)[:2], 4, 1.0, torch_generator(1, "t"))

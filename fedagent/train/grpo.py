@@ -17,6 +17,10 @@ import torch
 
 EPS = 1e-6
 KL_CLAMP = 10.0   # verl's low_var_kl clamp: one wild token must not dominate a step
+# verl clamps log-ratios to ±20 *before* exp (ratio and low_var_kl). Without it a log-ratio past
+# ~88 overflows exp to inf; the value is clamped afterwards but the backward pass multiplies
+# the clamp's zero gradient by inf: NaN gradients, NaN weights after the optimizer step.
+LOG_RATIO_CLAMP = 20.0
 
 
 @dataclass
@@ -101,7 +105,7 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Low-variance KL estimate per token: exp(ref − logp) − (ref − logp) − 1, clamped."""
-    d = ref_logp - logp
+    d = torch.clamp(ref_logp - logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     return torch.clamp(torch.exp(d) - d - 1.0, min=-KL_CLAMP, max=KL_CLAMP)
 
 
@@ -112,7 +116,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
     ``adv`` is the per-token advantage (each token of a sample carries its sample's value).
     Returns ``(loss_per_token, stats)`` where stats hold per-token tensors for logging.
     """
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp(torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP))
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
     pg = torch.maximum(pg1, pg2)
