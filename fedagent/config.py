@@ -53,9 +53,9 @@ def _schema() -> dict:
     return load_schema()
 
 
-def default_schema() -> dict:
-    """A copy of the workflow's schema (parsed once per process)."""
-    return copy.deepcopy(_schema())
+def schema() -> dict:
+    """The workflow's schema, parsed once per process (do not modify it)."""
+    return _schema()
 
 
 # --------------------------------------------------------------------------- schema navigation
@@ -151,7 +151,8 @@ def coerce_scalar(key: str, text: str, types: set[str]) -> Any:
                 raise ConfigError(f"config key '{key}': {text!r} is not a finite number")
             return value
     want = " or ".join({"integer": "an integer", "number": "a number", "boolean": "a boolean (true/false)",
-                        "null": "null"}.get(t, t) for t in sorted(types))
+                        "null": "null", "object": 'a mapping (--config "key={a: 1}")',
+                        "array": "a list"}.get(t, t) for t in sorted(types))
     raise ConfigError(f"config key '{key}': {text!r} (from the command line) is not {want}")
 
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedagent.config import ConfigError, _schema, get_path, prepare_config, set_path
+from fedagent.config import ConfigError, prepare_config, schema, set_path, subschema
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW_CONFIG = Path("config") / "config.yaml"  # the Snakefile's `configfile:` (relative to the workdir)
@@ -118,12 +118,8 @@ def _scalar(value: Any) -> str:
 
 
 def _schema_default(path: str) -> Any:
-    node: Any = _schema()
-    for part in path.split("."):
-        node = node.get("properties", {}).get(part)
-        if node is None:
-            return KeyError
-    return node.get("default", KeyError)
+    sub = subschema(path)
+    return KeyError if sub is None else sub.get("default", KeyError)
 
 
 def render(config: Mapping, source: Mapping[str, str]) -> str:
@@ -154,7 +150,7 @@ def render(config: Mapping, source: Mapping[str, str]) -> str:
                 text = f"{text:<40} # {origin(path) or 'no default'}"
             lines.append(text)
 
-    emit(config, "", 0, _schema())
+    emit(config, "", 0, schema())
     return "\n".join(lines) + "\n"
 
 
