@@ -5,8 +5,9 @@ The constraint tests derive their cases from the job-side checks themselves: eve
 :class:`fedagent.config.JobKeys` (the config key behind each job parameter) and every schema
 constraint of those keys, plus every :data:`fedagent.config.CROSS_RULES` entry. All of them are
 checked in-process against both the job's check and the plan-time check (the function
-``workflow/common.smk`` calls); a bounded subset (one per job, per constraint kind and per
-cross rule) also goes through a real ``snakemake -n``.
+``workflow/common.smk`` calls), and all of them (with the plan-only keys' constraints) go through
+Snakemake's own command line, ``snakemake -n`` run once per bad config inside one process (its
+≈1 s start-up paid once); three also run as fresh ``snakemake -n`` processes.
 """
 
 from __future__ import annotations
@@ -298,45 +299,92 @@ def test_snakemake_nested_overrides_take_effect_and_a_bad_string_is_named(tmp_pa
     assert "Traceback" not in bad.stderr and 'File "' not in bad.stderr and not (work / "results").exists()
 
 
-def _subset(cases):
-    """One case per job, each on a key not used yet, preferring a constraint keyword not used yet."""
-    picked, keys, kws = [], set(), set()
-    for job in sorted({c[0] for c in cases}):
-        mine = [c for c in cases if c[0] == job and c[2] not in keys]
-        if not mine:
+# Snakemake's own command line (snakemake.cli.main, the `snakemake` executable's entry point) run
+# once per config in ONE process: the start-up (≈1 s) is paid once, each plan then costs ≈0.1 s.
+# Each run's stdout/stderr (file descriptors 1 and 2) is captured on its own.
+DRY_RUN_MANY = """
+import json, os, sys, tempfile
+import yaml
+from snakemake.cli import main
+
+results = []
+for overrides in json.loads(sys.argv[1]):
+    with open("bad.yaml", "w") as f:
+        yaml.safe_dump(overrides, f)
+    out = tempfile.TemporaryFile(mode="w+")
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush(); sys.stderr.flush()
+    os.dup2(out.fileno(), 1); os.dup2(out.fileno(), 2)
+    try:
+        main(["--profile", "profiles/local", "-n", "--configfile", "bad.yaml"])
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code
+    finally:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+    out.seek(0)
+    results.append({"rc": rc, "out": out.read()})
+with open("results.json", "w") as f:
+    json.dump(results, f)
+"""
+
+
+def refusal_cases() -> list[tuple[str, dict]]:
+    """(key named, overrides): every job-side check's bad values, the plan-only keys', every cross rule."""
+    cases, seen = [], set()
+    job_keys = set()
+    for _, param, key, _, value in job_cases():
+        job_keys.add(key)
+        if param == "n_tasks":  # partition's catalogue size: the games job's env.train_games cases cover it
             continue
-        _, _, key, kw, value = next((c for c in mine if c[3] not in kws), mine[0])
-        picked.append((key, value))
-        keys.add(key)
-        kws.add(kw)
-    return picked
+        if (key, repr(value)) not in seen:
+            seen.add((key, repr(value)))
+            cases.append((key, {key: value}))
+    for key in fc.leaf_keys():  # keys only planning reads (keep.*, rounds, run, threads, ...)
+        if key not in job_keys:
+            cases += [(key, {key: value}) for _, value in bad_values(fc.subschema(key))]
+    cases += [(rule.key, dict(rule.violation)) for rule in fc.CROSS_RULES]
+    return cases
+
+
+def _check_refused(key: str, rc, out: str) -> None:
+    assert rc not in (0, None), f"{key}: snakemake -n accepted a bad value"
+    assert f"fedagent: invalid config: config key '{key}'" in out, (key, out[-2000:])
+    assert "Traceback" not in out and 'File "' not in out, (key, out[-2000:])
 
 
 @pytest.mark.workflow
 @pytest.mark.slow
-def test_snakemake_refuses_each_job_constraint_before_any_job(tmp_path):
-    """A bounded set of real `snakemake -n` runs: each refuses, naming the key, no traceback, no results/."""
-    singles = _subset([c for c in job_cases() if c[1] != "n_tasks"])
-    singles.append(("keep.models_every", -1))  # plan-only keys (read by workflow/common.smk)
-    runs = [(key, {key: value}) for key, value in singles]
-    runs += [(rule.key, dict(rule.violation)) for rule in fc.CROSS_RULES]
-    assert len(runs) <= 20
+def test_snakemake_refuses_every_job_constraint_before_any_job(tmp_path):
+    """Every case through Snakemake's command line: refused naming the key, no traceback, no results/."""
+    cases = refusal_cases()
+    assert len(cases) >= 80
+    work = make_workdir(tmp_path / "w")
+    configs = [{}] + [nested(overrides) for _, overrides in cases]  # first: a good config (control)
+    proc = subprocess.run([sys.executable, "-c", DRY_RUN_MANY, json.dumps(configs)], cwd=work,
+                          env=snakemake_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((work / "results.json").read_text())
+    assert results[0]["rc"] in (0, None) and "Nothing to be done" not in results[0]["out"], results[0]["out"][-2000:]
+    assert "rule train_client" in results[0]["out"]  # the control planned the run
+    for (key, _), res in zip(cases, results[1:], strict=True):
+        _check_refused(key, res["rc"], res["out"])
+    assert not (work / "results").exists()
 
-    def one(i_run):
-        i, (key, overrides) = i_run
-        work = make_workdir(tmp_path / f"w{i}")
-        (work / "bad.yaml").write_text(yaml.safe_dump(nested(overrides)))
-        proc = _dry_run(work, "--configfile", "bad.yaml")
-        return key, proc, work
+    # A few as a user runs them: one fresh `snakemake -n` process each.
+    picks = [cases[0], next(c for c in cases if c[0].startswith("keep.")), cases[-2]]
+
+    def fresh(i_case):
+        i, (key, overrides) = i_case
+        w = make_workdir(tmp_path / f"f{i}")
+        (w / "bad.yaml").write_text(yaml.safe_dump(nested(overrides)))
+        return key, _dry_run(w, "--configfile", "bad.yaml"), w
 
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, enumerate(runs)))
-    for key, proc, work in results:
-        out = proc.stdout + proc.stderr
-        assert proc.returncode != 0, f"{key}: snakemake -n accepted a bad value"
-        assert f"fedagent: invalid config: config key '{key}'" in proc.stderr, (key, out[-2000:])
-        assert "Traceback" not in out and 'File "' not in out, (key, out[-2000:])
-        assert not (work / "results").exists(), key
+        for key, p, w in pool.map(fresh, enumerate(picks)):
+            _check_refused(key, p.returncode, p.stdout + p.stderr)
+            assert f"config key '{key}'" in p.stderr and not (w / "results").exists()
 
 
 # --------------------------------------------------------------------------- light imports
