@@ -16,7 +16,7 @@ try:
     # Our checks first: nested --config strings coerced to the schema's types, then the schema
     # and the cross rules (the same definitions the jobs check their parameters with), one
     # short message naming the key and no traceback (Snakemake's own message dumps the schema).
-    prepare_config(config, workflow.config_settings.config)
+    prepare_config(config, getattr(workflow.config_settings, "config", None))
 except ConfigError as exc:
     print(f"fedagent: invalid config: {exc}", file=sys.stderr)
     sys.exit(1)
