@@ -141,6 +141,13 @@ def coerce_scalar(key: str, text: str, types: set[str]) -> Any:
             return int(s)
         except ValueError:
             pass
+    if "integer" in types and "number" not in types:
+        try:
+            value = float(s)
+        except ValueError:
+            value = None
+        if value is not None and math.isfinite(value) and value.is_integer():
+            return int(value)  # "2.0", "1e3": integral, as JSON Schema's integer allows
     if "number" in types:
         try:
             value = float(s)
@@ -322,11 +329,22 @@ def check_cross_fields(config: dict) -> dict:
     return config
 
 
+def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:
+    """``3.0`` → ``3`` at integer keys, in place (JSON Schema's integer accepts 3.0; ``range`` does not)."""
+    for key in leaf_keys(schema):
+        value = get_path(config, key, None)
+        types = schema_types(subschema(key, schema))
+        if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
+            set_path(config, key, int(value))
+    return config
+
+
 def prepare_config(config: dict, cli: Mapping | None = None) -> dict:
     """The plan-time check, in place: command-line strings coerced, schema (defaults filled), cross rules."""
     if cli:
         coerce_cli_strings(config, cli)
     validate_schema(config)
+    integral_floats_to_int(config)
     return check_cross_fields(config)
 
 
@@ -389,8 +407,7 @@ def load_config(path: Path, overrides: dict | None = None) -> dict:
         raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
     for dotted, value in (overrides or {}).items():
         set_path(config, dotted, value)
-    validate_schema(config)
-    return check_cross_fields(config)
+    return prepare_config(config)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

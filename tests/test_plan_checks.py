@@ -106,6 +106,12 @@ def test_command_line_strings_take_the_schema_types_and_files_keep_theirs():
     assert config["train"]["lr"] == 1e-6 and isinstance(config["train"]["lr"], float)
     assert config["keep"]["protect_models"] is True and config["keep"]["aggregates"] is False
     assert config["run"] == "007"  # a string key stays a string
+    assert fc.coerce_scalar("eval.n", "2.0", {"integer"}) == 2 and fc.coerce_scalar("x", "1e3", {"integer"}) == 1000
+    with pytest.raises(fc.ConfigError, match="'eval.n'"):
+        fc.coerce_scalar("eval.n", "2.5", {"integer"})
+    top = with_overrides(yaml.safe_load(TEST_CONFIG.read_text()), {"rounds": 4.0, "eval.n": 3.0})
+    fc.prepare_config(top)  # integral floats (Snakemake parses rounds=4.0 as a float) become ints
+    assert top["rounds"] == 4 and type(top["rounds"]) is int and type(top["eval"]["n"]) is int
     with pytest.raises(fc.ConfigError, match="'train.max_turns'"):
         fc.prepare_config(config)
 
@@ -284,7 +290,7 @@ def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
 def test_snakemake_nested_overrides_take_effect_and_a_bad_string_is_named(tmp_path):
     work = make_workdir(tmp_path / "w")
     proc = _dry_run(work, "--config", "eval={n: 5}", "train={lr: 2.5e-4}",
-                    "keep={client_updates: false, protect_models: true}")
+                    "keep={client_updates: false, protect_models: true}", "rounds=1.0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "fedagent val-set" in out and " --n 5 " in out  # integer
@@ -293,6 +299,7 @@ def test_snakemake_nested_overrides_take_effect_and_a_bad_string_is_named(tmp_pa
     assert train and all(p["lr"] == 2.5e-4 for p in train)  # float
     assert "Would remove temporary output results/t/round_001/clients/0" in out  # boolean false
     assert "merge_protected" in out  # boolean true (every-k models protected)
+    assert "round_001/eval.json" in out and "round_002" not in out  # rounds=1.0 (a float) is round 1
     bad = _dry_run(work, "--config", "eval={n: thirty}")
     assert bad.returncode != 0
     assert "config key 'eval.n'" in bad.stderr and "'thirty'" in bad.stderr
