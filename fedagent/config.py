@@ -35,7 +35,7 @@ import yaml
 
 _PKG_SCHEMA = Path(__file__).resolve().parent / "config.schema.yaml"  # symlink into workflow/ (package data)
 _REPO_SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
-SCHEMA_PATH = _REPO_SCHEMA if _REPO_SCHEMA.is_file() else _PKG_SCHEMA
+SCHEMA_PATH = _PKG_SCHEMA if _PKG_SCHEMA.is_file() else _REPO_SCHEMA
 MODEL_KEYWORDS = ("smollm2", "tiny")
 
 
