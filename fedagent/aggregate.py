@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.config import JobKeys
 from fedagent.hf_dir import FLOAT_CODES, ITEMSIZE, SafetensorsWriter, TensorInfo, TensorReader, chunks, tensor_index
 
 DELTA_FILE = "delta.safetensors"
@@ -40,8 +41,12 @@ def verify_inputs(dirs: Sequence[Path], *, threads: int = 2) -> None:
         list(pool.map(lambda d: verify_manifest(Path(d)), dirs))
 
 
+AGGREGATE_KEYS = JobKeys("aggregate", {"weighting": "aggregate.weighting"})
+
+
 def client_weights(client_dirs: Sequence[Path], weighting: str) -> list[float]:
     """Normalised weights: uniform, or proportional to metrics.json num_samples / num_tokens."""
+    AGGREGATE_KEYS.check({"weighting": weighting})
     if weighting not in WEIGHTINGS:
         raise AggregateError(f"unknown weighting {weighting!r} (choose from {WEIGHTINGS})")
     if not client_dirs:

@@ -14,6 +14,7 @@ import sys
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("fedagent.config", "validate a config file (schema + cross-field checks)"),
+    "config": ("fedagent.config_show", "config show: the effective config as YAML, with each value's source"),
     "base-model": ("fedagent.base_model", "build the round-0 model directory (GGUF → fp32 HF dir)"),
     "tiny-model": ("fedagent.base_model_tiny", "build a tiny randomly initialised model (tests)"),
     "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),

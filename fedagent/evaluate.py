@@ -22,7 +22,7 @@ from typing import Any, Sequence
 # sleep. A value set by the caller wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from fedagent.config import dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
+from fedagent.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,21 @@ class EvalParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
-        """Build from a dict; unknown keys are an error that names them."""
+        """Build from a dict; unknown keys and bad values are errors that name them.
+
+        Config values are checked against the schema and the cross rules (:data:`EVAL_KEYS`);
+        ``batch`` is ``eval.batch``.
+        """
         p = dataclass_from_dict(cls, d, "eval")
-        if p.batch < 1 or p.pool_size < 1 or p.max_turns < 1 or p.max_new_tokens < 1 or p.temperature < 0:
-            raise ValueError(f"bad eval params: {p}")
-        if p.answer_format not in ("think_action", "action"):
-            raise ValueError(f"eval param answer_format must be think_action or action, got {p.answer_format!r}")
-        if p.device not in ("cpu", "cuda"):
-            raise ValueError(f"eval param device must be cpu or cuda, got {p.device!r}")
+        EVAL_KEYS.check(dataclasses.asdict(p))
+        if p.batch < 1:
+            raise ValueError(f"eval param batch must be >= 1, got {p.batch}")
         return p
+
+
+# Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
+EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
+                                    "answer_format": "rollout.answer_format"})
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:

@@ -6,18 +6,21 @@ import argparse
 from pathlib import Path
 
 from fedagent.atomic import atomic_write_json
+from fedagent.config import JobKeys
 from fedagent.seeds import python_rng
 
 
 def select_clients(base_seed: int, round: int, total: int, per_round: int) -> list[int]:
     """Sorted ids of the clients trained in ``round`` (all of them when M ≥ N)."""
-    if total < 1 or per_round < 1:
-        raise ValueError(f"need total ≥ 1 and per_round ≥ 1, got {total}, {per_round}")
+    SELECT_KEYS.check({"base_seed": base_seed, "total": total, "per_round": per_round})
     if round < 1:
         raise ValueError(f"rounds start at 1 (round 0 is the base model), got {round}")
     if per_round >= total:
         return list(range(total))
     return sorted(python_rng(base_seed, "selection", round=round).sample(range(total), per_round))
+
+
+SELECT_KEYS = JobKeys("select", {"base_seed": "seed", "total": "clients.total", "per_round": "clients.per_round"})
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

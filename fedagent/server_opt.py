@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from fedagent.config import JobKeys
+
+if TYPE_CHECKING:  # torch is imported where tensors are touched: the workflow plans with this module
+    import torch
 
 
 class ServerOptimizer:
@@ -36,6 +40,8 @@ class ServerOptimizer:
 
     def init_state(self, like: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fresh fp32 state for one tensor."""
+        import torch
+
         return {s: torch.zeros_like(like, dtype=torch.float32) for s in self.slots}
 
     def step(self, w: torch.Tensor, delta: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -78,6 +84,8 @@ class FedAdam(ServerOptimizer):
         return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau}
 
     def init_state(self, like):
+        import torch
+
         return {"m": torch.zeros_like(like, dtype=torch.float32),
                 "v": torch.full_like(like, self.tau ** 2, dtype=torch.float32)}
 
@@ -94,15 +102,23 @@ class FedYogi(FedAdam):
     name = "fedyogi"
 
     def _second_moment(self, v, d2):
+        import torch
+
         return v.sub_(d2 * torch.sign(v - d2), alpha=1 - self.beta2)
 
 
 OPTIMIZERS: dict[str, type[ServerOptimizer]] = {c.name: c for c in (FedAvg, FedAvgM, FedAdam, FedYogi)}
 
 
+# The config key of each make_optimizer argument (`fedagent merge`/`verify` flags come from these).
+SERVER_KEYS = JobKeys("merge", {"name": "server.optimizer", "lr": "server.lr", "momentum": "server.momentum",
+                                "beta1": "server.beta1", "beta2": "server.beta2", "tau": "server.tau"})
+
+
 def make_optimizer(name: str, *, lr: float = 1.0, momentum: float = 0.9, beta1: float = 0.9,
                    beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
-    """Build a server optimizer by name with the hyper-parameters it uses."""
+    """Build a server optimizer by name with the hyper-parameters it uses (checked as config keys)."""
+    SERVER_KEYS.check({"name": name, "lr": lr, "momentum": momentum, "beta1": beta1, "beta2": beta2, "tau": tau})
     if name == "fedavg":
         return FedAvg(lr)
     if name == "fedavgm":

@@ -6,16 +6,19 @@ import argparse
 from pathlib import Path
 
 from fedagent.atomic import atomic_write_json
+from fedagent.config import JobKeys
 from fedagent.tasks import load_games_index
 
 
 def build_val_set(val_tasks: list[str], n: int) -> dict:
     """Seeds 0..n-1 and the task each selects (index mode: tasks[seed % len])."""
-    if n < 1:
-        raise ValueError(f"eval.n must be ≥ 1, got {n}")
+    VAL_SET_KEYS.check({"n": n})
     seeds = list(range(n))
     return {"tasks": list(val_tasks), "seeds": seeds,
             "task_of_seed": [val_tasks[s % len(val_tasks)] for s in seeds]}
+
+
+VAL_SET_KEYS = JobKeys("val-set", {"n": "eval.n"})
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -1,23 +1,25 @@
 # Config validation, run paths and per-job params. Client selection is computed here, at plan
 # time, as a pure function of (seed, round): no checkpoint, so `-n` shows every job.
+# Imports stay light (no torch, no transformers): every -n, re-run and status round parses this.
 import json
 import sys
 
 sys.path.insert(0, workflow.basedir)  # the package is importable even from a bare checkout
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from fedagent.config import ConfigError, check_cross_fields, validate_schema
+from fedagent.config import ConfigError, prepare_config
 from fedagent.selection import select_clients
 from fedagent.server_opt import cli_flags
 
 try:
-    # Our validator first: one short message naming the key (Snakemake's dumps the schema).
-    validate_schema(config)
-    check_cross_fields(config)
+    # Our checks first: nested --config strings coerced to the schema's types, then the schema
+    # and the cross rules (the same definitions the jobs check their parameters with), one
+    # short message naming the key and no traceback (Snakemake's own message dumps the schema).
+    prepare_config(config, getattr(workflow.config_settings, "config", None))
 except ConfigError as exc:
-    raise WorkflowError(f"invalid config: {exc}")
+    print(f"fedagent: invalid config: {exc}", file=sys.stderr)
+    sys.exit(1)
 validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
 
 RUN = f"{config['results_dir']}/{config['run']}"

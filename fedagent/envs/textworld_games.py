@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedagent.atomic import atomic_dir, verify_manifest
+from fedagent.config import JobKeys
 from fedagent.seeds import derive_seed
 
 TASK_TYPE = "textworld"
@@ -208,6 +209,12 @@ class TextWorldTaskSource:
         return TextWorldEnv(paths, max_turns=max_turns)
 
 
+# The `fedagent games` job's flags and the config keys they come from (rules/plan.smk).
+GAMES_KEYS = JobKeys("games", {"seed": "seed", "n_train": "env.train_games", "n_val": "env.val_games",
+                               "world_size": "env.world_size", "nb_objects": "env.nb_objects",
+                               "quest_length": "env.quest_length"})
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedagent games``."""
     parser.add_argument("--out", required=True, type=Path, help="games directory to create")
@@ -223,6 +230,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate the pools; print a one-line summary."""
+    GAMES_KEYS.check({name: getattr(args, name) for name in GAMES_KEYS.keys})
     games = generate_games(
         args.out, base_seed=args.seed, n_train=args.n_train, n_val=args.n_val,
         jobs=args.jobs, quarantine_root=args.quarantine, world_size=args.world_size,

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from fedagent.atomic import atomic_write_json
+from fedagent.config import JobKeys
 from fedagent.partition.uniform import uniform_slices
 from fedagent.tasks import load_games_index
 
@@ -25,10 +26,17 @@ def assignment_sha256(clients: dict[str, list[str]]) -> str:
 
 def partition_tasks(task_ids: list[str], n_clients: int, strategy: str, min_tasks: int) -> dict[str, list[str]]:
     """Assign the canonical train task list to ``n_clients`` clients."""
+    PARTITION_KEYS.check({"n_clients": n_clients, "strategy": strategy, "min_tasks": min_tasks,
+                          "n_tasks": len(task_ids)})
     if strategy not in STRATEGIES:
         raise ValueError(f"partition.strategy {strategy!r} is not one of {STRATEGIES}")
     slices = uniform_slices(len(task_ids), n_clients, min_tasks)
     return {str(c): list(task_ids[a:b]) for c, (a, b) in enumerate(slices)}
+
+
+# The catalogue's real size stands for env.train_games: the cross rules then check against it.
+PARTITION_KEYS = JobKeys("partition", {"n_clients": "clients.total", "strategy": "partition.strategy",
+                                       "min_tasks": "partition.min_tasks_per_client", "n_tasks": "env.train_games"})
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedagent.config import dataclass_from_dict
+from fedagent.config import JobKeys, dataclass_from_dict
 from fedagent.seeds import derive_seed, python_rng, torch_generator
 from fedagent.train import grpo
 
@@ -54,19 +54,23 @@ class TrainParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
-        """Build from a dict; unknown keys are an error that names them."""
+        """Build from a dict; unknown keys and bad values are errors that name them.
+
+        Values that come from the config are checked against the config schema and the cross
+        rules (:data:`TRAIN_KEYS`: what planning checked); the rest are not config keys.
+        """
         p = dataclass_from_dict(cls, d, "train")
-        for name in ("epochs", "groups_per_epoch", "group_size", "max_turns", "mini_batch_size",
-                     "micro_batch_size", "max_prompt_tokens", "pool_size"):
-            if int(getattr(p, name)) < 1:
-                raise ValueError(f"train param {name} must be >= 1, got {getattr(p, name)}")
-        if p.max_new_tokens < 1 or p.temperature < 0 or p.lr <= 0 or not 0 < p.clip < 1:
-            raise ValueError(f"bad train params: {p}")
-        if p.answer_format not in ("think_action", "action"):
-            raise ValueError(f"train param answer_format must be think_action or action, got {p.answer_format!r}")
-        if p.device not in ("cpu", "cuda"):
-            raise ValueError(f"train param device must be cpu or cuda, got {p.device!r}")
+        TRAIN_KEYS.check(dataclasses.asdict(p))
+        if p.micro_batch_size < 1 or p.weight_decay < 0 or not p.grad_clip > 0:
+            raise ValueError(f"bad train params (not config keys): micro_batch_size={p.micro_batch_size}, "
+                             f"weight_decay={p.weight_decay}, grad_clip={p.grad_clip}")
         return p
+
+
+# Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
+TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
+                                   {"base_seed": "seed", "pool_size": "env.pool_size",
+                                    "answer_format": "rollout.answer_format"})
 
 
 def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> list[int]:
