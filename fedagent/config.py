@@ -73,7 +73,7 @@ def check_cross_fields(config: dict) -> dict:
             f"config key 'clients.per_round': {clients['per_round']} exceeds clients.total={clients['total']}"
         )
     min_tasks = config["partition"]["min_tasks_per_client"]
-    if min_tasks > config["env"]["train_games"]:
+    if config["env"]["kind"] == "textworld" and min_tasks > config["env"]["train_games"]:
         raise ConfigError(
             f"config key 'partition.min_tasks_per_client': {min_tasks} exceeds env.train_games="
             f"{config['env']['train_games']}"
@@ -94,7 +94,26 @@ def check_cross_fields(config: dict) -> dict:
             f"config key 'env.pool_size': {config['env']['pool_size']} is smaller than train.group_size="
             f"{config['train']['group_size']} (a GRPO group runs its sessions in lockstep)"
         )
+    if config["env"]["kind"] == "webshop":
+        _check_webshop(config["env"]["webshop"])
     return config
+
+
+def _check_webshop(ws: dict) -> None:
+    """Cross-field checks of ``env.webshop`` (the arm pools' sizes live in envs.webshop.arms)."""
+    if ws["goals"] == "human" and ws["data"] is None:
+        raise ConfigError("config key 'env.webshop.goals': human goals need the standard files (env.webshop.data)")
+    if ws["arm"] == "lookalike" and (ws["goals"] == "human" or ws["max_products"] is not None):
+        raise ConfigError("config key 'env.webshop.arm': lookalike cannot be combined with human goals or max_products")
+    if ws["data"] is None and ws["n_products"] * ws["goals_per_product"] <= ws["val_goals"]:
+        raise ConfigError(
+            f"config key 'env.webshop.val_goals': {ws['val_goals']} leaves no training goal out of at most "
+            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)")
+    pools = {"bm25_field_subset": 8, "bm25_reweight": 8, "lookalike": 4, "rank_wrapper": 4}
+    if ws["arm"] in pools and ws["variant_n"] > pools[ws["arm"]]:
+        raise ConfigError(f"config key 'env.webshop.variant_n': {ws['arm']} has {pools[ws['arm']]} variants")
+    if ws["variant"] is not None and ws["variant"] >= ws["variant_n"]:
+        raise ConfigError(f"config key 'env.webshop.variant': must be below variant_n={ws['variant_n']}")
 
 
 def load_config(path: Path, overrides: dict | None = None) -> dict:
