@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns, answer_format=params.answer_format,
                          source=games_kind(args.games)) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
         with clock.phase("rollout"):
             result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)
     if sampler is not None and sampler.first_token_time is not None:

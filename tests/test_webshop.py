@@ -447,6 +447,5 @@ def test_presets_validate():
     assert len(presets) == 10
     for path in presets:
         cfg = yaml.safe_load(path.read_text())
-        cfg.pop("data_seed", None)                   # issue 10 adds the key to the schema
         check_cross_fields(validate_schema(cfg))
         assert cfg["env"]["kind"] == "webshop"

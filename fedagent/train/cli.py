@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                          max_turns=params.max_turns, client_id=str(args.client),
                          answer_format=params.answer_format, source=games_kind(args.games),
                          env_params=env_params or None) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
         metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
