@@ -199,13 +199,15 @@ def build_view(products: Sequence[dict], spec: ArmSpec, *, client: int | None = 
 
     def wrapped(query: str) -> list[str]:
         base = index.search(query, n)
+        if variant == "v_bm25_default":
+            return base
+        if variant == "v_inverted_topk":
+            return base[::-1]
         rng = np.random.default_rng(derive_seed(spec.seed, "rank_wrapper", client=c, index=_query_key(query)))
         if variant == "v_shuffled_topk":
             head = base[:SHUFFLE_TOP]
             return [head[i] for i in rng.permutation(len(head))] + base[SHUFFLE_TOP:]
-        if variant == "v_inverted_topk":
-            return base[::-1]
-        if variant == "v_partial_random" and rng.random() < PARTIAL_RANDOM_P:
+        if rng.random() < PARTIAL_RANDOM_P:                                # v_partial_random
             return [asins[i] for i in rng.choice(len(asins), size=min(n, len(asins)), replace=False)]
         return base
 
