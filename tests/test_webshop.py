@@ -256,6 +256,38 @@ def test_loader_reads_standard_files_and_checks_manifest(tmp_path, games):
         data_files(tmp_path)
 
 
+def test_human_goals_and_product_cap(tmp_path, games):
+    data = tmp_path / "data"
+    data.mkdir()
+    items = json.loads((games / "raw" / "items_shuffle.json").read_text())
+    ins = json.loads((games / "raw" / "items_ins_v2.json").read_text())
+    (data / "items_shuffle_1000.json").write_text(json.dumps(items))
+    (data / "items_ins_v2_1000.json").write_text(json.dumps(ins))
+    human = {}
+    for raw in items[:60]:
+        opts = [v[0]["value"] for v in raw["customization_options"].values()]
+        human[raw["asin"]] = [{"asin": raw["asin"], "instruction": ins[raw["asin"]]["instruction"] + ".",
+                               "instruction_attributes": ins[raw["asin"]]["instruction_attributes"],
+                               "instruction_options": opts}]
+    human[items[0]["asin"]].append({"instruction": "no attributes", "instruction_attributes": [],
+                                    "instruction_options": []})                 # skipped, as in WebShop
+    (data / "items_human_ins.json").write_text(json.dumps(human))
+    out = tmp_path / "human"
+    index = build_catalog(out, data_seed=42, data=data, goal_source="human", max_products=80, val_goals=20)
+    assert index["n_products"] == 80 and len(index["train"]) + len(index["val"]) == 60
+    assert sorted(index["data_files"]) == ["items_human_ins.json", "items_ins_v2_1000.json", "items_shuffle_1000.json"]
+    src = WebShopTaskSource(out)
+    env = src.make_env(15)
+    for g in src.goals.values():
+        assert isinstance(g["goal_options"], list)
+        assert "." not in g["instruction_text"].split(", and price")[0]       # the trailing '.' stripped
+        assert oracle_score(env, g)[0] == 1.0
+    with pytest.raises(arms.ArmError, match="lookalike"):
+        WebShopTaskSource(out, env_params={"arm": "lookalike"})
+    with pytest.raises(ValueError, match="human goals need"):
+        build_catalog(tmp_path / "y", data_seed=42, goal_source="human")
+
+
 # ------------------------------------------------------------------ (3) arms
 def _served(base, n_clients=4):
     part = partition_tasks(base.task_ids("train"), n_clients, "uniform", 1)
