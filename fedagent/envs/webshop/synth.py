@@ -114,6 +114,11 @@ _TEMPLATES = ["i'm looking for {name} that is {attrs}", "i need {name} that is {
 _REVIEW_WORDS = ["great", "works as described", "good value", "fast shipping", "would buy again", "nice quality"]
 
 
+def _cap(text: str) -> str:
+    """Capitalise each word's first letter only ("men's t-shirt" → "Men's T-shirt")."""
+    return " ".join(w[:1].upper() + w[1:] for w in text.split())
+
+
 def _asin(rng) -> str:
     return "B0" + "".join(rng.choice("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(8))
 
@@ -129,8 +134,8 @@ def _product(data_seed: int, i: int) -> tuple[dict, dict]:
     for name in sorted(option_spec):
         pool = option_spec[name]
         options[name] = rng.sample(pool, min(len(pool), rng.randint(2, 5)))
-    title_attrs = ", ".join(a.title() for a in attributes[:2])
-    title = f"{brand} {adjective.title()} {query.title()} - {title_attrs}"
+    title_attrs = ", ".join(_cap(a) for a in attributes[:2])
+    title = f"{brand} {_cap(adjective)} {_cap(query)} - {title_attrs}"
     price = round(rng.uniform(4.0, 250.0)) - 0.01
     description = (f"The {brand} {adjective} {query} is built for everyday use. "
                    f"It is {attributes[0]} and {attributes[-1]}. "
