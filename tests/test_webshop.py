@@ -107,6 +107,16 @@ def test_oracle_fails_with_the_reference_tuple_option_bug(base, monkeypatch):
     assert len(capped) < len(base.goals) / 2      # like the reference: a minority of option goals
 
 
+def test_parse_price_shapes():
+    from fedagent.envs.webshop.catalog import parse_price
+
+    assert parse_price("$12.99") == 12.99 and parse_price(["$5.00", "$9.00"]) == 5.0
+    assert parse_price("$10.99 - $15.99") == 10.99 and parse_price("$1,299.00") == 1299.0
+    assert parse_price(None) == parse_price("") == parse_price([]) == 100.0 and parse_price(3) == 3.0
+    with pytest.raises(WebShopDataError):
+        parse_price("call for price")
+
+
 def test_normaliser_rejects_non_strings():
     with pytest.raises(TypeError):
         reward.normalize_color(("color", "black"))

@@ -75,13 +75,22 @@ def check_manifest(files: dict[str, Path], expected: dict[str, str]) -> dict[str
     return actual
 
 
+DEFAULT_PRICE = 100.0      # WebShop's price of a product without pricing
+
+
 def parse_price(pricing) -> float:
-    """The first price of a raw ``pricing`` field (a "$x" string, a list of them, or a number)."""
+    """The price of a raw ``pricing`` field: a "$x" string, "$x - $y" / "$x$y" (a range: its low
+    end), a list of such strings (the first), or a number; missing or empty → $100 as in WebShop.
+
+    WebShop itself charges a uniform draw from a price range (global RNG); fedagent charges the low
+    end, so the price is a pure function of the data and the goal's price cap (drawn above the low
+    end, as in WebShop) always admits the oracle purchase.
+    """
+    if pricing is None or pricing == "" or pricing == []:
+        return DEFAULT_PRICE
     if isinstance(pricing, (int, float)) and not isinstance(pricing, bool):
         return float(pricing)
     if isinstance(pricing, list):
-        if not pricing:
-            raise WebShopDataError("empty pricing list")
         pricing = pricing[0]
     if not isinstance(pricing, str):
         raise WebShopDataError(f"unreadable pricing {pricing!r}")
