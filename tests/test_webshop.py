@@ -146,7 +146,9 @@ def test_reward_parts_and_wrong_purchases(base):
 @pytest.mark.skipif(not os.environ.get("WEBSHOP_DATA"), reason="WEBSHOP_DATA (standard files) not set")
 def test_oracle_on_real_data(tmp_path):
     out = tmp_path / "games"
-    build_catalog(out, data_seed=42, data=Path(os.environ["WEBSHOP_DATA"]), val_goals=500)
+    data = Path(os.environ["WEBSHOP_DATA"])
+    goals = "human" if (data / "items_human_ins.json").is_file() else "synthetic"     # the reference's goals
+    build_catalog(out, data_seed=42, data=data, goal_source=goals, val_goals=500)
     src = WebShopTaskSource(out)
     env = src.make_env(15)
     for g in src.goals.values():
