@@ -238,6 +238,15 @@ def test_goal_order_identical_across_8_concurrent_envs_and_runs(games, tmp_path)
     assert (tmp_path / "other" / "goals.json").read_bytes() != (games / "goals.json").read_bytes()
 
 
+def test_shared_index_searches_the_same_from_many_threads(base):
+    """A service's envs share one index and step in threads: results must not depend on that."""
+    queries = [g["instruction_text"] for g in list(base.goals.values())[:200]]
+    expected = [base.view.search(q) for q in queries]
+    with ThreadPoolExecutor(8) as ex:
+        for _ in range(3):
+            assert list(ex.map(base.view.search, queries)) == expected
+
+
 def test_synthetic_catalogue_is_a_prefix_of_a_larger_one(tmp_path):
     from fedagent.envs.webshop.synth import generate_raw
 
