@@ -191,6 +191,20 @@ def test_pages_actions_and_format_obs(base):
     assert env.step("click[back to search]").observation == "'Search'"
 
 
+def test_prompt_carries_the_formatted_page_byte_for_byte(base):
+    from fedagent.rollout.prompts import windowed_prompt
+
+    env = base.make_env(15)
+    r = env.reset(base.task_ids("val")[1])
+    prompt = windowed_prompt(r.task, r.observation, r.admissible_commands, [])
+    assert f"Your task is to: {r.task}\nYour current observation is: 'Search'\n" in prompt
+    assert "[\n'search[<your query>]',\n'click[search]',\n]" in prompt
+    s = env.step("search[office chair]")
+    prompt = windowed_prompt(r.task, s.observation, s.admissible_commands, [("'Search'", "search[office chair]")])
+    assert f"current observation is: {s.observation}\n" in prompt and "WebShop [SEP]" not in prompt
+    assert "[Observation 1: ''Search'', Action 1: 'search[office chair]']" in prompt
+
+
 def test_format_obs_matches_the_reference_rules():
     task = "find me a red shirt"
     raw = SEP.join(["WebShop", "Instruction:", task, "Back to Search", "x"])
