@@ -7,6 +7,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/common.smk"
 include: "rules/plan.smk"
+include: "rules/webshop.smk"
 include: "rules/train.smk"
 include: "rules/aggregate.smk"
 include: "rules/merge.smk"

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "base-model": ("fedagent.base_model", "build the round-0 model directory (GGUF → fp32 HF dir)"),
     "tiny-model": ("fedagent.base_model_tiny", "build a tiny randomly initialised model (tests)"),
     "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
+    "webshop-catalog": ("fedagent.envs.webshop.build", "build the WebShop task directory (standard data or synthetic)"),
     "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.val_set", "fix the validation tasks"),

@@ -274,10 +274,11 @@ def _per_round_within_total(get):
     return None
 
 
-@cross_rule("partition.min_tasks_per_client", ["partition.min_tasks_per_client", "env.train_games"],
+@cross_rule("partition.min_tasks_per_client", ["partition.min_tasks_per_client", "env.train_games", "env.kind"],
             violation={"env.train_games": 4, "partition.min_tasks_per_client": 5})
 def _min_tasks_within_catalogue(get):
-    if get("partition.min_tasks_per_client") > get("env.train_games"):
+    # TextWorld only: env.train_games is its catalogue size (WebShop's is built from its own keys).
+    if get("env.kind") == "textworld" and get("partition.min_tasks_per_client") > get("env.train_games"):
         return (f"{get('partition.min_tasks_per_client')} exceeds the {get('env.train_games')} train tasks "
                 "(env.train_games)")
     return None
@@ -326,7 +327,28 @@ def check_cross_fields(config: dict) -> dict:
     """Checks the schema cannot express (:data:`CROSS_RULES`); raises :class:`ConfigError` naming the key."""
     missing = object()
     run_cross_rules(lambda k: get_path(config, k), lambda k: get_path(config, k, missing) is not missing)
+    if get_path(config, "env.kind", None) == "webshop":
+        _check_webshop(config["env"]["webshop"])
     return config
+
+
+def _check_webshop(ws: dict) -> None:
+    """Cross-field checks of ``env.webshop`` (the arm pools' sizes live in envs.webshop.arms)."""
+    if ws["goals"] == "human" and ws["data"] is None:
+        raise ConfigError("config key 'env.webshop.goals': human goals need the standard files (env.webshop.data)")
+    if ws["arm"] == "lookalike" and (ws["goals"] == "human" or ws["max_products"] is not None):
+        raise ConfigError("config key 'env.webshop.arm': lookalike cannot be combined with human goals or max_products")
+    if ws["data"] is None and ws["n_products"] * ws["goals_per_product"] <= ws["val_goals"]:
+        raise ConfigError(
+            f"config key 'env.webshop.val_goals': {ws['val_goals']} leaves no training goal out of at most "
+            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)")
+    pools = {"bm25_field_subset": 8, "bm25_reweight": 8, "lookalike": 4, "rank_wrapper": 4}
+    if ws["arm"] in pools and ws["variant_n"] > pools[ws["arm"]]:
+        raise ConfigError(f"config key 'env.webshop.variant_n': {ws['arm']} has {pools[ws['arm']]} variants")
+    if ws["variant"] is not None and ws["variant"] >= ws["variant_n"]:
+        raise ConfigError(f"config key 'env.webshop.variant': must be below variant_n={ws['variant_n']}")
+
+
 
 
 def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:

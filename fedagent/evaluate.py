@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from fedagent.atomic import atomic_write_json
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.policy import load_policy
+    from fedagent.tasks import games_kind
 
     from fedagent.timing import PhaseClock
 
@@ -159,8 +160,11 @@ def run(args: argparse.Namespace) -> int:
     clock.mark("model_loaded")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # Validation always runs on the unperturbed env: no env params (no WebShop arm) here.
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
-                         max_turns=params.max_turns, answer_format=params.answer_format) as env:
+                         max_turns=params.max_turns, answer_format=params.answer_format,
+                         source=games_kind(args.games)) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
         with clock.phase("rollout"):
             result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)
     if sampler is not None and sampler.first_token_time is not None:

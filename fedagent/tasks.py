@@ -22,3 +22,9 @@ def load_games_index(games_dir: Path, check_hashes: bool = False) -> dict:
         if not isinstance(index.get(split), list) or not index[split]:
             raise ValueError(f"{games_dir / GAMES_INDEX}: split {split!r} is missing or empty")
     return index
+
+
+def games_kind(games_dir: Path) -> str:
+    """The env source a task directory serves: its games.json ``kind`` (TextWorld dirs have none)."""
+    index = json.loads((Path(games_dir) / GAMES_INDEX).read_text())
+    return str(index.get("kind", "textworld"))

@@ -13,6 +13,7 @@ rule train_client:
         round=r"(?!000)\d{3}",
     params:
         train=TRAIN_PARAMS,
+        env=CLIENT_ENV_PARAMS,
         quarantine=QUARANTINE,
     threads: config["train"]["threads"]
     conda:
@@ -24,5 +25,5 @@ rule train_client:
     shell:
         "fedagent train-client --model {input.model} --ref-model {input.ref} --games {input.games}"
         " --partition {input.partition} --client {wildcards.client} --round {wildcards.round}"
-        " --params '{params.train}' --threads {threads} --out {output}"
+        " --params '{params.train}' --env-params '{params.env}' --threads {threads} --out {output}"
         " --quarantine {params.quarantine} > {log} 2>&1"

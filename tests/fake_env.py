@@ -47,6 +47,9 @@ class FakeEnv:
         """The winning action of a task (a pure function of its id)."""
         return COMMANDS[int(task_id.rsplit("-", 1)[1]) % len(COMMANDS)]
 
+    def health(self) -> dict:
+        return {"ok": True, "env_info": {}}
+
     def create(self, session_id: str) -> dict:
         self.log.append(("create", session_id))
         if session_id not in self.sessions:

@@ -63,13 +63,14 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action"):
-        seen.update(split=split, tasks=list(task_ids), mode=mode)
+                     answer_format="think_action", source="textworld", env_params=None):
+        seen.update(split=split, tasks=list(task_ids), mode=mode, source=source, env_params=env_params)
         yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
 
     monkeypatch.setattr("fedagent.envs.lifecycle.env_service", fake_service)
     vs = tmp_path / "val_set.json"
     vs.write_text(json.dumps({"tasks": ["fake-004", "fake-001", "fake-002"], "seeds": [0, 1, 2, 3]}))
+    (tmp_path / "games.json").write_text(json.dumps({"train": ["fake-000"], "val": ["fake-004"]}))
     parser = argparse.ArgumentParser()
     ev.add_args(parser)
     out = tmp_path / "round_000" / "eval.json"
@@ -77,7 +78,8 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
                               "--params", json.dumps(PARAMS), "--round", "0", "--threads", "1", "--out", str(out)])
     assert ev.run(args) == 0
     res = json.loads(out.read_text())
-    assert seen == {"split": "val", "tasks": ["fake-004", "fake-001", "fake-002"], "mode": "index"}
+    assert seen == {"split": "val", "tasks": ["fake-004", "fake-001", "fake-002"], "mode": "index",
+                    "source": "textworld", "env_params": None}    # validation: never an env arm
     assert res["n"] == 4 and [s["task_id"] for s in res["samples"]] == ["fake-004", "fake-001", "fake-002", "fake-004"]
     for key in ("round", "success_rate", "score_mean", "return_mean", "ci95", "per_task_type", "samples"):
         assert key in res

@@ -200,14 +200,16 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action"):
+                     answer_format="think_action", source="textworld", env_params=None):
         seen.update(split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
+                    source=source, env_params=env_params,
                     workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
         yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
 
     monkeypatch.setattr("fedagent.envs.lifecycle.env_service", fake_service)
     part = tmp_path / "partition.json"
     part.write_text(json.dumps({"clients": {"0": ["fake-000"], "1": ["fake-002", "fake-003"]}}))
+    (tmp_path / "games.json").write_text(json.dumps({"train": ["fake-000"], "val": ["fake-005"]}))
     parser = argparse.ArgumentParser()
     cli.add_args(parser)
     out = tmp_path / "round_001" / "clients" / "1"
@@ -217,7 +219,7 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
                               "--out", str(out), "--quarantine", str(tmp_path / "_failed")])
     assert cli.run(args) == 0
     assert seen == {"split": "train", "tasks": ["fake-002", "fake-003"], "mode": "draw", "pool": 4,
-                    "client": "1", "workdir_outside": True}
+                    "client": "1", "workdir_outside": True, "source": "textworld", "env_params": None}
     verify_manifest(out)
     tasks = {json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert tasks <= {"fake-002", "fake-003"}

@@ -118,6 +118,16 @@ EVAL_PARAMS = as_json({
 })
 
 
+# The data seed (catalogues, goal orders): issue 10 adds the top-level key; read with its default.
+DATA_SEED = config.get("data_seed", 42)
+# A training client's env knobs (WebShop: its environment arm); validation never gets any.
+CLIENT_ENV_PARAMS = as_json({
+    **{k: config["env"]["webshop"][k]
+       for k in ("arm", "search_return_n", "variant_n", "variant", "env_div", "keep_ratio")},
+    "seed": DATA_SEED,
+}) if config["env"]["kind"] == "webshop" else "{}"
+
+
 # `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).
 SERVER_FLAGS = cli_flags(config["server"]["optimizer"],
                          **{k: v for k, v in config["server"].items() if k != "optimizer"})

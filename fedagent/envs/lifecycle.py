@@ -72,6 +72,7 @@ def env_service(
     env_procs: int = 0,
     source: str = "textworld",
     answer_format: str = "think_action",
+    env_params: dict | None = None,
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
     workdir = Path(workdir).resolve()
@@ -90,6 +91,8 @@ def env_service(
             "--answer-format", answer_format]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
+    if env_params:
+        cmd += ["--env-params", json.dumps(env_params, sort_keys=True)]
     if create_timeout is not None:
         cmd += ["--create-timeout", str(create_timeout)]
     env = dict(os.environ)

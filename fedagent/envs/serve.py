@@ -25,7 +25,9 @@ TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedagent serve-env``."""
     parser.add_argument("--games", required=True, type=Path, help="games directory (TextWorld or ALFWorld root)")
-    parser.add_argument("--source", choices=["textworld", "alfworld"], default="textworld")
+    parser.add_argument("--source", choices=["textworld", "alfworld", "webshop"], default="textworld")
+    parser.add_argument("--env-params", default=None,
+                        help="JSON object of env knobs (WebShop: the arm, see fedagent.envs.webshop.arms.ArmSpec)")
     parser.add_argument("--split", required=True, help="train/val (TextWorld) or an ALFWorld split")
     tasks = parser.add_mutually_exclusive_group(required=True)
     tasks.add_argument("--tasks-file", type=Path, help='JSON list of task ids (or {"tasks": [...]})')
@@ -100,8 +102,17 @@ async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
     await task
 
 
-def make_source(kind: str, games: Path, split: str):
-    """The task source of a service: a TextWorld games dir or an ALFWorld root (one split)."""
+def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: dict | None = None,
+                client_id: str | None = None):
+    """The task source of a service: a TextWorld games dir, an ALFWorld root (one split) or a
+    WebShop task directory (its view built for ``client_id``'s arm over the served ``tasks``)."""
+    if kind != "webshop" and env_params:
+        raise ValueError(f"--env-params is only understood by the webshop source, not {kind!r}")
+    if kind == "webshop":
+        from fedagent.envs.webshop.source import WebShopTaskSource
+
+        return WebShopTaskSource(games, env_params=env_params, served=tasks,
+                                 client_id=int(client_id) if client_id is not None else None)
     if kind == "textworld":
         from fedagent.envs.textworld_games import TextWorldTaskSource
 
@@ -123,8 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
     from fedagent.envs.service import build_app
 
-    source = make_source(args.source, args.games, args.split)
-    tasks = source.task_ids(args.split) if args.all else load_task_list(args.tasks_file)
+    listed = None if args.all else load_task_list(args.tasks_file)
+    env_params = json.loads(args.env_params) if args.env_params else None
+    source = make_source(args.source, args.games, args.split, tasks=listed, env_params=env_params,
+                         client_id=args.client_id)
+    tasks = source.task_ids(args.split) if args.all else listed
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,

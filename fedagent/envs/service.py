@@ -111,6 +111,7 @@ class HealthResponse(BaseModel):
     task_types: dict[str, int]
     max_turns: int
     counters: dict[str, int]
+    env_info: dict[str, Any] = {}   # what the task source reports (WebShop: arm, catalog_size, variant)
 
 
 class SessionResponse(BaseModel):
@@ -414,6 +415,7 @@ def build_app(
         raise ValueError(f"unknown answer_format {answer_format!r} (think_action or action)")
     require_think = answer_format == "think_action"
     task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
+    env_info = dict(getattr(task_source, "info", None) or {})
     tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
     type_counts: dict[str, int] = {}
     for t in task_types.values():
@@ -495,7 +497,7 @@ def build_app(
             ok=True, pool_free=pool().free, pool_total=pool().total, sessions=len(sessions),
             split=split, client_id=client_id, mode=mode, num_tasks=len(tasks),
             tasks_sha256=tasks_sha, task_types=type_counts, max_turns=max_turns,
-            counters=dict(counters),
+            counters=dict(counters), env_info=env_info,
         )
 
     @app.post("/create", response_model=SessionResponse)

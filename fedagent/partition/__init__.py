@@ -14,7 +14,7 @@ from pathlib import Path
 from fedagent.atomic import atomic_write_json
 from fedagent.config import JobKeys
 from fedagent.partition.uniform import uniform_slices
-from fedagent.tasks import load_games_index
+from fedagent.tasks import games_kind, load_games_index
 
 STRATEGIES = ("uniform",)
 
@@ -24,10 +24,11 @@ def assignment_sha256(clients: dict[str, list[str]]) -> str:
     return hashlib.sha256(json.dumps(clients, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def partition_tasks(task_ids: list[str], n_clients: int, strategy: str, min_tasks: int) -> dict[str, list[str]]:
-    """Assign the canonical train task list to ``n_clients`` clients."""
+def partition_tasks(task_ids: list[str], n_clients: int, strategy: str, min_tasks: int,
+                    kind: str = "textworld") -> dict[str, list[str]]:
+    """Assign the canonical train task list to ``n_clients`` clients (``kind``: the env's)."""
     PARTITION_KEYS.check({"n_clients": n_clients, "strategy": strategy, "min_tasks": min_tasks,
-                          "n_tasks": len(task_ids)})
+                          "n_tasks": len(task_ids), "kind": kind})
     if strategy not in STRATEGIES:
         raise ValueError(f"partition.strategy {strategy!r} is not one of {STRATEGIES}")
     slices = uniform_slices(len(task_ids), n_clients, min_tasks)
@@ -36,7 +37,8 @@ def partition_tasks(task_ids: list[str], n_clients: int, strategy: str, min_task
 
 # The catalogue's real size stands for env.train_games: the cross rules then check against it.
 PARTITION_KEYS = JobKeys("partition", {"n_clients": "clients.total", "strategy": "partition.strategy",
-                                       "min_tasks": "partition.min_tasks_per_client", "n_tasks": "env.train_games"})
+                                       "min_tasks": "partition.min_tasks_per_client", "n_tasks": "env.train_games",
+                                       "kind": "env.kind"})
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +53,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent partition``: writes partition.json."""
     index = load_games_index(args.games)
-    clients = partition_tasks(index["train"], args.clients, args.strategy, args.min_tasks)
+    clients = partition_tasks(index["train"], args.clients, args.strategy, args.min_tasks,
+                              kind=games_kind(args.games))
     atomic_write_json(args.out, {
         "strategy": args.strategy,
         "n_clients": args.clients,

@@ -28,6 +28,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round", type=int, required=True)
     parser.add_argument("--params", required=True, help="JSON object of train params (see TrainParams)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--env-params", default="{}",
+                        help="JSON object of this client's env knobs (WebShop: its environment arm)")
     parser.add_argument("--out", type=Path, required=True, help="output update dir")
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
 
@@ -44,15 +46,21 @@ def client_shard(partition_file: Path, client: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent train-client``."""
     from fedagent.envs.lifecycle import job_env_service
+    from fedagent.tasks import games_kind
     from fedagent.train.local import TrainParams, train_client
 
     params = TrainParams.from_dict(json.loads(args.params))
+    env_params = json.loads(args.env_params)
+    if not isinstance(env_params, dict):
+        raise ValueError("--env-params must be a JSON object")
     shard = client_shard(args.partition, args.client)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format) as env:
+                         answer_format=params.answer_format, source=games_kind(args.games),
+                         env_params=env_params or None) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
         metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],

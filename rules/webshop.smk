@@ -1,0 +1,39 @@
+# WebShop (env.kind: webshop): the task directory, from the standard files or synthetic.
+# Same output as `games` (plan/games: games.json with train/val goal ids), so partition,
+# val_set, train_client and eval read it unchanged; this rule wins when the kind is webshop.
+
+
+def webshop_source_flags():
+    """--data/--data-manifest/--goals/--max-products flags of the configured data source."""
+    ws = config["env"]["webshop"]
+    flags = f"--goals {ws['goals']}"
+    if ws["data"] is not None:
+        flags += f" --data {ws['data']}"
+    if ws["data_manifest"] is not None:
+        flags += f" --data-manifest {ws['data_manifest']}"
+    if ws["max_products"] is not None:
+        flags += f" --max-products {ws['max_products']}"
+    return flags
+
+
+if config["env"]["kind"] == "webshop":
+
+    ruleorder: webshop_catalog > games
+
+    rule webshop_catalog:
+        output:
+            directory(GAMES),
+        params:
+            data_seed=DATA_SEED,
+            ws=config["env"]["webshop"],
+            source=webshop_source_flags(),
+            quarantine=QUARANTINE,
+        conda:
+            "../envs/fedagent.yaml"
+        log:
+            f"{RUN}/logs/webshop_catalog.log",
+        shell:
+            "fedagent webshop-catalog --out {output} --data-seed {params.data_seed}"
+            " --n-products {params.ws[n_products]} --goals-per-product {params.ws[goals_per_product]}"
+            " --val-goals {params.ws[val_goals]} {params.source}"
+            " --quarantine {params.quarantine} > {log} 2>&1"
