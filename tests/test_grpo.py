@@ -275,3 +275,19 @@ def test_far_log_ratios_give_finite_gradients():
     loss2, _ = grpo_token_terms(logp2, torch.tensor([-100.0]), None, torch.tensor([-1.0]), clip=0.2, kl_coef=0.0)
     loss2.sum().backward()
     assert torch.isfinite(loss2).all() and torch.isfinite(logp2.grad).all()
+
+
+def test_a_non_finite_gradient_stops_the_epoch_before_the_weights_change(tiny_dir):
+    # clip_grad_norm_ of an inf norm scales every gradient by 0 → NaN (inf * 0): the step must
+    # be refused by name, and the weights must stay as they were.
+    model, _ = load_policy(tiny_dir, threads=1)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[45, 0] = float("inf")
+    before = [q.detach().clone() for q in model.parameters()]
+    samples = [grpo.Sample([5, 6, 7], [45, 41], 1.0, 0, advantage=1.0),
+               grpo.Sample([5, 6], [50, 51], 0.0, 0, advantage=-1.0)]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm"):
+        grpo_epoch(model, None, opt, samples, TrainParams(mini_batch_size=2, kl_coef=0.0), python_rng(0, "t"), 0)
+    assert all(torch.equal(a, b) or (torch.isinf(a) & torch.isinf(b)).any() for a, b in
+               zip(before, model.parameters()))

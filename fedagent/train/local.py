@@ -172,6 +172,11 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
             acc["entropy"] += float(st["entropy"].sum()) / n_tok
             acc["clipfrac"] += float(st["clipped"].sum()) / n_tok
         grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
+        if not math.isfinite(float(grad_norm)):
+            # clip_grad_norm_ turns an inf norm into NaN updates (inf * 0): stop here, naming the
+            # step, instead of writing NaN weights that the next rollout or aggregate trips over.
+            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}) in epoch {epoch}, "
+                                     f"optimizer step {len(steps)} (loss {acc['loss']:.6g})")
         optimizer.step()
         steps.append({"epoch": epoch, "samples": len(mb), "tokens": n_tok,
                       "grad_norm": float(grad_norm), **{k: round(v, 8) for k, v in acc.items()}})
