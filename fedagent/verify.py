@@ -256,12 +256,20 @@ def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
 # ---- values -------------------------------------------------------------------------------
 
 def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: Sequence[dict[str, TensorInfo]],
-                        weights: Sequence[float], delta: TensorInfo) -> list[str]:
-    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring)."""
+                        weights: Sequence[float], delta: TensorInfo, client_dirs: Sequence[Path]) -> list[str]:
+    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
+
+    A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
+    """
+    if not bool(torch.isfinite(p).all()):
+        return [f"prev: tensor {n!r} contains NaN/Inf"]
     exact = torch.zeros_like(p)
     mag = torch.zeros_like(p)
-    for c, w in zip(clients, weights):
-        d = reader.read(c[n]).to(torch.float64) - p
+    for c, w, cdir in zip(clients, weights, client_dirs):
+        ct = reader.read(c[n]).to(torch.float64)
+        if not bool(torch.isfinite(ct).all()):
+            return [f"client {cdir}: tensor {n!r} contains NaN/Inf"]
+        d = ct - p
         exact.add_(d, alpha=w)
         mag.add_(d.abs(), alpha=w)
     mag.add_(exact.abs())
@@ -342,7 +350,7 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     with TensorReader() as reader:
         for n in prev:
             p = reader.read(prev[n]).to(torch.float64)
-            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n])
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs)
             if server is not None:
                 failures += _server_step_failures(reader, n, p, delta[n], server, opt)
     return failures
