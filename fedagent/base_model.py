@@ -58,7 +58,9 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
         raise BaseModelError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
     fresh.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+    from fedagent.provenance import write_provenance
+
+    write_provenance(out, job="base_model", params=dict(provenance), extra={"source": provenance})
 
 
 def build_base_model(source: str, out: Path, quarantine_root: Path | None = None) -> None:

@@ -72,6 +72,11 @@ def check_cross_fields(config: dict) -> dict:
         raise ConfigError(
             f"config key 'clients.per_round': {clients['per_round']} exceeds clients.total={clients['total']}"
         )
+    min_per_round = clients.get("min_per_round")
+    if min_per_round is not None and min_per_round > clients["per_round"]:
+        raise ConfigError(
+            f"config key 'clients.min_per_round': {min_per_round} exceeds clients.per_round={clients['per_round']}"
+        )
     min_tasks = config["partition"]["min_tasks_per_client"]
     if min_tasks > config["env"]["train_games"]:
         raise ConfigError(

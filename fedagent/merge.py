@@ -21,6 +21,7 @@ import torch
 
 from fedagent.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.provenance import write_provenance
 from fedagent.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
                              tensor_index, write_weights)
 from fedagent.server_opt import ServerOptimizer, add_server_args, optimizer_from_args
@@ -100,6 +101,8 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
         with state_writer:
             write_weights(stage, specs, parts, shard_bytes=shard_bytes)
         (stage / SERVER_JSON).write_text(json.dumps(new_meta, indent=2) + "\n")
+        write_provenance(stage, job="merge", params={"optimizer": opt.name, "hparams": opt.hparams(), "round": round_,
+                                                     "prev_server_state": str(prev_state_dir) if prev_state_dir else None})
     return new_meta
 
 

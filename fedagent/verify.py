@@ -64,6 +64,7 @@ import torch
 from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
 from fedagent.atomic import ManifestError, verify_manifest
 from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
+from fedagent.dropout import is_dropped
 from fedagent.merge import SERVER_JSON, STATE_FILE
 from fedagent.server_opt import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
 
@@ -333,6 +334,7 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     failures = _manifest_failures(dirs)
     if failures:
         return failures
+    client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
     try:
         weights = client_weights(client_dirs, weighting)
         prev, clients = check_structure(prev_dir, client_dirs)

@@ -1,6 +1,7 @@
 # Config validation, run paths and per-job params. Client selection is computed here, at plan
 # time, as a pure function of (seed, round): no checkpoint, so `-n` shows every job.
 import json
+import os
 import sys
 
 sys.path.insert(0, workflow.basedir)  # the package is importable even from a bare checkout
@@ -9,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from fedagent.config import ConfigError, check_cross_fields, validate_schema
+from fedagent.provenance import CONFIG_HASH_ENV, config_sha256
 from fedagent.selection import select_clients
 from fedagent.server_opt import cli_flags
 
@@ -19,6 +21,9 @@ try:
 except ConfigError as exc:
     raise WorkflowError(f"invalid config: {exc}")
 validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
+
+# Every job's provenance.json records the hash of the whole validated config (fedagent.provenance).
+os.environ[CONFIG_HASH_ENV] = config_sha256(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 QUARANTINE = f"{RUN}/_failed"
@@ -104,6 +109,13 @@ EVAL_PARAMS = as_json({
     "pool_size": config["env"]["pool_size"],
     **{k: v for k, v in config["eval"].items() if k not in ("threads", "n")},
 })
+
+
+# Client dropout (clients.min_per_round): a train_client job's last attempt may leave a drop
+# record (0: strict, never); aggregate needs at least MIN_CLIENTS updates (0: all of them).
+_MIN = config["clients"].get("min_per_round")
+MIN_CLIENTS = 0 if _MIN is None or _MIN >= config["clients"]["per_round"] else _MIN
+DROP_AT_ATTEMPT = config["clients"]["retries"] + 1 if MIN_CLIENTS else 0
 
 
 # `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).

@@ -162,6 +162,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     disables the KL term.
     """
     from fedagent.atomic import atomic_dir
+    from fedagent.provenance import write_provenance
     from fedagent.policy import load_policy, save_policy
     from fedagent.rollout.episode import run_episodes_batched
 
@@ -222,6 +223,9 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         with open(staging / "samples.jsonl", "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
+        write_provenance(staging, job="train_client", params={**dataclasses.asdict(p), "threads": threads},
+                         seeds={"base_seed": p.base_seed, "round": round, "client": client,
+                                "task_seeds": seeds_used}, backend="local")
     return metrics
 
 
