@@ -77,7 +77,7 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
         if not (path / "config.json").is_file():
             raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny' nor a local HF model directory")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)  # never unpickle weights
         provenance = {"source": "local", "path": str(path)}
     if tokenizer.chat_template is None:
         raise BaseModelError(f"model {source!r}: tokenizer has no chat template (needed for prompts)")
