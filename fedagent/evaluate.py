@@ -129,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns) as env:
         result = evaluate(model, tok, env, seeds, params, round=args.round)
+    server_json = Path(args.model) / "server.json"
+    if server_json.is_file():
+        dropped = json.loads(server_json.read_text()).get("dropped")
+        if dropped:
+            result["dropped_clients"] = [Path(d["dir"]).name for d in dropped]
     atomic_write_json(out, result)
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

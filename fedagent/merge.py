@@ -78,6 +78,9 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
     state_specs = [(f"{s}/{n}", "F32", prev[n].shape) for n in names for s in opt.slots]
     new_meta = {"format": "fedagent-server-v1", "optimizer": opt.name, "hparams": opt.hparams(),
                 "round": round_, "step": meta["step"] + 1, "prev": str(prev_dir), "aggregate": str(agg_dir)}
+    dropped = json.loads((agg_dir / "aggregate.json").read_text()).get("dropped") if (agg_dir / "aggregate.json").is_file() else None
+    if dropped:  # clients.min_per_round let the round go on without them: eval.json and the report say so
+        new_meta["dropped"] = dropped
     with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
         copy_aux_files(prev_dir, stage)
         state_writer = SafetensorsWriter(stage / STATE_FILE, state_specs)

@@ -4,7 +4,8 @@ Client 1 cannot train (``FEDAGENT_FAIL_TRAIN_CLIENT=1``, injected by hook/sitecu
 Strict (the default): the run stops with the failed job named and nothing aggregated. Then
 ``min_per_round: 1`` in the same work dir: the same command finishes the round with client 0
 alone; client 1's directory is a drop record, listed in aggregate.json, the aggregate's
-provenance.json and ``fedagent status``; ``fedagent verify`` accepts the round.
+provenance.json, eval.json, the report's summary.csv and ``fedagent status``; ``fedagent verify``
+accepts the round.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def test_strict_stops_then_min_per_round_1_finishes_with_the_survivor(reference_
     assert agg["dropped"][0]["dir"] == f"{RUN}/round_001/clients/1"
     prov = json.loads((rd / "aggregate" / "provenance.json").read_text())
     assert prov["dropped"] == agg["dropped"] and prov["params"]["min_clients"] == 1
-    assert (rd / "eval.json").is_file()
+    assert json.loads((rd / "eval.json").read_text())["dropped_clients"] == ["1"]
+    rows = (rd / "summary.csv").read_text().splitlines()
+    header, last = rows[0].split(","), rows[-1].split(",")
+    assert last[header.index("clients_dropped")] == "1"  # the report says so too
 
     st = subprocess.run([sys.executable, "-m", "fedagent.cli", "status", RUN, "--json"], cwd=work, env=env,
                         capture_output=True, text=True, check=True)
