@@ -284,7 +284,8 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
                 if marker.exists():
                     info = json.loads(marker.read_text())
                     target = psutil.Process(info["pid"])
-                    trial.hit = f"{info['when']} rename -> {Path(info['dst']).relative_to(work / RUN)}"
+                    dst = Path(info["dst"]) if Path(info["dst"]).is_absolute() else work / info["dst"]
+                    trial.hit = f"{info['when']} rename -> {dst.relative_to(work / RUN)}"
                     break
             else:
                 found = [p for p, cmd in _fedagent_procs(root) if cmd == phase]
@@ -348,7 +349,10 @@ def run_suite(kills: int, seed: int, base: Path, *, check_status: bool = True, k
     trials = []
     for i in range(kills):
         t = time.monotonic()
-        trial = run_trial(i, seed, ref, base, check_status=check_status)
+        try:
+            trial = run_trial(i, seed, ref, base, check_status=check_status)
+        except Exception as exc:  # noqa: BLE001 - a driver error counts as a failed trial, the suite goes on
+            trial = Trial(i, PHASES[i % len(PHASES)], "?", notes=[f"driver error: {exc!r}"])
         trials.append(trial)
         log(f"kill {i:02d} {trial.phase:12s} {trial.mode:4s} hit [{trial.hit}] survived={trial.survived} "
             f"identical={trial.identical} status_exact={trial.status_exact} ({time.monotonic() - t:.0f} s)"
