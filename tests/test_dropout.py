@@ -58,3 +58,12 @@ def test_aggregate_min_clients_averages_the_survivors(tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a)  # the drop record changes nothing but the listing
     prov = json.loads((tmp_path / "agg" / "provenance.json").read_text())
     assert prov["dropped"] == s["dropped"] and prov["job"] == "aggregate"
+
+
+def test_min_per_round_above_per_round_is_a_config_error():
+    from fedagent.config import ConfigError, check_cross_fields, validate_schema
+
+    cfg = validate_schema({"model": "tiny", "clients": {"total": 4, "per_round": 2, "min_per_round": 3}})
+    with pytest.raises(ConfigError, match="clients.min_per_round"):
+        check_cross_fields(cfg)
+    assert validate_schema({"model": "tiny"})["clients"]["min_per_round"] is None  # strict by default

@@ -12,7 +12,7 @@ import os
 import sys
 
 # ``FEDAGENT_FAIL_TRAIN_CLIENT=<c>``: ``fedagent train-client --client <c>`` fails at start-up
-# (exit 1), every attempt: a client that cannot train (tests/reliability/test_dropout.py).
+# (exit 1), every attempt: a client that cannot train (tests/reliability/test_dropout_workflow.py).
 _FAIL = os.environ.get("FEDAGENT_FAIL_TRAIN_CLIENT")
 if _FAIL is not None and len(sys.argv) > 2 and os.path.basename(sys.argv[0]) == "fedagent" \
         and sys.argv[1] == "train-client" and sys.argv[sys.argv.index("--client") + 1] == _FAIL:
