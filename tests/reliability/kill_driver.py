@@ -14,7 +14,9 @@ either Snakemake's whole process tree or the one job process, then
    left, as README.md says), which must finish;
 3. compares the final model directory (every file) and every ``eval.json`` (and round 1's
    ``summary.csv``) byte for byte with the reference, checks every output directory against
-   its manifest, and that no staging directory is left outside ``_failed/``.
+   its manifest, that no staging directory is left outside ``_failed/``, and that no job of the
+   killed run or the re-run read a file of another job's staging directory or of the quarantine
+   (every job runs with ``hook/sitecustomize.py``'s read audit: Python's ``open`` audit event).
 
 Phases, cycled over the trials: during ``train-client``, ``aggregate``, ``merge``, ``eval``,
 ``report`` (a seeded delay after the job's process appears; the phase actually hit is
@@ -73,6 +75,7 @@ class Trial:
     survived: bool = False
     identical: bool = False
     status_exact: bool | None = None
+    partial_reads: int = 0  # files read from another job's staging or from the quarantine
     notes: list[str] = field(default_factory=list)
 
 
@@ -203,6 +206,21 @@ def _compare(ref: Path, work: Path) -> list[str]:
     return diffs
 
 
+def _partial_reads(audit: Path) -> list[str]:
+    """Reads (logged by hook/sitecustomize.py) of a staging or quarantined file by any job but
+    the writer of that staging (which hashes its own files for the manifest)."""
+    if not audit.is_file():
+        return []
+    bad = []
+    for line in audit.read_text().splitlines():
+        rec = json.loads(line)
+        path, out = os.path.normpath(rec["path"]), os.path.normpath(rec["out"]) if rec["out"] else ""
+        own = os.path.join(os.path.dirname(out), STAGING_PREFIX + os.path.basename(out)) if out else None
+        if own is None or not (path == own or path.startswith(own + os.sep)):
+            bad.append(f"partial read: {rec['command']} (pid {rec['pid']}) read {rec['path']}")
+    return bad
+
+
 def _integrity(work: Path) -> list[str]:
     """Every output directory verifies against its manifest; no staging left outside _failed/."""
     run_dir = work / RUN
@@ -268,7 +286,8 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
     mode = rng.choice(("tree", "job"))
     trial = Trial(i, phase, mode)
     work = base / f"trial_{i:03d}"
-    extra = {}
+    audit = base / f"trial_{i:03d}.audit"
+    extra = {"FEDAGENT_READ_AUDIT": str(audit)}
     marker = base / f"trial_{i:03d}.marker"
     command = phase
     if phase == "rename":
@@ -330,16 +349,23 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
         _status_check(work, trial, killed_jobs)
 
     # The documented recovery: the same command; `snakemake --unlock` first if it asks for it.
-    again = run_snakemake(work, check=False, timeout=1800)
+    def snakemake(*args: str) -> subprocess.CompletedProcess:  # with the read audit, no kill
+        return subprocess.run(snakemake_cmd(*args), cwd=work, env=_env({"FEDAGENT_READ_AUDIT": str(audit)}),
+                              capture_output=True, text=True, timeout=1800)
+
+    again = snakemake()
     if again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower():
-        run_snakemake(work, "--unlock", check=False)
-        again = run_snakemake(work, check=False, timeout=1800)
+        snakemake("--unlock")
+        again = snakemake()
+    reads = _partial_reads(audit)
+    trial.partial_reads = len(reads)
+    trial.notes += reads
     trial.survived = again.returncode == 0
     if not trial.survived:
         trial.notes.append("re-run failed: " + (again.stdout + again.stderr)[-1500:])
         return trial
     diffs = _compare(ref, work) + _integrity(work)
-    trial.identical = not diffs
+    trial.identical = not diffs and not reads
     trial.notes += diffs
     return trial
 
@@ -369,6 +395,7 @@ def run_suite(kills: int, seed: int, base: Path, *, check_status: bool = True, k
     log(f"kills: {len(trials)} survived: {sum(t.survived for t in trials)} "
         f"identical: {sum(t.identical for t in trials)}"
         + (f" status exact: {sum(bool(t.status_exact) for t in trials)}/{n_status}" if n_status else "")
+        + f" partial reads: {sum(t.partial_reads for t in trials)}"
         + f" ({time.monotonic() - t0:.0f} s)")
     return trials
 

@@ -19,6 +19,34 @@ if _FAIL is not None and len(sys.argv) > 2 and os.path.basename(sys.argv[0]) == 
     print(f"injected failure: client {_FAIL} cannot train (FEDAGENT_FAIL_TRAIN_CLIENT)", file=sys.stderr, flush=True)
     os._exit(1)
 
+# ``FEDAGENT_READ_AUDIT=<file>``: every ``fedagent`` process appends to <file> each file it opens
+# for reading inside a staging (``.partial-*``) or quarantine (``_failed``) path, with its own
+# ``--out``: the driver then checks that only a writer ever read its own staging (to hash it).
+_AUDIT = os.environ.get("FEDAGENT_READ_AUDIT")
+if _AUDIT and len(sys.argv) > 1 and os.path.basename(sys.argv[0]) == "fedagent":
+    import json as _json
+
+    _OUT = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv[:-1] else ""
+
+    def _audit(event, args):
+        if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        path = os.fsdecode(args[0])
+        if ".partial-" not in path and "_failed" not in path:
+            return
+        mode, flags = args[1], args[2]
+        reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) else \
+            (isinstance(flags, int) and flags & os.O_ACCMODE == os.O_RDONLY)
+        if reading and not os.path.isdir(path):
+            line = _json.dumps({"pid": os.getpid(), "command": sys.argv[1], "out": _OUT, "path": path})
+            fd = os.open(_AUDIT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+
+    sys.addaudithook(_audit)
+
 _SPEC = os.environ.get("FEDAGENT_KILL_RENAME")
 
 if _SPEC:
