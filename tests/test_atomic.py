@@ -173,3 +173,17 @@ def test_atomic_write_text_under_sigkill(tmp_path):
         proc.wait()
         if path.exists():
             assert path.read_text() in versions
+
+
+def test_a_killed_atomic_write_text_leftover_is_quarantined_on_the_next_write(tmp_path):
+    """Seen in the kill suite: SIGKILL before the rename left .partial-selection.json.<pid> behind."""
+    from fedagent.atomic import atomic_write_text
+
+    left = tmp_path / "round_001" / ".partial-selection.json.12887"
+    left.parent.mkdir()
+    left.write_text('{"round": 1, "cli')  # what the killed writer had got to
+    atomic_write_text(tmp_path / "round_001" / "selection.json", "{}\n")
+    assert (tmp_path / "round_001" / "selection.json").read_text() == "{}\n"
+    assert not list((tmp_path / "round_001").glob(".partial-*"))
+    kept = tmp_path / "round_001" / "_failed" / "selection.json.attempt1"
+    assert kept.read_text() == '{"round": 1, "cli'

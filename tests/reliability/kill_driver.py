@@ -99,8 +99,9 @@ def _job_name(cmdline: list[str]) -> str:
     if command == "train-client":
         name += "/" + flag("--client")
     rnd = flag("--round")
-    if command == "report":  # its round is its summary's directory
-        rnd = Path(flag("--summary")).parent.name.removeprefix("round_")
+    if not rnd:  # aggregate, report: the round is in the output path (round_<rrr>/...)
+        out = flag("--out") or flag("--summary")
+        rnd = next((p.removeprefix("round_") for p in Path(out).parts if p.startswith("round_")), "")
     return f"{name}@{int(rnd):03d}" if rnd.isdigit() else name
 
 
