@@ -173,15 +173,40 @@ def stream_delta(path: Path, prev: dict[str, TensorInfo], clients: Sequence[dict
                                                   reader, client_dirs, scratch))
 
 
+def survivors(client_dirs: Sequence[Path], min_clients: int | None) -> tuple[list[Path], list[dict]]:
+    """Split client outputs into updates and drop records (``dropped.json``, see fedagent.dropout).
+
+    ``min_clients`` None is strict: any drop record is refused. Otherwise at least that many
+    updates must be there. Raises :class:`AggregateError` naming the dropped clients and why.
+    """
+    from fedagent.dropout import drop_reason, is_dropped
+
+    kept = [Path(d) for d in client_dirs if not is_dropped(d)]
+    dropped = [{"dir": str(d), "reason": drop_reason(d)} for d in client_dirs if is_dropped(d)]
+    need = len(client_dirs) if min_clients is None else min_clients
+    if len(kept) < need:
+        names = "; ".join(f"{d['dir']}: {d['reason']}" for d in dropped)
+        rule = "strict: clients.min_per_round unset" if min_clients is None else f"clients.min_per_round={min_clients}"
+        raise AggregateError(f"only {len(kept)} of {len(client_dirs)} clients finished ({rule}); dropped: {names}")
+    return kept, dropped
+
+
 def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",
-              quarantine: Path | None = None, check_manifests: bool = True) -> dict:
-    """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content."""
+              quarantine: Path | None = None, check_manifests: bool = True, min_clients: int | None = None) -> dict:
+    """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content.
+
+    Client directories holding a drop record are left out if at least ``min_clients`` updates
+    remain (None: strict, none may be dropped); aggregate.json and provenance.json list them.
+    """
+    from fedagent.provenance import write_provenance
+
     prev_dir, out_dir = Path(prev_dir), Path(out_dir)
     client_dirs = [Path(d) for d in client_dirs]
     if len(set(map(str, client_dirs))) != len(client_dirs):
         raise AggregateError(f"a client directory is listed twice: {[str(d) for d in client_dirs]}")
     if check_manifests:
         verify_inputs([prev_dir, *client_dirs])
+    client_dirs, dropped = survivors(client_dirs, min_clients)
     weights = client_weights(client_dirs, weighting)
     prev, clients = check_structure(prev_dir, client_dirs)
     summary = {
@@ -193,9 +218,13 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
         "num_elements": sum(i.numel for i in prev.values()),
         "dtype": "F32",
     }
+    if dropped:  # only then: an undropped round's aggregate.json stays as it was
+        summary["dropped"] = dropped
     with atomic_dir(out_dir, quarantine) as stage:
         stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs)
         (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+        write_provenance(stage, job="aggregate", params={"weighting": weighting, "min_clients": min_clients},
+                         extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
     return summary
 
 
@@ -206,14 +235,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
+    parser.add_argument("--min-clients", type=int, default=0,
+                        help="aggregate the survivors if at least this many clients finished (0: strict, all)")
 
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 on success, 1 with a message naming the refused input."""
     try:
-        s = aggregate(args.prev, args.clients, args.out, weighting=args.weighting, quarantine=args.quarantine)
+        s = aggregate(args.prev, args.clients, args.out, weighting=args.weighting, quarantine=args.quarantine,
+                      min_clients=args.min_clients or None)
     except (AggregateError, ManifestError, OSError, ValueError) as exc:
         print(f"aggregate: refused: {exc}", file=sys.stderr)
         return 1
-    print(f"aggregate: {len(s['clients'])} clients, {s['num_tensors']} tensors, weighting {s['weighting']} -> {args.out}")
+    dropped = f", {len(s['dropped'])} dropped" if s.get("dropped") else ""
+    print(f"aggregate: {len(s['clients'])} clients{dropped}, {s['num_tensors']} tensors, weighting {s['weighting']}"
+          f" -> {args.out}")
     return 0

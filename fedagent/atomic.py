@@ -150,16 +150,29 @@ def atomic_dir(final: Path, quarantine_root: Path | None = None) -> Iterator[Pat
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file so that it appears complete or not at all."""
+def atomic_write_text(path: Path, text: str, quarantine_root: Path | None = None) -> None:
+    """Write a small file so that it appears complete or not at all.
+
+    The text goes to ``.partial-<name>.<pid>`` first and is renamed into place. A temporary
+    file left by an earlier, killed writer of the same path is quarantined first (to
+    ``quarantine_root``, default ``<parent>/_failed``), never deleted and never read.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in sorted(path.parent.glob(f"{STAGING_PREFIX}{path.name}.*")):
+        if leftover.is_file() and leftover.name.rsplit(".", 1)[-1].isdigit():
+            quarantine(leftover, quarantine_root or path.parent / "_failed", path.name)
     tmp = path.parent / f"{STAGING_PREFIX}{path.name}.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)  # the final path only ever sees a complete file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def atomic_write_json(path: Path, obj) -> None:

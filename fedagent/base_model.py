@@ -67,7 +67,9 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     if "quantization_config" in json.loads((Path(out) / "config.json").read_text()):
         raise BaseModelError(f"{out}/config.json still names a quantization; the fp32 dir would not re-save")
     tokenizer.save_pretrained(out)
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+    from fedagent.provenance import write_provenance
+
+    write_provenance(out, job="base_model", params=dict(provenance), extra={"source": provenance})
 
 
 def build_base_model(source: str, out: Path, quarantine_root: Path | None = None) -> None:
@@ -84,7 +86,7 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
         if not (path / "config.json").is_file():
             raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny' nor a local HF model directory")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)  # never unpickle weights
         provenance = {"source": "local", "path": str(path)}
     if tokenizer.chat_template is None:
         raise BaseModelError(f"model {source!r}: tokenizer has no chat template (needed for prompts)")

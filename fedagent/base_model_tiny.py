@@ -170,8 +170,12 @@ def write_tiny_model(out_dir: Path, seed: int, quarantine: Path | None = None,
     else:
         tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), seed)
+    from fedagent.provenance import write_provenance
+
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tokenizer, staging)
+        write_provenance(staging, job="base_model", params={"source": "tiny", "seed": seed},
+                         seeds={"base_seed": seed})
     return Path(out_dir)
 
 

@@ -24,11 +24,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "val-set": ("fedagent.val_set", "fix the validation tasks"),
     "select": ("fedagent.selection", "choose the clients of one round"),
     "train-client": ("fedagent.train.cli", "train one client for one round"),
+    "drop-client": ("fedagent.dropout", "record a client that failed after its retries (clients.min_per_round)"),
     "aggregate": ("fedagent.aggregate", "weighted mean of client updates (fp32, streamed)"),
     "merge": ("fedagent.merge", "server step: next global model"),
     "verify": ("fedagent.verify", "recompute a round's aggregate in float64 and compare"),
     "eval": ("fedagent.evaluate", "score a model on the fixed validation set"),
     "report": ("fedagent.report", "summary.csv and curves.png"),
+    "status": ("fedagent.status", "where a run stands, read from its output files only"),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
 }
 

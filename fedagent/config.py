@@ -327,6 +327,11 @@ def check_cross_fields(config: dict) -> dict:
     """Checks the schema cannot express (:data:`CROSS_RULES`); raises :class:`ConfigError` naming the key."""
     missing = object()
     run_cross_rules(lambda k: get_path(config, k), lambda k: get_path(config, k, missing) is not missing)
+    min_per_round = get_path(config, "clients.min_per_round", None)
+    if min_per_round is not None and min_per_round > config["clients"]["per_round"]:
+        raise ConfigError(
+            f"config key 'clients.min_per_round': {min_per_round} exceeds clients.per_round={config['clients']['per_round']}"
+        )
     if get_path(config, "env.kind", None) == "webshop":
         _check_webshop(config["env"]["webshop"])
     return config

@@ -169,6 +169,11 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)
     if sampler is not None and sampler.first_token_time is not None:
         clock.set("first_token", sampler.first_token_time)
+    server_json = Path(args.model) / "server.json"
+    if server_json.is_file():
+        dropped = json.loads(server_json.read_text()).get("dropped")
+        if dropped:
+            result["dropped_clients"] = [Path(d["dir"]).name for d in dropped]
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.

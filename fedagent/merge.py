@@ -21,6 +21,7 @@ import torch
 
 from fedagent.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.provenance import write_provenance
 from fedagent.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
                              tensor_index, write_weights)
 from fedagent.server_opt import ServerOptimizer, add_server_args, optimizer_from_args
@@ -77,6 +78,9 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
     state_specs = [(f"{s}/{n}", "F32", prev[n].shape) for n in names for s in opt.slots]
     new_meta = {"format": "fedagent-server-v1", "optimizer": opt.name, "hparams": opt.hparams(),
                 "round": round_, "step": meta["step"] + 1, "prev": str(prev_dir), "aggregate": str(agg_dir)}
+    dropped = json.loads((agg_dir / "aggregate.json").read_text()).get("dropped") if (agg_dir / "aggregate.json").is_file() else None
+    if dropped:  # clients.min_per_round let the round go on without them: eval.json and the report say so
+        new_meta["dropped"] = dropped
     with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
         copy_aux_files(prev_dir, stage)
         state_writer = SafetensorsWriter(stage / STATE_FILE, state_specs)
@@ -100,6 +104,8 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
         with state_writer:
             write_weights(stage, specs, parts, shard_bytes=shard_bytes)
         (stage / SERVER_JSON).write_text(json.dumps(new_meta, indent=2) + "\n")
+        write_provenance(stage, job="merge", params={"optimizer": opt.name, "hparams": opt.hparams(), "round": round_,
+                                                     "prev_server_state": str(prev_state_dir) if prev_state_dir else None})
     return new_meta
 
 

@@ -45,7 +45,8 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: s
         verify_manifest(Path(model_dir))
     torch.set_num_threads(int(threads))
     check_device(device)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    # safetensors only: a pickled checkpoint (pytorch_model.bin) in a model dir is refused, never unpickled
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, use_safetensors=True)
     model.to(device=device, dtype=torch.float32)
     model.eval()
     tokenizer = load_tokenizer(model_dir)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean"]
+SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean",
+                   "clients_dropped"]
 
 
 def summary_table(eval_files: list[Path]) -> pd.DataFrame:
@@ -27,6 +28,8 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
             "ci95_high": high,
             "score_mean": data.get("score_mean"),
             "return_mean": data.get("return_mean"),
+            # clients dropped in this round (clients.min_per_round), space-separated ids
+            "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
         })
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS).sort_values("round", kind="stable")
     if table["round"].duplicated().any():

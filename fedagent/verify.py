@@ -64,6 +64,7 @@ import torch
 from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
 from fedagent.atomic import ManifestError, verify_manifest
 from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
+from fedagent.dropout import is_dropped
 from fedagent.merge import SERVER_JSON, STATE_FILE
 from fedagent.server_opt import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
 
@@ -256,12 +257,20 @@ def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
 # ---- values -------------------------------------------------------------------------------
 
 def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: Sequence[dict[str, TensorInfo]],
-                        weights: Sequence[float], delta: TensorInfo) -> list[str]:
-    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring)."""
+                        weights: Sequence[float], delta: TensorInfo, client_dirs: Sequence[Path]) -> list[str]:
+    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
+
+    A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
+    """
+    if not bool(torch.isfinite(p).all()):
+        return [f"prev: tensor {n!r} contains NaN/Inf"]
     exact = torch.zeros_like(p)
     mag = torch.zeros_like(p)
-    for c, w in zip(clients, weights):
-        d = reader.read(c[n]).to(torch.float64) - p
+    for c, w, cdir in zip(clients, weights, client_dirs):
+        ct = reader.read(c[n]).to(torch.float64)
+        if not bool(torch.isfinite(ct).all()):
+            return [f"client {cdir}: tensor {n!r} contains NaN/Inf"]
+        d = ct - p
         exact.add_(d, alpha=w)
         mag.add_(d.abs(), alpha=w)
     mag.add_(exact.abs())
@@ -325,6 +334,7 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     failures = _manifest_failures(dirs)
     if failures:
         return failures
+    client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
     try:
         weights = client_weights(client_dirs, weighting)
         prev, clients = check_structure(prev_dir, client_dirs)
@@ -342,7 +352,7 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     with TensorReader() as reader:
         for n in prev:
             p = reader.read(prev[n]).to(torch.float64)
-            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n])
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs)
             if server is not None:
                 failures += _server_step_failures(reader, n, p, delta[n], server, opt)
     return failures

@@ -13,6 +13,8 @@ rule aggregate:
     params:
         weighting=config["aggregate"]["weighting"],
         quarantine=QUARANTINE,
+    resources:
+        min_clients=MIN_CLIENTS,  # not a param: changing clients.min_per_round re-runs nothing
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -21,4 +23,5 @@ rule aggregate:
         f"{RUN}/benchmarks/round_{{round}}/aggregate.tsv"
     shell:
         "fedagent aggregate --prev {input.prev} --clients {input.clients}"
-        " --weighting {params.weighting} --out {output} --quarantine {params.quarantine} > {log} 2>&1"
+        " --weighting {params.weighting} --min-clients {resources.min_clients}"
+        " --out {output} --quarantine {params.quarantine} > {log} 2>&1"

@@ -16,6 +16,11 @@ rule train_client:
         env=CLIENT_ENV_PARAMS,
         quarantine=QUARANTINE,
     threads: config["train"]["threads"]
+    retries: config["clients"]["retries"]
+    resources:
+        # Not params: dropout settings change no update, so changing them re-runs nothing.
+        attempt=lambda wildcards, attempt: attempt,
+        drop_at_attempt=DROP_AT_ATTEMPT,
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -27,3 +32,7 @@ rule train_client:
         " --partition {input.partition} --client {wildcards.client} --round {wildcards.round}"
         " --params '{params.train}' --env-params '{params.env}' --threads {threads} --out {output}"
         " --quarantine {params.quarantine} > {log} 2>&1"
+        # A failure on the last attempt leaves a drop record when dropout is allowed (fedagent.dropout).
+        " || fedagent drop-client --out {output} --round {wildcards.round} --client {wildcards.client}"
+        " --exit-code $? --attempt {resources.attempt} --drop-at-attempt {resources.drop_at_attempt}"
+        " --log {log} --quarantine {params.quarantine} >> {log} 2>&1"

@@ -157,6 +157,10 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
         outs.append((tmp_path / f"u{k}", m))
     (a, ma), (b, _) = outs
     assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
+    # provenance.json: the job's params and seeds; no clock or pid, so re-runs write the same bytes
+    assert _sha(a / "provenance.json") == _sha(b / "provenance.json")
+    prov = json.loads((a / "provenance.json").read_text())
+    assert prov["job"] == "train_client" and prov["seeds"]["client"] == 0 and prov["params"]["lr"] == p.lr
     from safetensors.torch import load_file
 
     before, after = load_file(tiny_dir / "model.safetensors"), load_file(a / "model.safetensors")

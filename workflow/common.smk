@@ -2,6 +2,7 @@
 # time, as a pure function of (seed, round): no checkpoint, so `-n` shows every job.
 # Imports stay light (no torch, no transformers): every -n, re-run and status round parses this.
 import json
+import os
 import sys
 
 sys.path.insert(0, workflow.basedir)  # the package is importable even from a bare checkout
@@ -9,6 +10,7 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 from snakemake.utils import validate
 
 from fedagent.config import ConfigError, prepare_config
+from fedagent.provenance import CONFIG_HASH_ENV, config_sha256
 from fedagent.selection import select_clients
 from fedagent.server_opt import cli_flags
 
@@ -21,6 +23,9 @@ except ConfigError as exc:
     print(f"fedagent: invalid config: {exc}", file=sys.stderr)
     sys.exit(1)
 validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
+
+# Every job's provenance.json records the hash of the whole validated config (fedagent.provenance).
+os.environ[CONFIG_HASH_ENV] = config_sha256(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 QUARANTINE = f"{RUN}/_failed"
@@ -126,6 +131,11 @@ CLIENT_ENV_PARAMS = as_json({
        for k in ("arm", "search_return_n", "variant_n", "variant", "env_div", "keep_ratio")},
     "seed": DATA_SEED,
 }) if config["env"]["kind"] == "webshop" else "{}"
+# Client dropout (clients.min_per_round): a train_client job's last attempt may leave a drop
+# record (0: strict, never); aggregate needs at least MIN_CLIENTS updates (0: all of them).
+_MIN = config["clients"].get("min_per_round")
+MIN_CLIENTS = 0 if _MIN is None or _MIN >= config["clients"]["per_round"] else _MIN
+DROP_AT_ATTEMPT = config["clients"]["retries"] + 1 if MIN_CLIENTS else 0
 
 
 # `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import signal
@@ -62,6 +63,16 @@ def load_task_list(path: Path) -> list[str]:
     return data
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def bind_socket(args: argparse.Namespace) -> tuple[socket.socket, dict]:
     """Bind and listen on the requested address; return the socket and its description."""
     if args.uds is not None:
@@ -80,6 +91,9 @@ def bind_socket(args: argparse.Namespace) -> tuple[socket.socket, dict]:
         sock.bind(path)
         where = {"uds": path}
     else:
+        if not is_loopback(args.host):
+            raise ValueError(f"--host {args.host!r} is not a loopback address: the env service binds a Unix "
+                             "socket or loopback TCP only (it runs environments for whoever connects)")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((args.host, args.port))
         where = {"host": args.host, "port": sock.getsockname()[1]}
@@ -134,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
 
     from fedagent.envs.service import build_app
 
+    if args.uds is None and not is_loopback(args.host):  # before any work: one message naming the flag
+        print(f"serve-env: --host {args.host!r} is not a loopback address (Unix socket or loopback only)",
+              file=sys.stderr)
+        return 2
     listed = None if args.all else load_task_list(args.tasks_file)
     env_params = json.loads(args.env_params) if args.env_params else None
     source = make_source(args.source, args.games, args.split, tasks=listed, env_params=env_params,

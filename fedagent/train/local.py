@@ -195,6 +195,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     compiled static-cache sampler; the update written is the fp32 master.
     """
     from fedagent.atomic import atomic_dir
+    from fedagent.provenance import write_provenance
     from fedagent.policy import load_policy, save_policy
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.timing import PhaseClock
@@ -287,6 +288,9 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         with open(staging / "samples.jsonl", "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
+        write_provenance(staging, job="train_client", params={**dataclasses.asdict(p), "threads": threads},
+                         seeds={"base_seed": p.base_seed, "round": round, "client": client,
+                                "task_seeds": seeds_used}, backend="local")
     return metrics
 
 

@@ -1,0 +1,42 @@
+"""provenance.json: what it records, the config hash from the environment, the git state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from fedagent import provenance as prov
+
+
+def test_record_has_every_field(tmp_path, monkeypatch):
+    monkeypatch.setenv(prov.CONFIG_HASH_ENV, "ab" * 32)
+    rec = prov.write_provenance(tmp_path, job="aggregate", params={"weighting": "uniform"}, seeds={"base_seed": 7})
+    assert json.loads((tmp_path / "provenance.json").read_text()) == rec
+    assert rec["config_sha256"] == "ab" * 32 and rec["params"] == {"weighting": "uniform"}
+    assert rec["seeds"] == {"base_seed": 7} and rec["device"] == "cpu" and rec["backend"] == "local"
+    assert rec["python"].count(".") == 2 and rec["packages"]["torch"] and rec["host"]
+    assert set(rec["code"]) == {"commit", "dirty"}
+
+
+def test_config_hash_is_canonical():
+    assert prov.config_sha256({"a": 1, "b": {"c": 2}}) == prov.config_sha256({"b": {"c": 2}, "a": 1})
+    assert prov.config_sha256({"a": 1}) != prov.config_sha256({"a": 2})
+
+
+def test_git_commit_and_dirty_flag(tmp_path):
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "fedagent").mkdir()
+    (tmp_path / "fedagent" / "x.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    prov.git_state.cache_clear()
+    assert prov.git_state(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "fedagent" / "x.py").write_text("x = 2\n")
+    prov.git_state.cache_clear()
+    assert prov.git_state(tmp_path) == {"commit": head, "dirty": True}
+    prov.git_state.cache_clear()
+    assert prov.git_state(tmp_path / "nowhere") == {"commit": None, "dirty": None}
+    prov.git_state.cache_clear()
