@@ -1,0 +1,154 @@
+"""The windowed agent loop for verl 0.9.1: one episode against the job's env service, one sample per turn.
+
+verl instantiates :class:`WindowedAgentLoop` from the job's agent-loop YAML
+(``actor_rollout_ref.rollout.agent.agent_loop_config_path``, written by
+:func:`fedagent.train.verl.launch.write_agent_loop_yaml`) once per rollout, i.e. per
+(dataset row, session) with ``rollout.n`` sessions per row. ``run`` plays the row's task
+seed: every turn builds the same windowed prompt as the local backend
+(:func:`fedagent.rollout.prompts.windowed_prompt` + :func:`encode_prompt`, left-truncated
+to ``max_prompt_tokens``), asks verl's LLM server for the answer, and sends
+``RESPONSE_PREFIX + text`` to the env service (which parses it). It returns a **list** of
+:class:`TurnOutput`, one per turn: verl's v1 (TransferQueue) worker stores each element as
+its own training row under the row's ``uid``, so GRPO's mean/std runs over all per-turn
+samples of the task's group (FACTS §5).
+
+Rewards: each turn's reward is the episode's return minus ``invalid_penalty`` when that
+turn's own action was invalid. verl's worker copies the *last* output's ``reward_score``
+onto the earlier ones; :meth:`TurnOutput.as_dict` therefore writes ``rm_scores`` from the
+turn's own ``turn_reward`` field, which that copy does not touch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+from fedagent.rollout.prompts import HISTORY_LENGTH, RESPONSE_PREFIX, encode_prompt, windowed_prompt
+
+
+class TurnOutput(AgentLoopOutput):
+    """One turn as a verl sample; ``rm_scores`` come from ``turn_reward``, not ``reward_score``."""
+
+    turn_reward: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out.pop("turn_reward", None)
+        scores = out["response_mask"].new_zeros(out["response_mask"].shape, dtype=__import__("torch").float32)
+        if scores.numel():
+            scores[-1] = float(self.turn_reward)
+        out["rm_scores"] = scores
+        return out
+
+
+def turn_reward(episode_return: float, valid: bool, invalid_penalty: float) -> float:
+    """The training reward of one turn: the episode return, minus the penalty if this turn was invalid."""
+    return float(episode_return) - (0.0 if valid else float(invalid_penalty))
+
+
+class WindowedAgentLoop(AgentLoopBase):
+    """verl agent loop playing one windowed multi-turn episode (see the module docstring).
+
+    Extra constructor arguments come from the agent-loop YAML entry; ``env`` (an object
+    with the env client's ``create/reset/step/close``) replaces the connection in tests.
+    """
+
+    def __init__(self, *args, env_uds: str | None = None, env_url: str | None = None,
+                 env_token: str | None = None, max_turns: int = 3, max_prompt_tokens: int = 1024,
+                 invalid_penalty: float = 0.1, history_length: int = HISTORY_LENGTH,
+                 record_file: str | None = None, env=None, **kwargs):
+        kwargs.pop("name", None)     # the YAML entry's registry name
+        kwargs.pop("tools", None)    # verl passes its tool list to every loop
+        super().__init__(*args, **kwargs)
+        self.max_turns = int(max_turns)
+        self.max_prompt_tokens = min(int(max_prompt_tokens), int(self.rollout_config.prompt_length))
+        self.response_length = int(self.rollout_config.response_length)
+        self.invalid_penalty = float(invalid_penalty)
+        self.history_length = int(history_length)
+        self.record_file = record_file
+        if env is None:
+            from fedagent.envs.client import EnvClient
+
+            env = EnvClient(uds=env_uds, base_url=env_url, token=env_token)
+        self.env = env
+
+    async def _env(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[TurnOutput]:
+        info = dict(kwargs.get("extra_info") or {})
+        seed = int(info["seed"])
+        uid = str(kwargs.get("uid", uuid4().hex))
+        session = int(kwargs.get("session_id", 0))
+        sid = f"{uid}-s{session}"
+        params = dict(sampling_params)
+        params["max_tokens"] = self.response_length
+        turns: list[dict] = []
+        await self._env(self.env.create, sid)
+        try:
+            r = await self._env(self.env.reset, sid, seed)
+            task_id, task_type = str(r["task_id"]), str(r["task_type"])
+            task, obs = r.get("task", ""), r["observation"]
+            admissible = list(r.get("admissible_commands", []))
+            history: list[tuple[str, str]] = []
+            episode_return, won, score = 0.0, False, 0.0
+            for _ in range(self.max_turns):
+                prompt_ids = encode_prompt(self.tokenizer, windowed_prompt(task, obs, admissible, history,
+                                                                           self.history_length),
+                                           self.max_prompt_tokens)
+                out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
+                                                         sampling_params=dict(params))
+                response_ids = list(out.token_ids)[: self.response_length]
+                logprobs = list(out.log_probs)[: self.response_length] if out.log_probs else None
+                text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+                step = await self._env(self.env.step, sid, RESPONSE_PREFIX + text)
+                reward = float(step["reward"])
+                episode_return += reward
+                won, score = bool(step.get("won", False)), float(step.get("score", 0.0))
+                action = str(step.get("action", ""))
+                turns.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "logprobs": logprobs,
+                              "text": text, "action": action, "valid": bool(step["is_action_valid"]),
+                              "reward": reward})
+                history.append((obs, action))
+                obs = step["observation"]
+                admissible = list(step.get("admissible_commands", admissible))
+                if step["done"]:
+                    break
+        finally:
+            await self._env(self.env.close, sid)
+        outputs = []
+        for k, t in enumerate(turns):
+            if not t["response_ids"]:
+                continue   # nothing to train on
+            rew = turn_reward(episode_return, t["valid"], self.invalid_penalty)
+            outputs.append(TurnOutput(
+                prompt_ids=t["prompt_ids"], response_ids=t["response_ids"],
+                response_mask=[1] * len(t["response_ids"]), response_logprobs=t["logprobs"],
+                reward_score=rew, turn_reward=rew, num_turns=2, metrics=AgentLoopMetrics(),
+                extra_fields={"reward_extra_info": {}, "task_id": task_id, "task_type": task_type,
+                              "turn": k, "valid": t["valid"], "episode_return": episode_return,
+                              "won": won, "seed": seed},
+            ))
+        self._record({"epoch": int(info.get("epoch", 0)), "group": int(info.get("group", 0)),
+                      "session": session, "task_id": task_id, "task_type": task_type, "seed": seed,
+                      "return": episode_return, "won": won, "score": score, "n_turns": len(turns),
+                      "turns": [{"action": t["action"], "valid": t["valid"], "reward": t["reward"],
+                                 "text": t["text"], "prompt_tokens": len(t["prompt_ids"]),
+                                 "response_tokens": len(t["response_ids"])} for t in turns]})
+        return outputs
+
+    def _record(self, rec: dict) -> None:
+        """Append the episode's summary as one line (O_APPEND: lines of concurrent loops do not mix)."""
+        if not self.record_file:
+            return
+        line = (json.dumps(rec, sort_keys=True) + "\n").encode()
+        fd = os.open(self.record_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)

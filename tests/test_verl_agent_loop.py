@@ -1,0 +1,147 @@
+"""The verl agent loop with a fake generation server and the in-process fake env.
+
+Per turn: the exact windowed prompt the local backend would build, the answer's tokens as
+the response with mask 1, reward = episode return minus the invalid penalty on that turn
+only (and kept through verl's copy of the last reward onto earlier turns), task ids, the
+session closed. Needs verl importable (envs/verl-cpu.txt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is installed by scripts/setup.sh (envs/verl-cpu.txt)")
+
+from fake_env import COMMANDS, FakeEnv, build_tiny_model  # noqa: E402
+from verl_helpers import compose_ppo  # noqa: E402
+
+from fedagent.rollout.prompts import RESPONSE_PREFIX, encode_prompt, windowed_prompt  # noqa: E402
+from fedagent.train.local import TrainParams  # noqa: E402
+from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
+
+
+class FakeServer:
+    """verl's LLM server client: scripted answers (as token ids), every request recorded."""
+
+    def __init__(self, tokenizer, answers):
+        self.tok, self.answers, self.calls = tokenizer, list(answers), []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        ids = self.tok.encode(self.answers[len(self.calls) - 1], add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from fedagent.policy import load_tokenizer
+
+    d = build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+    return d, load_tokenizer(d)
+
+
+def make_loop(tiny, tmp_path, server, env, *, max_prompt_tokens=1024, max_turns=3, penalty=0.1,
+              response_length=40):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from fedagent.train.verl.agent_loop import WindowedAgentLoop
+
+    model_dir, tok = tiny
+    p = TrainParams(max_prompt_tokens=1024, max_new_tokens=response_length, group_size=2)
+    job = VerlJob(tag="t", workdir=tmp_path, ray_tmp=tmp_path)
+    cfg = compose_ppo(build_overrides(p, VerlSettings(), job=job, model_dir=model_dir, rows=tmp_path / "r.parquet",
+                                      agent_loop_yaml=tmp_path / "a.yaml", rollout_seed=0))
+    return WindowedAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=tok,
+                             processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data),
+                             name="fedagent_windowed", tools=None, env=env, max_turns=max_turns,
+                             max_prompt_tokens=max_prompt_tokens, invalid_penalty=penalty,
+                             record_file=str(tmp_path / "episodes.jsonl"))
+
+
+def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens):
+    """Replay the episode on a second fake env, building prompts the local backend's way."""
+    env = FakeEnv(max_turns=3)
+    env.create("x")
+    r = env.reset("x", seed)
+    obs, history, prompts = r["observation"], [], []
+    for text in env_log_answers:
+        prompts.append(encode_prompt(tok, windowed_prompt(r["task"], obs, r["admissible_commands"], history),
+                                     max_prompt_tokens))
+        s = env.step("x", RESPONSE_PREFIX + text)
+        history.append((obs, s["action"]))
+        obs = s["observation"]
+        if s["done"]:
+            break
+    return prompts
+
+
+def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
+    _, tok = tiny
+    seed = 2                                     # index mode: fake-002, target "take key"
+    assert FakeEnv.target("fake-002") == "take key" == COMMANDS[2]
+    answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
+    server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
+    loop = make_loop(tiny, tmp_path, server, env)
+    outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=1,
+                                extra_info={"seed": seed, "epoch": 0, "group": 0}, raw_prompt=[]))
+    assert len(outs) == 3                         # one sample per turn
+    assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, seed, 1024)
+    assert all(c["sampling_params"]["max_tokens"] == 40 for c in server.calls)
+    for o, a in zip(outs, answers):
+        ids = tok.encode(a, add_special_tokens=False)
+        assert o.response_ids == ids and o.response_mask == [1] * len(ids)
+        assert o.response_logprobs == [-0.5] * len(ids)
+        assert o.extra_fields["task_id"] == "fake-002" and o.extra_fields["task_type"] == "even"
+    # Return 10 (won on turn 3); turn 1 was invalid: 10 - 0.1; turns 2 and 3 were valid.
+    assert [o.turn_reward for o in outs] == [pytest.approx(9.9), 10.0, 10.0]
+    assert [o.extra_fields["valid"] for o in outs] == [False, True, True]
+    # verl's v1 worker copies the last output's reward_score onto the earlier ones: rm_scores keep theirs.
+    for o in outs[:-1]:
+        o.reward_score = outs[-1].reward_score
+    d0 = outs[0].as_dict()
+    assert float(d0["rm_scores"][-1]) == pytest.approx(9.9) and float(d0["rm_scores"][:-1].abs().sum()) == 0
+    assert d0["responses"].tolist() == outs[0].response_ids and d0["response_mask"].tolist() == [1] * len(outs[0].response_ids)
+    assert env.sessions == {} and ("close", "u1-s1") in env.log
+    rec = [json.loads(line) for line in Path(tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert len(rec) == 1 and rec[0]["task_id"] == "fake-002" and rec[0]["won"] and rec[0]["return"] == 10.0
+    assert [t["valid"] for t in rec[0]["turns"]] == [False, True, True]
+
+
+def test_lost_episode_all_turns_get_zero_and_penalty_per_invalid_turn(tiny, tmp_path):
+    _, tok = tiny
+    answers = ["x</think><action>look</action>", "bad", "x</think><action>go south</action>"]
+    server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
+    loop = make_loop(tiny, tmp_path, server, env, penalty=0.25)
+    outs = asyncio.run(loop.run({}, uid="u2", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    assert [o.turn_reward for o in outs] == [0.0, -0.25, 0.0]
+    assert [o.extra_fields["episode_return"] for o in outs] == [0.0, 0.0, 0.0]
+
+
+def test_prompt_is_left_truncated_to_the_cap(tiny, tmp_path):
+    _, tok = tiny
+    answers = ["x</think><action>take key</action>"]
+    server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
+    loop = make_loop(tiny, tmp_path, server, env, max_prompt_tokens=48)
+    outs = asyncio.run(loop.run({}, uid="u3", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    full = expected_prompts(tok, answers, 2, 10_000)[0]
+    assert len(full) > 48 and outs[0].prompt_ids == full[-48:] == server.calls[0]["prompt_ids"]
+
+
+def test_session_is_closed_when_generation_fails(tiny, tmp_path):
+    _, tok = tiny
+
+    class Broken(FakeServer):
+        async def generate(self, request_id, **kw):
+            raise RuntimeError("server gone")
+
+    env = FakeEnv(max_turns=3)
+    loop = make_loop(tiny, tmp_path, Broken(tok, []), env)
+    with pytest.raises(RuntimeError, match="server gone"):
+        asyncio.run(loop.run({}, uid="u4", session_id=0, extra_info={"seed": 1}, raw_prompt=[]))
+    assert env.sessions == {}
