@@ -314,6 +314,17 @@ def _model_exists(get):
     return None
 
 
+@cross_rule("train.ref_anchor", ["train.ref_anchor", "train.backend", "train.kl_coef", "rounds"],
+            violation={"train.backend": "verl", "train.ref_anchor": "base", "rounds": 2, "train.kl_coef": 0.01})
+def _verl_reference_is_the_start_model(get):
+    # verl's KL reference is the model a job starts from (its actor's initial weights).
+    if get("train.backend") == "verl" and get("train.ref_anchor") == "base" and get("rounds") > 1 \
+            and get("train.kl_coef") > 0:
+        return ("'base' with train.backend=verl and rounds > 1 (verl's KL reference is the model a job starts "
+                "from); use train.ref_anchor: round, or train.kl_coef: 0")
+    return None
+
+
 def run_cross_rules(get: Callable[[str], Any], has: Callable[[str], bool]) -> None:
     """Apply every rule whose keys are all present (``has``); ConfigError naming the rule's key."""
     for rule in CROSS_RULES:

@@ -21,6 +21,8 @@ rule train_client:
         # Not params: dropout settings change no update, so changing them re-runs nothing.
         attempt=lambda wildcards, attempt: attempt,
         drop_at_attempt=DROP_AT_ATTEMPT,
+        # GPUs of one verl job (Slurm: --gpus; local: counted against --resources gpu=N if given).
+        gpu=config["train"]["verl"]["gpus"] if config["train"]["backend"] == "verl" else 0,
     conda:
         "../envs/fedagent.yaml"
     log:

@@ -111,9 +111,12 @@ def job_params(section, drop):
 
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm")),
+    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "verl")),
     "pool_size": config["env"]["pool_size"],
     "answer_format": config["rollout"]["answer_format"],
+    # The verl backend rides in the same JSON (only when chosen: a local run's params, and so
+    # its cached jobs, stay exactly as before).
+    **({"backend": "verl", "verl": config["train"]["verl"]} if config["train"]["backend"] == "verl" else {}),
 })
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],

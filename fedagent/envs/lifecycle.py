@@ -138,6 +138,10 @@ def env_service(
                     f"env service not healthy after {startup_timeout} s; log {log_path}:\n" + _log_tail(log_path))
             time.sleep(0.1)
         client.max_retries = 8                        # startup probing done: full retry budget
+        # Where the service listens, for processes of the job that open their own client
+        # (the verl backend's agent loops): {"uds": path} or {"base_url": url, "token": t}.
+        client.address = ({"uds": where["uds"]} if "uds" in where else
+                          {"base_url": f"http://{where['host']}:{where['port']}", "token": token})
         yield client
     finally:
         if client is not None:

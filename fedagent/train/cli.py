@@ -32,6 +32,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="JSON object of this client's env knobs (WebShop: its environment arm)")
     parser.add_argument("--out", type=Path, required=True, help="output update dir")
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
+    parser.add_argument("--backend", choices=("local", "verl"), default="local",
+                        help="local: this process (CPU); verl: one verl job (FSDP + vLLM + Ray, GPUs)")
+    parser.add_argument("--verl", default="{}", help="JSON object of verl settings (see VerlSettings)")
 
 
 def client_shard(partition_file: Path, client: int) -> list[str]:
@@ -49,13 +52,21 @@ def run(args: argparse.Namespace) -> int:
     from fedagent.tasks import games_kind
     from fedagent.train.local import TrainParams, train_client
 
-    params = TrainParams.from_dict(json.loads(args.params))
+    raw = json.loads(args.params)
+    # The workflow passes the backend inside --params (so a local run's params stay as they were).
+    backend = raw.pop("backend", args.backend)
+    verl_json = json.dumps(raw.pop("verl")) if "verl" in raw else args.verl
+    if backend not in ("local", "verl"):
+        raise ValueError(f"train backend must be 'local' or 'verl', got {backend!r}")
+    params = TrainParams.from_dict(raw)
     env_params = json.loads(args.env_params)
     if not isinstance(env_params, dict):
         raise ValueError("--env-params must be a JSON object")
     shard = client_shard(args.partition, args.client)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if backend == "verl":
+        return _run_verl(args, params, shard, out, verl_json, env_params)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
                          answer_format=params.answer_format, source=games_kind(args.games),
@@ -64,6 +75,43 @@ def run(args: argparse.Namespace) -> int:
         metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
+                      "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
+                      "wall_time_s": metrics["wall_time_s"]}))
+    return 0
+
+
+def verl_settings(text: str):
+    """``--verl`` JSON → :class:`fedagent.train.verl.launch.VerlSettings` (unknown keys are an error)."""
+    from fedagent.config import dataclass_from_dict
+    from fedagent.train.verl.launch import VerlSettings
+
+    d = dict(json.loads(text))
+    if "extra_overrides" in d:
+        d["extra_overrides"] = tuple(d["extra_overrides"])
+    s = dataclass_from_dict(VerlSettings, d, "train.verl")
+    if s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1:
+        raise ValueError(f"bad train.verl settings: {s}")
+    return s
+
+
+def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, verl_json: str,
+              env_params: dict) -> int:
+    """The verl backend: same env service, then one verl job (fedagent.train.verl.backend)."""
+    from fedagent.envs.lifecycle import job_env_service
+    from fedagent.tasks import games_kind
+    from fedagent.train.verl.backend import train_client_verl
+
+    settings = verl_settings(verl_json)
+    # verl plays every rollout of a step at once: one env session each.
+    pool = max(params.pool_size, params.groups_per_epoch * params.group_size)
+    with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=pool,
+                         max_turns=params.max_turns, client_id=str(args.client),
+                         answer_format=params.answer_format, source=games_kind(args.games),
+                         env_params=env_params or None) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
+        metrics = train_client_verl(args.model, args.ref_model, env.address, round=args.round, client=args.client,
+                                    params=params, settings=settings, out_dir=out, quarantine=args.quarantine)
+    print(json.dumps({"out": str(out), "backend": "verl", "num_samples": metrics["num_samples"],
                       "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
                       "wall_time_s": metrics["wall_time_s"]}))
     return 0

@@ -1,0 +1,101 @@
+"""One client's round through verl: task rows → ``verl.trainer.main_ppo`` → fp32 update dir.
+
+Same contract as :func:`fedagent.train.local.train_client`: the output dir (written with
+:func:`fedagent.atomic.atomic_dir`) holds the fp32 HF model, ``metrics.json`` (with
+``num_samples``/``num_tokens`` for aggregation weights) and ``samples.jsonl`` (one line
+per episode), so aggregate/merge/verify/eval do not know which backend trained.
+
+The job's env service is started by ``fedagent train-client`` (as for the local backend);
+the agent loops in verl's Ray workers connect to it by the address in the agent-loop YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from fedagent.rollout.prompts import HISTORY_LENGTH
+from fedagent.seeds import derive_seed
+from fedagent.train.verl import launch
+
+
+def read_episodes(path: Path) -> list[dict]:
+    """The agent loops' episode records in a fixed order (epoch, group, session), not arrival order."""
+    if not Path(path).is_file():
+        return []
+    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return sorted(recs, key=lambda r: (r["epoch"], r["group"], r["session"], r["seed"]))
+
+
+def episode_metrics(episodes: list[dict]) -> dict:
+    """Sample/token counts and return statistics over the recorded episodes."""
+    turns = [t for e in episodes for t in e["turns"] if t["response_tokens"] > 0]
+    returns = [float(e["return"]) for e in episodes]
+    return {
+        "num_samples": len(turns),
+        "num_tokens": sum(t["response_tokens"] for t in turns),
+        "num_prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+        "num_episodes": len(episodes),
+        "mean_return": math.fsum(returns) / len(returns) if returns else 0.0,
+        "success_rate": sum(bool(e["won"]) for e in episodes) / len(episodes) if episodes else 0.0,
+    }
+
+
+def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: dict, *, round: int, client: int,
+                      params, settings: launch.VerlSettings, out_dir: Path, quarantine: Path | None = None) -> dict:
+    """Run one verl job for this client and round; write the update dir; return the metrics."""
+    from fedagent.atomic import atomic_dir, verify_manifest
+    from fedagent.train.local import epoch_task_seeds, same_weights
+    from fedagent.train.verl.convert import write_update
+
+    t0 = time.time()
+    p = params
+    verify_manifest(Path(model_dir))
+    if ref_model_dir is not None and p.kl_coef and not same_weights(model_dir, ref_model_dir):
+        raise ValueError("train.backend=verl: verl's KL reference is the start model, but the reference "
+                         f"{ref_model_dir} differs from {model_dir}; use train.ref_anchor: round")
+    out_dir = Path(out_dir)
+    workdir = out_dir.parent / f".verl-{out_dir.name}"
+    with launch.isolated_job(workdir, round=round, client=client) as job:
+        rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
+        record = job.workdir / "episodes.jsonl"
+        yaml_path = launch.write_agent_loop_yaml(
+            job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
+            env_token=env_address.get("token"), p=p, record_file=record, history_length=HISTORY_LENGTH)
+        overrides = launch.build_overrides(
+            p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
+            rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31)
+        try:
+            trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log)
+        finally:
+            if job.log.is_file():      # into the rule's log (stdout), before the work dir goes
+                sys.stdout.write(job.log.read_text(errors="replace"))
+                sys.stdout.flush()
+        actor = launch.final_checkpoint(job.ckpt_dir)
+        episodes = read_episodes(record)
+        t1 = time.time()
+        with atomic_dir(out_dir, quarantine) as staging:
+            conv = write_update(actor, model_dir, staging)
+            convert_s = time.time() - t1
+            metrics = {
+                "round": round, "client": client, "backend": "verl", **episode_metrics(episodes),
+                "kl": 0.0, "steps": [],
+                "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
+                "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
+                                                          "world_size": conv["world_size"]},
+                "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s)},
+                "wall_time_s": round_(time.time() - t0),
+            }
+            (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+            with open(staging / "samples.jsonl", "w") as fh:
+                for rec in episodes:
+                    fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    return metrics
+
+
+def round_(x: float) -> float:
+    return float(f"{x:.3f}")

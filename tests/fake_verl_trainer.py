@@ -1,0 +1,109 @@
+"""A stand-in for ``python -m verl.trainer.main_ppo`` (set ``FEDAGENT_VERL_TRAINER=fake_verl_trainer``).
+
+Does what a verl job does to the machine, without a GPU: takes the same Hydra overrides,
+binds what verl/Ray/vLLM bind (a Unix socket in Ray's temp dir, a TCP port picked by the OS,
+the weight-transfer IPC socket named from the salted Ray job id via our Ray hook), leaves a
+child process running (as Ray/vLLM do), plays each dataset row's episodes against the job's
+env service through the agent-loop YAML, and saves a world-size-1 FSDP-layout checkpoint of
+the start model with a fixed perturbation. It records what it saw in ``$FAKE_VERL_RECORD``
+and holds everything open for ``$FAKE_VERL_HOLD_S`` seconds so that two jobs overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def parse(argv: list[str]) -> dict[str, str]:
+    out = {}
+    for a in argv:
+        key, _, value = a.partition("=")
+        out[key.lstrip("+")] = value
+    return out
+
+
+def main() -> int:
+    import pandas as pd
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from fedagent.envs.client import EnvClient
+    from fedagent.train.verl import ray_hook
+
+    ov = parse(sys.argv[1:])
+    tag = os.environ[ray_hook.TAG_ENV]
+    assert ov["ray_kwargs.ray_init.runtime_env.env_vars." + ray_hook.TAG_ENV] == tag
+    ray_tmp = Path(ov["ray_kwargs.ray_init._temp_dir"])
+    # Ray: session dir + a Unix socket inside the job's temp dir.
+    sess = ray_tmp / f"session_fake_{os.getpid()}" / "sockets"
+    sess.mkdir(parents=True)
+    raylet = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raylet.bind(str(sess / "raylet"))
+    raylet.listen()
+    # verl/vLLM: a port from the OS (verl's get_free_port binds port 0).
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen()
+    # The weight-transfer socket, named as verl 0.9.1 names it, from the job id our Ray hook
+    # gives a verl caller (the unsalted id of a fresh cluster's first driver is 01000000).
+    ray_hook.install()                      # fails closed on a Ray without get_job_id
+    salted = ray_hook.salted_get_job_id(lambda self: "01000000", tag)
+    job_id = eval("get_job_id(None)", {"__name__": "verl.workers.rollout.vllm_rollout.vllm_rollout",
+                                       "get_job_id": salted})
+    ipc_path = f"/tmp/rl-colocate-zmq-{job_id}-replica-0-rank-0.sock"
+    ipc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ipc.bind(ipc_path)                      # EADDRINUSE if two jobs shared the name
+    ipc.listen()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # Episodes through the agent-loop YAML's env address.
+    entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]
+    env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],
+                                                                             token=entry["env_token"])
+    rows = pd.read_parquet(ov["data.train_files"])
+    n = int(ov["actor_rollout_ref.rollout.n"])
+    with open(entry["record_file"], "a") as rec:
+        for k, info in enumerate(rows["extra_info"]):
+            for s in range(n):
+                sid = f"{tag}-{k}-{s}"
+                env.create(sid)
+                r = env.reset(sid, int(info["seed"]))
+                st = env.step(sid, "<think>x</think><action>look</action>")
+                env.close(sid)
+                rec.write(json.dumps({"epoch": int(info["epoch"]), "group": int(info["group"]), "session": s,
+                                      "seed": int(info["seed"]), "task_id": r["task_id"], "task_type": r["task_type"],
+                                      "return": float(st["reward"]), "won": bool(st.get("won")), "score": 0.0,
+                                      "n_turns": 1, "turns": [{"action": st["action"], "valid": st["is_action_valid"],
+                                                                "reward": st["reward"], "text": "x",
+                                                                "prompt_tokens": 10, "response_tokens": 3}]}) + "\n")
+    record = {"tag": tag, "pid": os.getpid(), "t": time.time(), "child": child.pid, "tcp_port": tcp.getsockname()[1],
+              "ray_tmp": str(ray_tmp), "raylet": str(sess / "raylet"), "ipc": ipc_path,
+              "tmpdir": os.environ["TMPDIR"], "ray_address": os.environ.get("RAY_ADDRESS"),
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "workdir": str(Path(ov["trainer.default_local_dir"]).parent), "argv": sys.argv[1:]}
+    out = Path(os.environ["FAKE_VERL_RECORD"]) / f"{tag}.json"
+    out.write_text(json.dumps(record))
+    time.sleep(float(os.environ.get("FAKE_VERL_HOLD_S", "1")))
+    # One save at the end: FSDP layout, world size 1, fp32, start model + 1/1024.
+    model_dir = Path(ov["actor_rollout_ref.model.path"])
+    steps = int(ov["trainer.total_training_steps"])
+    actor = Path(ov["trainer.default_local_dir"]) / f"global_step_{steps}" / "actor"
+    actor.mkdir(parents=True)
+    sd = {k: v + 2.0 ** -10 for k, v in load_file(model_dir / "model.safetensors").items()}
+    if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    torch.save(sd, actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    if os.environ.get("FAKE_VERL_FAIL"):
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Two verl jobs on one machine at once never collide (ports, Ray temp dirs, sockets).
+
+Both jobs run the real launcher (fedagent.train.verl.backend) with a fake trainer
+(tests/fake_verl_trainer.py) that binds what verl/Ray/vLLM bind and holds it while the other
+job runs; each job has its own env service, as train_client jobs do. Afterwards nothing of
+either job is left: work dirs, Ray temp dirs, IPC sockets, child processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
+from fake_env import build_tiny_model
+from safetensors.torch import load_file
+
+from fedagent.atomic import verify_manifest
+from fedagent.envs.service import build_app
+from fedagent.train.local import TrainParams
+from fedagent.train.verl.backend import train_client_verl
+from fedagent.train.verl.launch import IPC_SOCKET_GLOB, VerlSettings
+
+TESTS = Path(__file__).resolve().parent
+HOLD_S = 3.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch, tmp_path):
+    rec = tmp_path / "records"
+    rec.mkdir()
+    monkeypatch.setenv("FEDAGENT_VERL_TRAINER", "fake_verl_trainer")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_VERL_RECORD", str(rec))
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", str(HOLD_S))
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")      # someone else's cluster: must not leak in
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")       # the job's allocation: passed through as is
+    return rec
+
+
+def _job(model, round_dir, client):
+    """One train_client job's verl part, in its own process (as Snakemake runs jobs)."""
+    p = TrainParams(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
+    sock_dir = short_tmp()
+    app = build_app(FakeTaskSource(n=6), "train", [f"fake-{i:03d}" for i in range(6)], mode="draw",
+                    pool_size=4, max_turns=1)
+    with serve_in_thread(app, sock_dir / "env.sock") as uds:
+        return train_client_verl(model, model, {"uds": str(uds)}, round=1, client=client, params=p,
+                                 settings=VerlSettings(gpus=2), out_dir=round_dir / str(client))
+
+
+def _run_jobs(model, round_dir, clients):
+    """Start every job at once, each in a fresh process; {client: metrics or exception}."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(len(clients), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = {c: pool.submit(_job, model, round_dir, c) for c in clients}
+        out = {}
+        for c, f in futs.items():
+            try:
+                out[c] = f.result(300)
+            except Exception as exc:   # noqa: BLE001 - inspected by the tests
+                out[c] = exc
+    return out
+
+
+@pytest.mark.slow
+def test_two_jobs_at_once_share_nothing_and_leave_nothing(fake_trainer, tmp_path):
+    model = build_tiny_model(tmp_path / "m")
+    round_dir = tmp_path / "round_001" / "clients"
+    round_dir.mkdir(parents=True)
+    results = _run_jobs(model, round_dir, (0, 1))
+    assert not [r for r in results.values() if isinstance(r, Exception)], results
+    recs = [json.loads(p.read_text()) for p in sorted(fake_trainer.iterdir())]
+    assert len(recs) == 2
+    a, b = recs
+    assert abs(a["t"] - b["t"]) < HOLD_S                          # both held their resources at once
+    assert a["tag"] != b["tag"] and a["ray_tmp"] != b["ray_tmp"] and a["ipc"] != b["ipc"]
+    assert a["tcp_port"] != b["tcp_port"]
+    for r in recs:
+        assert r["tag"] in r["ipc"] and "01000000-" + r["tag"] in r["ipc"]   # salted, not verl's bare id
+        assert len(r["raylet"]) < 107
+        assert r["ray_address"] is None and r["cuda_visible_devices"] == "3,5"
+        assert Path(r["tmpdir"]).is_relative_to(r["workdir"])
+        assert not any("port" in o.split("=")[0] for o in r["argv"])      # no fixed port anywhere
+        assert "trainer.n_gpus_per_node=2" in r["argv"]
+        # Nothing left behind.
+        assert not Path(r["workdir"]).exists() and not Path(r["ray_tmp"]).exists()
+        assert not Path(r["ipc"]).exists() and not list(Path("/tmp").glob(IPC_SOCKET_GLOB.format(tag=r["tag"])[5:]))
+        assert not _alive(r["child"]) and not _alive(r["pid"])
+    start = load_file(model / "model.safetensors")
+    for c in (0, 1):
+        out = round_dir / str(c)
+        verify_manifest(out)
+        got = load_file(out / "model.safetensors")
+        assert all(torch_equal(got[k], start[k] + 2.0 ** -10) for k in start)
+        m = json.loads((out / "metrics.json").read_text())
+        assert m["backend"] == "verl" and m["num_samples"] == 4 and m["num_episodes"] == 4
+        assert m["verl"]["world_size"] == 1 and results[c]["num_samples"] == 4
+        assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+    assert sorted(p.name for p in round_dir.iterdir()) == ["0", "1"]
+
+
+def torch_equal(a, b):
+    import torch
+
+    return a.dtype == torch.float32 and torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_failed_trainer_leaves_no_output_and_no_processes(fake_trainer, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_FAIL", "1")
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    model = build_tiny_model(tmp_path / "m")
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,))[0]
+    assert isinstance(err, RuntimeError) and "exited with code 3" in str(err)
+    (r,) = [json.loads(p.read_text()) for p in fake_trainer.iterdir()]
+    assert not (round_dir / "0").exists() and list(round_dir.iterdir()) == []
+    assert not Path(r["ray_tmp"]).exists() and not Path(r["ipc"]).exists()
+    time.sleep(0.2)
+    assert not _alive(r["child"])
