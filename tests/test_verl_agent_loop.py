@@ -93,6 +93,8 @@ def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
     assert len(outs) == 3                         # one sample per turn
     assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, seed, 1024)
     assert all(c["sampling_params"]["max_tokens"] == 40 for c in server.calls)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert all(im_end in c["sampling_params"]["stop_token_ids"] for c in server.calls)
     for o, a in zip(outs, answers):
         ids = tok.encode(a, add_special_tokens=False)
         assert o.response_ids == ids and o.response_mask == [1] * len(ids)

@@ -51,6 +51,23 @@ def turn_reward(episode_return: float, valid: bool, invalid_penalty: float) -> f
     return float(episode_return) - (0.0 if valid else float(invalid_penalty))
 
 
+def answer_stop_ids(tokenizer, model_path: str | None) -> list[int]:
+    """:func:`fedagent.policy.stop_token_ids` for the model at ``model_path`` (its generation config)."""
+    from types import SimpleNamespace
+
+    from fedagent.policy import stop_token_ids
+
+    gen = None
+    if model_path:
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(str(model_path))
+        except OSError:
+            gen = None   # no generation_config.json: the tokenizer's eos and the ChatML ends
+    return stop_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
+
+
 class WindowedAgentLoop(AgentLoopBase):
     """verl agent loop playing one windowed multi-turn episode (see the module docstring).
 
@@ -71,6 +88,7 @@ class WindowedAgentLoop(AgentLoopBase):
         self.invalid_penalty = float(invalid_penalty)
         self.history_length = int(history_length)
         self.record_file = record_file
+        self.stop_token_ids = answer_stop_ids(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
         if env is None:
             from fedagent.envs.client import EnvClient
 
@@ -88,6 +106,8 @@ class WindowedAgentLoop(AgentLoopBase):
         sid = f"{uid}-s{session}"
         params = dict(sampling_params)
         params["max_tokens"] = self.response_length
+        # The local sampler's stop set (SmolLM2's converted eos is <|im_start|>; answers end at <|im_end|>).
+        params["stop_token_ids"] = list(self.stop_token_ids)
         turns: list[dict] = []
         await self._env(self.env.create, sid)
         try:
