@@ -144,11 +144,28 @@ def run(args: argparse.Namespace) -> int:
     from fedagent.timing import PhaseClock
 
     clock = PhaseClock()
-    params = EvalParams.from_dict(json.loads(args.params))
+    raw = json.loads(args.params)
+    # The workflow passes the backend inside --params only for vllm (local evals' params stay as they were).
+    backend = raw.pop("backend", "local")
+    vllm_settings = raw.pop("vllm", None)
+    if backend not in ("local", "vllm"):
+        raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
+    params = EvalParams.from_dict(raw)
     tasks, seeds = load_val_set(args.val_set)
-    model, tok = load_policy(args.model, args.threads, device=params.device)
     sampler = None
-    if params.device == "cuda":
+    if backend == "vllm":
+        from fedagent.atomic import verify_manifest
+        from fedagent.evaluate_vllm import VllmEvalSettings, VllmSampler, make_llm
+        from fedagent.policy import load_tokenizer, stop_token_ids_for_dir
+
+        settings = dataclass_from_dict(VllmEvalSettings, dict(vllm_settings or {}), "eval.vllm")
+        verify_manifest(Path(args.model))
+        model, tok = None, load_tokenizer(args.model)
+        sampler = VllmSampler(make_llm(args.model, settings, params.base_seed), stop_token_ids_for_dir(tok, args.model),
+                              params.base_seed)
+    else:
+        model, tok = load_policy(args.model, args.threads, device=params.device)
+    if backend == "local" and params.device == "cuda":
         import torch
 
         from fedagent.static_sampler import StaticSampler
@@ -174,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         dropped = json.loads(server_json.read_text()).get("dropped")
         if dropped:
             result["dropped_clients"] = [Path(d["dir"]).name for d in dropped]
+    if backend != "local":
+        result["backend"] = backend
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.

@@ -89,6 +89,21 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def stop_token_ids_for_dir(tokenizer, model_dir) -> list[int]:
+    """:func:`stop_token_ids` without loading the model: the generation config of ``model_dir``."""
+    from types import SimpleNamespace
+
+    gen = None
+    if model_dir:
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(str(model_dir))
+        except OSError:
+            gen = None   # no generation_config.json: the tokenizer's eos and the ChatML ends
+    return stop_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
+
+
 def _left_pad(prompts: list[list[int]], pad_id: int):
     """Left-padded ids, attention mask and position ids (0 at each prompt's first token)."""
     width = max(len(p) for p in prompts)

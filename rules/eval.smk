@@ -13,6 +13,8 @@ rule eval:
     params:
         eval=EVAL_PARAMS,
     threads: config["eval"]["threads"]
+    resources:
+        gpu=1 if config["eval"]["backend"] == "vllm" else 0,
     conda:
         "../envs/fedagent.yaml"
     log:

@@ -121,8 +121,9 @@ TRAIN_PARAMS = as_json({
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],
     "pool_size": config["env"]["pool_size"],
-    **job_params("eval", ("threads", "n")),
+    **job_params("eval", ("threads", "n", "backend", "vllm")),
     "answer_format": config["rollout"]["answer_format"],
+    **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
 })
 
 

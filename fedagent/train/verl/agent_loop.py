@@ -7,7 +7,7 @@ verl instantiates :class:`WindowedAgentLoop` from the job's agent-loop YAML
 seed: every turn builds the same windowed prompt as the local backend
 (:func:`fedagent.rollout.prompts.windowed_prompt` + :func:`encode_prompt`, left-truncated
 to ``max_prompt_tokens``), asks verl's LLM server for the answer, and sends
-``RESPONSE_PREFIX + text`` to the env service (which parses it). It returns a **list** of
+the answer format's prefilled start + text to the env service (which parses it). It returns a **list** of
 :class:`TurnOutput`, one per turn: verl's v1 (TransferQueue) worker stores each element as
 its own training row under the row's ``uid``, so GRPO's mean/std runs over all per-turn
 samples of the task's group (FACTS §5).
@@ -28,7 +28,8 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from fedagent.rollout.prompts import HISTORY_LENGTH, RESPONSE_PREFIX, encode_prompt, windowed_prompt
+from fedagent.policy import stop_token_ids_for_dir
+from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, windowed_prompt
 
 
 class TurnOutput(AgentLoopOutput):
@@ -51,23 +52,6 @@ def turn_reward(episode_return: float, valid: bool, invalid_penalty: float) -> f
     return float(episode_return) - (0.0 if valid else float(invalid_penalty))
 
 
-def answer_stop_ids(tokenizer, model_path: str | None) -> list[int]:
-    """:func:`fedagent.policy.stop_token_ids` for the model at ``model_path`` (its generation config)."""
-    from types import SimpleNamespace
-
-    from fedagent.policy import stop_token_ids
-
-    gen = None
-    if model_path:
-        from transformers import GenerationConfig
-
-        try:
-            gen = GenerationConfig.from_pretrained(str(model_path))
-        except OSError:
-            gen = None   # no generation_config.json: the tokenizer's eos and the ChatML ends
-    return stop_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
-
-
 class WindowedAgentLoop(AgentLoopBase):
     """verl agent loop playing one windowed multi-turn episode (see the module docstring).
 
@@ -78,7 +62,7 @@ class WindowedAgentLoop(AgentLoopBase):
     def __init__(self, *args, env_uds: str | None = None, env_url: str | None = None,
                  env_token: str | None = None, max_turns: int = 3, max_prompt_tokens: int = 1024,
                  invalid_penalty: float = 0.1, history_length: int = HISTORY_LENGTH,
-                 record_file: str | None = None, env=None, **kwargs):
+                 record_file: str | None = None, answer_format: str = "think_action", env=None, **kwargs):
         kwargs.pop("name", None)     # the YAML entry's registry name
         kwargs.pop("tools", None)    # verl passes its tool list to every loop
         super().__init__(*args, **kwargs)
@@ -88,7 +72,9 @@ class WindowedAgentLoop(AgentLoopBase):
         self.invalid_penalty = float(invalid_penalty)
         self.history_length = int(history_length)
         self.record_file = record_file
-        self.stop_token_ids = answer_stop_ids(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
+        self.answer_format = str(answer_format)
+        self.prefix = response_prefix(self.answer_format)
+        self.stop_token_ids = stop_token_ids_for_dir(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
         if env is None:
             from fedagent.envs.client import EnvClient
 
@@ -119,14 +105,14 @@ class WindowedAgentLoop(AgentLoopBase):
             episode_return, won, score = 0.0, False, 0.0
             for _ in range(self.max_turns):
                 prompt_ids = encode_prompt(self.tokenizer, windowed_prompt(task, obs, admissible, history,
-                                                                           self.history_length),
-                                           self.max_prompt_tokens)
+                                                                           self.history_length, self.answer_format),
+                                           self.max_prompt_tokens, self.answer_format)
                 out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
                                                          sampling_params=dict(params))
                 response_ids = list(out.token_ids)[: self.response_length]
                 logprobs = list(out.log_probs)[: self.response_length] if out.log_probs else None
                 text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-                step = await self._env(self.env.step, sid, RESPONSE_PREFIX + text)
+                step = await self._env(self.env.step, sid, self.prefix + text)
                 reward = float(step["reward"])
                 episode_return += reward
                 won, score = bool(step.get("won", False)), float(step.get("score", 0.0))

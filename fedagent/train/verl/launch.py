@@ -239,6 +239,7 @@ def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | Non
         "max_prompt_tokens": int(p.max_prompt_tokens),
         "invalid_penalty": float(p.invalid_penalty),
         "history_length": int(history_length),
+        "answer_format": str(p.answer_format),
         "record_file": str(record_file),
     }
     Path(path).write_text(yaml.safe_dump([entry], sort_keys=True))
