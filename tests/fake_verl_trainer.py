@@ -39,6 +39,11 @@ def main() -> int:
 
     ov = parse(sys.argv[1:])
     tag = os.environ[ray_hook.TAG_ENV]
+    once = os.environ.get("FAKE_VERL_PORTFAIL_ONCE")
+    if once and not Path(once).exists():          # the first launch loses a port race
+        Path(once).write_text("x")
+        print("OSError: [Errno 98] Address already in use", flush=True)
+        return 1
     assert ov["ray_kwargs.ray_init.runtime_env.env_vars." + ray_hook.TAG_ENV] == tag
     ray_tmp = Path(ov["ray_kwargs.ray_init._temp_dir"])
     # Ray: session dir + a Unix socket inside the job's temp dir.
@@ -100,6 +105,7 @@ def main() -> int:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     torch.save(sd, actor / "model_world_size_1_rank_0.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    print("step:1 - timing_s/gen:2.5 - perf/throughput:1234.5 - actor/pg_loss:-0.01", flush=True)
     if os.environ.get("FAKE_VERL_FAIL"):
         return 3
     return 0

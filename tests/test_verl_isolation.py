@@ -166,3 +166,54 @@ def test_a_verl_round_through_snakemake_aggregates_merges_and_verifies(fake_trai
                        capture_output=True, text=True, cwd=work)
     assert v.returncode == 0, v.stdout + v.stderr
     assert not list((rd / "clients").glob(".verl-*")) and not list((rd / "clients").glob(".env-*"))
+
+
+@pytest.mark.slow
+def test_two_real_ray_clusters_from_our_launch_are_apart(tmp_path, monkeypatch):
+    """Real Ray 2.60 on CPU, started exactly as verl's run_ppo does from two of our launches at
+    once: separate temp dirs and GCS addresses, and verl's view of the job id carries each
+    job's tag inside the workers (the bare ids are both 01000000)."""
+    import subprocess
+    import sys
+
+    from fedagent.train.verl.launch import build_overrides, isolated_job, job_environ
+
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    procs, jobs = [], []
+    with isolated_job(tmp_path / "a" / ".verl-0", round=1, client=0) as ja, \
+            isolated_job(tmp_path / "b" / ".verl-1", round=1, client=1) as jb:
+        for j in (ja, jb):
+            ov = build_overrides(TrainParams(), VerlSettings(), job=j, model_dir=tmp_path / "m", rows=tmp_path / "r",
+                                 agent_loop_yaml=tmp_path / "a.yaml", rollout_seed=0)
+            (j.workdir / "ov.json").write_text(json.dumps(ov))
+            env = job_environ(j)
+            env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), env.get("PYTHONPATH", "")])
+            procs.append(subprocess.Popen([sys.executable, str(TESTS / "verl_ray_probe.py"), str(j.workdir / "ov.json"),
+                                           str(j.workdir / "probe.json")], env=env, cwd=j.workdir,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            jobs.append(j)
+        outs = []
+        for p, j in zip(procs, jobs):
+            log, _ = p.communicate(timeout=240)
+            assert p.returncode == 0, log[-3000:]
+            outs.append(json.loads((j.workdir / "probe.json").read_text()))
+        a, b = outs
+        assert a["plain"] == b["plain"] == "01000000"                  # why salting is needed
+        assert a["salted"] == f"01000000-{ja.tag}" and b["salted"] == f"01000000-{jb.tag}"
+        assert a["session_dir"].startswith(str(ja.ray_tmp)) and b["session_dir"].startswith(str(jb.ray_tmp))
+        assert a["gcs"] != b["gcs"]
+    assert not ja.ray_tmp.exists() and not jb.ray_tmp.exists()
+
+
+@pytest.mark.slow
+def test_a_port_collision_is_relaunched_once_and_steps_are_kept(fake_trainer, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_PORTFAIL_ONCE", str(tmp_path / "lost-once"))
+    model = build_tiny_model(tmp_path / "m")
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    m = _run_jobs(model, round_dir, (0,))[0]
+    assert not isinstance(m, Exception), m
+    assert m["trainer_attempts"] == 2 and m["num_samples"] == 4       # the relaunch's episodes only
+    assert m["verl_steps"] == [{"step": 1, "timing_s/gen": 2.5, "perf/throughput": 1234.5, "actor/pg_loss": -0.01}]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -69,12 +70,22 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31)
-        try:
-            trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log)
-        finally:
-            if job.log.is_file():      # into the rule's log (stdout), before the work dir goes
-                sys.stdout.write(job.log.read_text(errors="replace"))
-                sys.stdout.flush()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log)
+                break
+            except RuntimeError:
+                if attempts > 1 or not launch.port_collision(job.log):
+                    raise
+                # Relaunch once on a port collision, from scratch (the failed log is echoed first).
+                _echo(job.log)
+                job.log.rename(job.log.with_suffix(".portfail"))
+                shutil.rmtree(job.ckpt_dir, ignore_errors=True)
+                record.unlink(missing_ok=True)
+            finally:
+                _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
         episodes = read_episodes(record)
         t1 = time.time()
@@ -88,6 +99,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
                                                           "world_size": conv["world_size"]},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s)},
+                "trainer_attempts": attempts,
+                "verl_steps": launch.step_metrics(job.log),
                 "wall_time_s": round_(time.time() - t0),
             }
             (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
@@ -95,6 +108,12 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 for rec in episodes:
                     fh.write(json.dumps(rec, sort_keys=True) + "\n")
     return metrics
+
+
+def _echo(log: Path) -> None:
+    if Path(log).is_file():
+        sys.stdout.write(Path(log).read_text(errors="replace"))
+        sys.stdout.flush()
 
 
 def round_(x: float) -> float:

@@ -327,6 +327,49 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(5)
 
 
+# A port taken between a free-port probe and its bind (FACTS §8: ≈1 in 40 rounds); vLLM's own
+# startup probe prints a benign "address already in use" line, so only a failed run counts.
+PORT_COLLISION = ("address already in use", "eaddrinuse", "distnetworkerror")
+
+
+def port_collision(log: Path) -> bool:
+    """Whether a failed trainer's log shows a port collision (then it is relaunched once)."""
+    try:
+        text = Path(log).read_text(errors="replace").lower()
+    except FileNotFoundError:
+        return False
+    return any(k in text for k in PORT_COLLISION)
+
+
+def step_metrics(log: Path) -> list[dict]:
+    """verl's console logger lines (``step:N - key:value - ...``) as dicts, in order.
+
+    They carry verl's own phase timings (``timing_s/gen``, ``timing_s/update_actor``, …) and
+    throughput (``perf/throughput``), which ``metrics.json`` keeps per job.
+    """
+    out = []
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        i = line.find("step:")
+        if i < 0 or " - " not in line[i:]:
+            continue
+        rec = {}
+        for part in line[i:].split(" - "):
+            key, sep, val = part.partition(":")
+            if not sep:
+                continue
+            try:
+                rec[key.strip()] = float(val) if key.strip() != "step" else int(val)
+            except ValueError:
+                continue
+        if "step" in rec and len(rec) > 1:
+            out.append(rec)
+    return out
+
+
 def final_checkpoint(ckpt_dir: Path) -> Path:
     """The actor dir of the newest ``global_step_<N>`` verl wrote (one save per job)."""
     steps = sorted(Path(ckpt_dir).glob("global_step_*"), key=lambda d: int(d.name.rsplit("_", 1)[1]))
