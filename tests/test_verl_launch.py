@@ -71,7 +71,7 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert a.optim.lr == p.lr and a.use_kl_loss == (p.kl_coef > 0) and a.kl_loss_type == "low_var_kl"
     assert a.checkpoint.save_contents == ["model"] and a.fsdp_config.model_dtype == "fp32"
     assert t.n_gpus_per_node == s.gpus and t.total_training_steps == p.epochs and t.save_freq == p.epochs
-    assert t.resume_mode == "disable" and t.val_before_train is False
+    assert t.resume_mode == "disable" and t.val_before_train is False and t.use_v1 is True
     assert r.agent.default_agent_loop == "fedagent_windowed"
     assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-x" and cfg.ray_kwargs.ray_init.include_dashboard is False
     assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == "fedagent.train.verl.ray_hook.setup"

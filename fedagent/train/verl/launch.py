@@ -198,6 +198,9 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_yaml}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
+        # v1 (TransferQueue) trainer: it stores each element of an agent loop's output list as
+        # its own row (one sample per turn) and pads the batch to the mini-batch multiple.
+        "trainer.use_v1=True",
         "trainer.critic_warmup=0",
         "trainer.logger=[console]",
         "trainer.project_name=fedagent",
