@@ -147,3 +147,38 @@ def test_session_is_closed_when_generation_fails(tiny, tmp_path):
     with pytest.raises(RuntimeError, match="server gone"):
         asyncio.run(loop.run({}, uid="u4", session_id=0, extra_info={"seed": 1}, raw_prompt=[]))
     assert env.sessions == {}
+
+
+def test_verl_v1_worker_stores_one_row_per_turn_with_its_own_reward(tiny, tmp_path, monkeypatch):
+    """Our outputs through verl 0.9.1's own v1 worker code (AgentLoopWorkerTQ._agent_loop_postprocess,
+    TransferQueue's put captured): one row per turn under the task's uid, each row's rm_scores
+    ending in that turn's reward although verl copies the last reward_score onto earlier turns."""
+    tq_mod = pytest.importorskip("verl.trainer.ppo.v1.agent_loop_tq")
+
+    _, tok = tiny
+    answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
+    loop = make_loop(tiny, tmp_path, FakeServer(tok, answers), FakeEnv(max_turns=3))
+    outs = asyncio.run(loop.run({}, uid="task-uid", session_id=3, extra_info={"seed": 2}, raw_prompt=[]))
+    captured = {}
+
+    async def fake_put(keys, fields, tags, partition_id):
+        captured.update(keys=keys, fields=fields, tags=tags, partition_id=partition_id)
+
+    monkeypatch.setattr(tq_mod.tq, "async_kv_batch_put", fake_put)
+    worker_cls = tq_mod.AgentLoopWorkerTQ.__ray_metadata__.modified_class
+    worker = object.__new__(worker_cls)
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    worker.processor = None
+    worker.tokenizer = tok
+    kwargs = {"uid": "task-uid", "session_id": 3, "global_steps": 1, "extra_info": {"seed": 2}}
+    asyncio.run(worker._agent_loop_postprocess(outs, False, **kwargs))
+    assert captured["keys"] == ["task-uid_3_0", "task-uid_3_1", "task-uid_3_2"] and captured["partition_id"] == "train"
+    f = captured["fields"]
+    rows = [f[i] for i in range(len(captured["keys"]))]
+    rewards = [float(r["rm_scores"][-1]) for r in rows]
+    assert rewards == [pytest.approx(9.9), 10.0, 10.0]
+    for r, o in zip(rows, outs):
+        assert r["responses"].tolist() == o.response_ids and r["prompts"].tolist() == o.prompt_ids
+        assert r["response_mask"].tolist() == [1] * len(o.response_ids) and float(r["rm_scores"][:-1].abs().sum()) == 0
+    assert [t["response_len"] for t in captured["tags"]] == [len(o.response_ids) for o in outs]
