@@ -182,3 +182,26 @@ def test_verl_v1_worker_stores_one_row_per_turn_with_its_own_reward(tiny, tmp_pa
         assert r["responses"].tolist() == o.response_ids and r["prompts"].tolist() == o.prompt_ids
         assert r["response_mask"].tolist() == [1] * len(o.response_ids) and float(r["rm_scores"][:-1].abs().sum()) == 0
     assert [t["response_len"] for t in captured["tags"]] == [len(o.response_ids) for o in outs]
+
+
+def test_loop_from_yaml_keys_talks_to_a_real_env_service(tiny, tmp_path):
+    """The agent-loop YAML's env address (a Unix socket) reaches a real service; the episode's
+    session is closed there and the loop's own client is shut down."""
+    from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from fedagent.envs.service import build_app
+    from fedagent.train.verl.agent_loop import WindowedAgentLoop
+
+    model_dir, tok = tiny
+    src = FakeTaskSource(n=4)
+    app = build_app(src, "train", src.ids, mode="draw", pool_size=2, max_turns=2)
+    with serve_in_thread(app, short_tmp() / "env.sock") as uds:
+        base = make_loop(tiny, tmp_path, FakeServer(tok, []), FakeEnv())
+        loop = WindowedAgentLoop(trainer_config=DictConfigWrap(base.config), server_manager=FakeServer(tok, ["a", "b"]),
+                                 tokenizer=tok, processor=None, dataset_cls=None,
+                                 data_config=DictConfigWrap(base.config.data), env_uds=str(uds), max_turns=2)
+        outs = asyncio.run(loop.run({}, uid="u", session_id=0, extra_info={"seed": 11}, raw_prompt=[]))
+        assert len(outs) == 2 and all(o.extra_fields["task_id"] in src.ids for o in outs)
+        assert all(o.turn_reward == pytest.approx(-0.1) for o in outs)     # both answers invalid, no win
+        assert loop.env._http.is_closed

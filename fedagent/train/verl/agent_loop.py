@@ -75,6 +75,7 @@ class WindowedAgentLoop(AgentLoopBase):
         self.answer_format = str(answer_format)
         self.prefix = response_prefix(self.answer_format)
         self.stop_token_ids = stop_token_ids_for_dir(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
+        self._own_env = env is None       # verl builds one loop per episode: close what we open
         if env is None:
             from fedagent.envs.client import EnvClient
 
@@ -126,7 +127,11 @@ class WindowedAgentLoop(AgentLoopBase):
                 if step["done"]:
                     break
         finally:
-            await self._env(self.env.close, sid)
+            try:
+                await self._env(self.env.close, sid)
+            finally:
+                if self._own_env:
+                    self.env.shutdown()
         outputs = []
         for k, t in enumerate(turns):
             if not t["response_ids"]:
