@@ -37,6 +37,7 @@ def main() -> int:
     from fedagent.envs.client import EnvClient
     from fedagent.train.verl import ray_hook
 
+    print("2026-12-01 00:00:00,000\tINFO worker.py:2038 -- Started a local Ray instance.", flush=True)
     ov = parse(sys.argv[1:])
     tag = os.environ[ray_hook.TAG_ENV]
     once = os.environ.get("FAKE_VERL_PORTFAIL_ONCE")
@@ -84,7 +85,8 @@ def main() -> int:
                 rec.write(json.dumps({"epoch": int(info["epoch"]), "group": int(info["group"]), "session": s,
                                       "seed": int(info["seed"]), "task_id": r["task_id"], "task_type": r["task_type"],
                                       "return": float(st["reward"]), "won": bool(st.get("won")), "score": 0.0,
-                                      "n_turns": 1, "turns": [{"action": st["action"], "valid": st["is_action_valid"],
+                                      "n_turns": 1, "t_first_generation": time.time(),
+                                      "turns": [{"action": st["action"], "valid": st["is_action_valid"],
                                                                 "reward": st["reward"], "text": "x",
                                                                 "prompt_tokens": 10, "response_tokens": 3}]}) + "\n")
     record = {"tag": tag, "pid": os.getpid(), "t": time.time(), "child": child.pid, "tcp_port": tcp.getsockname()[1],

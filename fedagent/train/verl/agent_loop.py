@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any
 from uuid import uuid4
 
@@ -104,12 +105,15 @@ class WindowedAgentLoop(AgentLoopBase):
             admissible = list(r.get("admissible_commands", []))
             history: list[tuple[str, str]] = []
             episode_return, won, score = 0.0, False, 0.0
+            t_first = None
             for _ in range(self.max_turns):
                 prompt_ids = encode_prompt(self.tokenizer, windowed_prompt(task, obs, admissible, history,
                                                                            self.history_length, self.answer_format),
                                            self.max_prompt_tokens, self.answer_format)
                 out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
                                                          sampling_params=dict(params))
+                if t_first is None:
+                    t_first = time.time()      # wall clock, for the job's start-up timing only
                 response_ids = list(out.token_ids)[: self.response_length]
                 logprobs = list(out.log_probs)[: self.response_length] if out.log_probs else None
                 text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
@@ -148,6 +152,7 @@ class WindowedAgentLoop(AgentLoopBase):
         self._record({"epoch": int(info.get("epoch", 0)), "group": int(info.get("group", 0)),
                       "session": session, "task_id": task_id, "task_type": task_type, "seed": seed,
                       "return": episode_return, "won": won, "score": score, "n_turns": len(turns),
+                      "t_first_generation": t_first,
                       "turns": [{"action": t["action"], "valid": t["valid"], "reward": t["reward"],
                                  "text": t["text"], "prompt_tokens": len(t["prompt_ids"]),
                                  "response_tokens": len(t["response_ids"])} for t in turns]})

@@ -73,8 +73,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         attempts = 0
         while True:
             attempts += 1
+            marks: dict = {}
+            t_launch = time.time()
             try:
-                trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log)
+                trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log,
+                                               marks=marks)
                 break
             except RuntimeError:
                 if attempts > 1 or not launch.port_collision(job.log):
@@ -88,6 +91,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
         episodes = read_episodes(record)
+        firsts = [e.pop("t_first_generation", None) for e in episodes]
+        firsts = [t for t in firsts if t is not None]
+        if firsts:
+            marks["first_generation"] = round_(min(firsts) - t_launch)
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             conv = write_update(actor, model_dir, staging)
@@ -98,7 +105,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
                                                           "world_size": conv["world_size"]},
-                "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s)},
+                "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
+                              **{f"launch_to_{k}": v for k, v in sorted(marks.items())}},
                 "trainer_attempts": attempts,
                 "verl_steps": launch.step_metrics(job.log),
                 "wall_time_s": round_(time.time() - t0),

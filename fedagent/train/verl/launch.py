@@ -286,15 +286,40 @@ def trainer_command(overrides: Sequence[str], python: str | None = None) -> list
     return [python or sys.executable, "-m", module, *overrides]
 
 
-def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None = None) -> float:
+# Log lines whose first appearance times a job's start-up (seconds after launch, in metrics.json).
+PHASE_MARKERS = {
+    "ray_started": "Started a local Ray instance",     # ray.init of the job's own cluster
+    "first_step_logged": "step:1 - ",                  # verl's console logger after step 1
+}
+
+
+def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None = None,
+                marks: dict | None = None) -> float:
     """Run the trainer in its own process group; kill the whole group on any exit path.
 
-    Returns the wall time. A non-zero exit is a RuntimeError quoting the log's tail.
+    Output goes to ``log`` line by line; ``marks`` (if given) gets the seconds after launch at
+    which each :data:`PHASE_MARKERS` line first appeared. Returns the wall time. A non-zero
+    exit is a RuntimeError quoting the log's tail.
     """
+    import threading
+
     t0 = time.monotonic()
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    seen = {} if marks is None else marks
+
+    def pump():
+        with open(log, "ab") as fh:
+            for line in proc.stdout:
+                fh.write(line)
+                fh.flush()
+                text = line.decode(errors="replace")
+                for name, marker in PHASE_MARKERS.items():
+                    if name not in seen and marker in text:
+                        seen[name] = round(time.monotonic() - t0, 3)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         rc = proc.wait(timeout)
     except BaseException:
@@ -302,6 +327,7 @@ def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None 
         raise
     finally:
         _kill_group(proc)   # Ray/vLLM children left behind by a finished driver
+        reader.join(30)
     if rc != 0:
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-60:])
         raise RuntimeError(f"verl trainer exited with code {rc}; log {log}:\n{tail}")
