@@ -14,8 +14,9 @@ runs ``python -m verl.trainer.main_ppo`` in a child process). Isolation by const
   local cluster); ``RAY_ADDRESS`` is removed so a job never attaches to someone else's;
 - ``CUDA_VISIBLE_DEVICES`` passed through unchanged: Ray maps its GPU ids onto the visible
   devices, so every pin is relative to the job's allocation;
-- a work dir beside the job's output (checkpoints, parquet rows, agent-loop YAML, logs,
-  ``TMPDIR``), removed in ``finally`` with the Ray temp dir and the job's own sockets.
+- a work dir beside the job's output (checkpoints, parquet rows, agent-loop YAML, logs),
+  removed in ``finally`` with the Ray temp dir (which also holds the job's ``TMPDIR``: vLLM
+  and ZMQ put Unix sockets there, so it must be short) and the job's own IPC sockets.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     if len(str(ray_tmp)) > RAY_TMP_MAX:
         raise RuntimeError(f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
                            "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path")
-    (workdir / "tmp").mkdir()
+    (ray_tmp / "t").mkdir()
     try:
         yield VerlJob(tag=tag, workdir=workdir, ray_tmp=ray_tmp)
     finally:
@@ -112,7 +113,8 @@ def job_environ(job: VerlJob, base: dict | None = None) -> dict:
     for key in FOREIGN_ENV:
         env.pop(key, None)
     env[TAG_ENV] = job.tag
-    env["TMPDIR"] = str(job.workdir / "tmp")
+    # Short and private: vLLM and ZMQ put Unix sockets (107-byte paths) under the temp dir.
+    env["TMPDIR"] = str(job.ray_tmp / "t")
     env["RAY_TMPDIR"] = str(job.ray_tmp)
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # no flashinfer in the GPU wheel set
     env.setdefault("PYTHONUNBUFFERED", "1")
