@@ -314,14 +314,13 @@ def _model_exists(get):
     return None
 
 
-@cross_rule("train.ref_anchor", ["train.ref_anchor", "train.backend", "train.kl_coef", "rounds"],
-            violation={"train.backend": "verl", "train.ref_anchor": "base", "rounds": 2, "train.kl_coef": 0.01})
+@cross_rule("train.ref_anchor", ["train.ref_anchor", "train.backend", "train.kl_coef"],
+            violation={"train.backend": "verl", "train.ref_anchor": "base", "train.kl_coef": 0.01})
 def _verl_reference_is_the_start_model(get):
     # verl's KL reference is the model a job starts from (its actor's initial weights).
-    if get("train.backend") == "verl" and get("train.ref_anchor") == "base" and get("rounds") > 1 \
-            and get("train.kl_coef") > 0:
-        return ("'base' with train.backend=verl and rounds > 1 (verl's KL reference is the model a job starts "
-                "from); use train.ref_anchor: round, or train.kl_coef: 0")
+    if get("train.backend") == "verl" and get("train.ref_anchor") != "round" and get("train.kl_coef") > 0:
+        return (f"{get('train.ref_anchor')!r} with train.backend=verl: verl's KL reference is the model a job "
+                "starts from; use train.ref_anchor: round (or train.kl_coef: 0)")
     return None
 
 
@@ -390,7 +389,8 @@ def prepare_config(config: dict, cli: Mapping | None = None) -> dict:
 JOB_KEYS: dict[str, "JobKeys"] = {}
 # The modules that define a JobKeys (importing them fills JOB_KEYS; the tests do).
 JOB_MODULES = ("fedagent.envs.textworld_games", "fedagent.partition", "fedagent.val_set", "fedagent.selection",
-               "fedagent.train.local", "fedagent.aggregate", "fedagent.server_opt", "fedagent.evaluate")
+               "fedagent.train.local", "fedagent.aggregate", "fedagent.server_opt", "fedagent.evaluate",
+               "fedagent.train.verl.backend")
 
 
 @dataclass(frozen=True)

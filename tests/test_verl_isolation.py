@@ -148,7 +148,7 @@ def test_a_verl_round_through_snakemake_aggregates_merges_and_verifies(fake_trai
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     work = make_workdir(tmp_path / "w")
-    (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, verl: {gpus: 1}}\n")
+    (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1}}\n")
     proc = run_snakemake(work, "--configfile", "verl.yaml")
     jobs = {r for r, _ in executed_jobs(proc)}
     assert {"train_client", "aggregate", "merge", "eval"} <= jobs

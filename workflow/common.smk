@@ -116,7 +116,8 @@ TRAIN_PARAMS = as_json({
     "answer_format": config["rollout"]["answer_format"],
     # The verl backend rides in the same JSON (only when chosen: a local run's params, and so
     # its cached jobs, stay exactly as before).
-    **({"backend": "verl", "verl": config["train"]["verl"]} if config["train"]["backend"] == "verl" else {}),
+    **({"backend": "verl", "verl": config["train"]["verl"], "ref_anchor": config["train"]["ref_anchor"]}
+       if config["train"]["backend"] == "verl" else {}),
 })
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],

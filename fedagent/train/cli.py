@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # The workflow passes the backend inside --params (so a local run's params stay as they were).
     backend = raw.pop("backend", args.backend)
     verl_json = json.dumps(raw.pop("verl")) if "verl" in raw else args.verl
+    ref_anchor = raw.pop("ref_anchor", None)     # verl only: its reference must be the start model
     if backend not in ("local", "verl"):
         raise ValueError(f"train backend must be 'local' or 'verl', got {backend!r}")
     params = TrainParams.from_dict(raw)
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if backend == "verl":
+        from fedagent.train.verl.backend import check_job_keys
+
+        check_job_keys({"backend": backend, "ref_anchor": ref_anchor or "round", "kl_coef": params.kl_coef})
         return _run_verl(args, params, shard, out, verl_json, env_params)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),

@@ -59,6 +59,7 @@ clients: {total: 2, per_round: 2}
 model: smollm2
 train:
   backend: verl
+  ref_anchor: round            # verl's KL reference is the model a job starts from
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}}
 YAML
   res=()

@@ -19,9 +19,20 @@ import sys
 import time
 from pathlib import Path
 
+from fedagent.config import JobKeys
 from fedagent.rollout.prompts import HISTORY_LENGTH
 from fedagent.seeds import derive_seed
 from fedagent.train.verl import launch
+
+
+# The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
+VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_anchor": "train.ref_anchor",
+                                          "kl_coef": "train.kl_coef"})
+
+
+def check_job_keys(values: dict) -> None:
+    """The verl job's key checks (ConfigError naming the key), before any work."""
+    VERL_KEYS.check(values)
 
 
 def read_episodes(path: Path) -> list[dict]:
