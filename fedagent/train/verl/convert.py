@@ -58,7 +58,10 @@ def merge_fsdp_shards(actor_dir: Path) -> dict[str, torch.Tensor]:
     """The full fp32 state dict from every rank's shard file (exact: concatenation only)."""
     actor_dir = Path(actor_dir)
     ws = checkpoint_world_size(actor_dir)
-    shards = [torch.load(actor_dir / f"model_world_size_{ws}_rank_{r}.pt", map_location="cpu", weights_only=False)
+    import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
+
+    # weights_only: tensors, DTensors and their placements load; any other pickled object is refused.
+    shards = [torch.load(actor_dir / f"model_world_size_{ws}_rank_{r}.pt", map_location="cpu", weights_only=True)
               for r in range(ws)]
     keys = list(shards[0])
     for r, sd in enumerate(shards[1:], start=1):
@@ -99,7 +102,7 @@ def write_update(actor_dir: Path, start_model_dir: Path, staging: Path) -> dict:
     from fedagent.policy import load_tokenizer, save_policy
 
     state = merge_fsdp_shards(actor_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(start_model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(start_model_dir), dtype=torch.float32, use_safetensors=True)
     expected = model.state_dict()
     tied = {k for k in expected if k not in state}
     if tied - _tied_keys(model):
