@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("fedagent.base_model_tiny", "build a tiny randomly initialised model (tests)"),
     "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
     "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
+    "alfworld-pool": ("fedagent.envs.alfworld.catalogue", "the ALFWorld task catalogue of a run (plan/games)"),
+    "labels": ("fedagent.labels", "hardness labels: a reference policy plays every train task once"),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.val_set", "fix the validation tasks"),
     "select": ("fedagent.selection", "choose the clients of one round"),
