@@ -111,6 +111,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-set", type=Path, required=True, help="val_set.json")
     parser.add_argument("--params", default="{}", help="JSON object of eval params (see EvalParams)")
     parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--client", type=int, default=None, help="a client update's eval (eval.clients)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="eval.json path")
 
@@ -129,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns) as env:
         result = evaluate(model, tok, env, seeds, params, round=args.round)
+    if args.client is not None:
+        result["client"] = args.client
     atomic_write_json(out, result)
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

@@ -6,16 +6,18 @@
 
 rule report:
     input:
-        lambda w: [f"{round_dir(r)}/eval.json" for r in range(0, int(w.round) + 1)],
+        evals=lambda w: [f"{round_dir(r)}/eval.json" for r in range(0, int(w.round) + 1)],
+        clients=client_eval_files,
     output:
         summary=report(f"{RUN}/round_{{round}}/summary.csv", category="Summary", caption="../workflow/report/summary.rst"),
         curves=report(f"{RUN}/round_{{round}}/curves.png", category="Summary", caption="../workflow/report/curves.rst"),
     params:
         run_dir=RUN,
+        clients=lambda w, input: ("--client-evals " + " ".join(input.clients)) if input.clients else "",
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/report.log",
     shell:
-        "fedagent report --evals {input} --summary {output.summary} --curves {output.curves}"
+        "fedagent report --evals {input.evals} {params.clients} --summary {output.summary} --curves {output.curves}"
         " --link-latest {params.run_dir} > {log} 2>&1"

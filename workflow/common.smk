@@ -54,6 +54,14 @@ def selected_clients(r):
                           pinned=config["clients"]["pinned"])
 
 
+def client_eval_files(wildcards):
+    """Per-client eval files of rounds 1..r (eval.clients), else none."""
+    if not config["eval"]["clients"]:
+        return []
+    return [f"{round_dir(r)}/client_evals/{c}.json" for r in range(1, int(wildcards.round) + 1)
+            for c in selected_clients(r)]
+
+
 def ref_model_dir(wildcards):
     """KL reference: the base model, or the model the round started from."""
     if config["train"]["ref_anchor"] == "base":
