@@ -49,3 +49,72 @@ def test_every_preset_plans(tmp_path, preset):
     cfg = yaml.safe_load(preset.read_text())
     assert "rule train_client" in proc.stdout
     assert f"results/{cfg['run']}/round_{cfg['rounds']:03d}/summary.csv" in proc.stdout
+
+
+def _write_config(workdir: Path, **changes) -> dict:
+    cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    for key, value in changes.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return cfg
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+@pytest.mark.skipif(not alfworld_available(), reason="alfworld not installed (scripts/install-alfworld.sh)")
+def test_alfworld_two_rounds_through_the_graph_with_per_type_eval(tmp_path):
+    work = make_workdir(tmp_path / "alf")
+    _write_config(work, rounds=2, **{"env": {"kind": "alfworld", "train_games": 4, "val_games": 6, "pool_size": 2},
+                                     "eval.n": 6})
+    run_snakemake(work, timeout=1800)
+    games = json.loads((work / RUN / "plan/games/games.json").read_text())
+    assert games["source"] == "alfworld" and games["splits"]["val"] == "valid_seen"
+    val = json.loads((work / RUN / "plan/val_set.json").read_text())
+    for r in (0, 1, 2):
+        ev = json.loads((work / RUN / f"round_{r:03d}/eval.json").read_text())
+        assert ev["n"] == 6
+        assert sorted(ev["per_task_type"]) == ["clean", "cool", "heat", "look", "pick", "pick_two"]
+        assert [s["task_id"] for s in ev["samples"]] == val["task_of_seed"]
+        assert sum(c["n"] for c in ev["per_task_type"].values()) == ev["n"]
+    for c in (0, 1):
+        m = json.loads((work / RUN / f"round_002/clients/{c}/metrics.json").read_text())
+        assert m["num_samples"] > 0
+    sel = json.loads((work / RUN / "round_001/selection.json").read_text())
+    assert sel["mode"] == "federated"
+    rows = (work / RUN / "summary.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 3
+
+
+SMALL = [p for p in PRESETS if p.stem.endswith("-small")]
+
+
+@pytest.mark.presets
+@pytest.mark.workflow
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", SMALL, ids=[p.stem for p in SMALL])
+def test_small_preset_runs_end_to_end(tmp_path, preset, request):
+    """Every -small preset, as shipped (SmolLM2), end to end: `pytest -m presets` (≈5-15 min each on 2 cores).
+
+    Only when selected with ``-m presets``: the default suite's time budget cannot hold them.
+    """
+    if "presets" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("long: run with `pytest -m presets tests/test_experiments.py`")
+    cfg = yaml.safe_load(preset.read_text())
+    if cfg["env"]["kind"] == "alfworld" and not alfworld_available():
+        pytest.skip("alfworld not installed (scripts/install-alfworld.sh)")
+    work = make_workdir(tmp_path / "w")
+    (work / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    run_snakemake(work, "--configfile", str(preset), timeout=3600)
+    run_dir = work / "results" / cfg["run"]
+    rows = (run_dir / "summary.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + cfg["rounds"] + 1
+    part = json.loads((run_dir / "plan/partition.json").read_text())
+    assert part["strategy"] == cfg["partition"]["strategy"] and part["data_seed"] == cfg["data_seed"]
+    sel = json.loads((run_dir / "round_001/selection.json").read_text())
+    pinned = cfg["clients"].get("pinned")
+    assert sel["mode"] == ("local" if pinned is not None else "centralized" if cfg["clients"]["total"] == 1
+                           else "federated")
