@@ -67,6 +67,7 @@ def _write_config(workdir: Path, **changes) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not alfworld_available(), reason="alfworld not installed (scripts/install-alfworld.sh)")
 def test_alfworld_two_rounds_through_the_graph_with_per_type_eval(tmp_path):
+    """env.kind alfworld (generated games): 2 rounds, eval rows for all six task types (≈7 min)."""
     work = make_workdir(tmp_path / "alf")
     _write_config(work, rounds=2, **{"env": {"kind": "alfworld", "train_games": 4, "val_games": 6, "pool_size": 2},
                                      "eval.n": 6})
