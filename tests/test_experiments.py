@@ -119,3 +119,6 @@ def test_small_preset_runs_end_to_end(tmp_path, preset, request):
     pinned = cfg["clients"].get("pinned")
     assert sel["mode"] == ("local" if pinned is not None else "centralized" if cfg["clients"]["total"] == 1
                            else "federated")
+    if cfg["eval"].get("clients"):
+        rows = (run_dir / f"round_{cfg['rounds']:03d}/client_summary.csv").read_text().strip().splitlines()
+        assert len(rows) == 1 + cfg["rounds"] * cfg["clients"]["per_round"]
