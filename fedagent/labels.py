@@ -6,6 +6,12 @@ i plays train task i, so the n train tasks take exactly n episodes. The sampler 
 from the params' ``base_seed`` (the workflow passes ``data_seed``: labels are part of plan/).
 Validation is not involved: no penalty, nothing is trained.
 
+``--policy random`` is a model-free reference for smoke runs and tiny pools where no trained
+policy exists (an untrained SmolLM2 wins none of the -small presets' games, so every task would
+be "hard"): each turn picks uniformly among the admissible commands with
+``python_rng(base_seed, "labels_random", index=task)``, for the same turn budget, through the
+same service. Its labels measure difficulty for a random walker, not for a trained agent.
+
 Output (atomic): ``{"labels": {task id: bool}, "policy", "n", "easy", "easy_rate", "params",
 "games_sha256"}`` — the ``{"labels": ...}`` form ``fedagent partition --labels`` reads.
 """
@@ -41,9 +47,36 @@ def resolve_policy(policy: str, workdir: Path, seed: int) -> Path:
     return path
 
 
+def random_walk_labels(env, n_tasks: int, base_seed: int, max_turns: int) -> list[dict]:
+    """One random-admissible-command episode per task (seed i → task i); returns samples."""
+    from fedagent.seeds import python_rng
+
+    samples = []
+    for i in range(n_tasks):
+        sid = f"labels-random-{i}"
+        env.create(sid)
+        try:
+            obs = env.reset(sid, i)
+            rng = python_rng(base_seed, "labels_random", index=i)
+            won, admissible = False, [c for c in obs["admissible_commands"]]
+            for _ in range(max_turns):
+                if not admissible:
+                    break
+                cmd = admissible[rng.randrange(len(admissible))]
+                r = env.step(sid, f"<think>random</think><action>{cmd}</action>")
+                won, admissible = bool(r["won"]), list(r["admissible_commands"])
+                if r["done"]:
+                    break
+            samples.append({"task_id": obs["task_id"], "won": won})
+        finally:
+            env.close(sid)
+    return samples
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent labels``."""
-    parser.add_argument("--policy", required=True, help="reference policy: HF model dir, 'smollm2' or 'tiny'")
+    parser.add_argument("--policy", required=True,
+                        help="reference policy: HF model dir, 'smollm2', 'tiny' or 'random' (uniform admissible commands)")
     parser.add_argument("--games", type=Path, required=True, help="games directory (plan/games)")
     parser.add_argument("--params", default="{}", help="JSON object of rollout params (see evaluate.EvalParams)")
     parser.add_argument("--threads", type=int, default=1)
@@ -58,18 +91,25 @@ def run(args: argparse.Namespace) -> int:
     from fedagent.evaluate import EvalParams, evaluate
     from fedagent.policy import load_policy
     from fedagent.tasks import load_games_index
+    import dataclasses
 
     params = EvalParams.from_dict(json.loads(args.params))
     index = load_games_index(args.games)
     train = list(index["train"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".labels-", dir=out.parent) as tmp:
-        model_dir = resolve_policy(args.policy, Path(tmp), params.base_seed)
-        model, tok = load_policy(model_dir, args.threads)
+    if args.policy == "random":
         with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
                              max_turns=params.max_turns) as env:
-            result = evaluate(model, tok, env, list(range(len(train))), params, round=0)
+            samples = random_walk_labels(env, len(train), params.base_seed, params.max_turns)
+        result = {"samples": samples, "params": dataclasses.asdict(params)}
+    else:
+        with tempfile.TemporaryDirectory(prefix=".labels-", dir=out.parent) as tmp:
+            model_dir = resolve_policy(args.policy, Path(tmp), params.base_seed)
+            model, tok = load_policy(model_dir, args.threads)
+            with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
+                                 max_turns=params.max_turns) as env:
+                result = evaluate(model, tok, env, list(range(len(train))), params, round=0)
     labels = {s["task_id"]: bool(s["won"]) for s in result["samples"]}
     if sorted(labels) != sorted(train):
         raise RuntimeError("labels: the episodes did not cover every train task exactly once")

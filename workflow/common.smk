@@ -126,6 +126,7 @@ LABELS_PARAMS = as_json({
     "base_seed": DATA_SEED,
     "pool_size": config["env"]["pool_size"],
     **{k: config["train"][k] for k in ("temperature", "max_turns", "max_new_tokens", "max_prompt_tokens")},
+    **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
 })
 
 
