@@ -43,7 +43,8 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
         raise ValueError(f"hardness: {missing} of {n} train tasks have no label (> 50 %): the labels "
                          "file does not match this task pool")
     if not easy:
-        raise ValueError("hardness: no train task is labelled a success (the easy pool is empty)")
+        raise ValueError("hardness: no train task is labelled a success (the easy pool is empty): the reference "
+                         "policy is too weak for this pool; give a trained partition.labels_model or a labels file")
     rng = ctx.global_rng(STRATEGY)
     center, high = L // 2, max(L, n // c)
     quota = beta_sizes(rng, c, target=c * center, low=0, center=center, high=high,
