@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
     "webshop-catalog": ("fedagent.envs.webshop.build", "build the WebShop task directory (standard data or synthetic)"),
     "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
+    "alfworld-pool": ("fedagent.envs.alfworld.catalogue", "the ALFWorld task catalogue of a run (plan/games)"),
+    "labels": ("fedagent.labels", "hardness labels: a reference policy plays every train task once"),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.val_set", "fix the validation tasks"),
     "select": ("fedagent.selection", "choose the clients of one round"),

@@ -344,6 +344,40 @@ def check_cross_fields(config: dict) -> dict:
         )
     if get_path(config, "env.kind", None) == "webshop":
         _check_webshop(config["env"]["webshop"])
+    check_experiment_fields(config)
+    return config
+
+
+def check_experiment_fields(config: dict) -> dict:
+    """Cross-field checks of the experiment matrix: env kind, partition strategy, baselines."""
+    clients, part, env = config["clients"], config["partition"], config["env"]
+    pinned = clients.get("pinned")
+    if pinned is not None:
+        if pinned >= clients["total"]:
+            raise ConfigError(f"config key 'clients.pinned': {pinned} is not a client id (0..{clients['total'] - 1})")
+        if clients["per_round"] != 1:
+            raise ConfigError("config key 'clients.per_round': must be 1 with clients.pinned (the pinned-local "
+                              f"baseline trains one client), got {clients['per_round']}")
+    strategy = part["strategy"]
+    if strategy == "hardness" and not (part.get("labels") or part.get("labels_model")):
+        raise ConfigError("config key 'partition.labels': strategy hardness needs a labels file "
+                          "(partition.labels) or a reference policy to build one (partition.labels_model)")
+    if part.get("labels") and not Path(part["labels"]).is_file():
+        raise ConfigError(f"config key 'partition.labels': {part['labels']} is not a file")
+    if strategy == "env_disjoint" and env["kind"] != "alfworld":
+        raise ConfigError("config key 'partition.strategy': env_disjoint partitions ALFWorld scenes "
+                          f"(env.kind alfworld), not {env['kind']}")
+    if strategy == "preference" and env["kind"] == "textworld":
+        raise ConfigError("config key 'partition.strategy': preference mixes task types, and TextWorld "
+                          "games have one type (use env.kind alfworld)")
+    if strategy == "task_disjoint" and env["train_games"] < clients["total"]:
+        raise ConfigError(f"config key 'env.train_games': task_disjoint needs at least one task per client "
+                          f"({clients['total']}), got {env['train_games']}")
+    alf = env.get("alfworld") or {}
+    if alf.get("data") and env["kind"] != "alfworld":
+        raise ConfigError("config key 'env.alfworld.data': set, but env.kind is not alfworld")
+    if alf.get("data") and not Path(alf["data"]).is_dir():
+        raise ConfigError(f"config key 'env.alfworld.data': {alf['data']} is not a directory")
     return config
 
 

@@ -128,6 +128,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-set", type=Path, required=True, help="val_set.json")
     parser.add_argument("--params", default="{}", help="JSON object of eval params (see EvalParams)")
     parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--client", type=int, default=None, help="a client update's eval (eval.clients)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="eval.json path")
     parser.add_argument("--timings", type=Path, default=None,
@@ -193,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
             result["dropped_clients"] = [Path(d["dir"]).name for d in dropped]
     if backend != "local":
         result["backend"] = backend
+    if args.client is not None:
+        result["client"] = args.client
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.

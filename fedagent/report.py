@@ -77,8 +77,25 @@ def timings_table(row: dict, prev: Path | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TIMING_COLUMNS).sort_values("round", kind="stable").reset_index(drop=True)
 
 
-def plot_curves(table: pd.DataFrame, out: Path) -> None:
-    """Validation success rate per round with its 95 % interval."""
+CLIENT_COLUMNS = ["round", "client", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean"]
+
+
+def client_table(eval_files: list[Path]) -> pd.DataFrame:
+    """One row per (round, client) from per-client eval files (``eval.clients: true``)."""
+    rows = []
+    for path in eval_files:
+        data = json.loads(Path(path).read_text())
+        if data.get("client") is None:
+            raise ValueError(f"{path}: not a per-client eval (no 'client')")
+        low, high = data.get("ci95", [None, None])
+        rows.append({"round": int(data["round"]), "client": int(data["client"]), "n": data["n"],
+                     "success_rate": data["success_rate"], "ci95_low": low, "ci95_high": high,
+                     "score_mean": data.get("score_mean"), "return_mean": data.get("return_mean")})
+    return pd.DataFrame(rows, columns=CLIENT_COLUMNS).sort_values(["round", "client"], kind="stable").reset_index(drop=True)
+
+
+def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = None) -> None:
+    """Validation success rate per round with its 95 % interval (and client updates as circles)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,6 +106,9 @@ def plot_curves(table: pd.DataFrame, out: Path) -> None:
     if table["ci95_low"].notna().all():
         ax.fill_between(table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15,
                         label="95 % interval")
+    if clients is not None and len(clients):
+        ax.scatter(clients["round"], clients["success_rate"], s=36, facecolors="none", edgecolors="tab:blue",
+                   label="client updates", zorder=3)
     ax.set_xlabel("round (0 = base model)")
     ax.set_ylabel("validation success rate")
     ax.set_ylim(-0.02, 1.02)
@@ -137,6 +157,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", nargs="*", default=[], help="this round's client update dirs ('none': round 0)")
     parser.add_argument("--prev-timings", default="none", help="previous round's timings.csv ('none': round 0)")
     parser.add_argument("--timings", type=Path, default=None, help="timings.csv to write (rounds 0..r)")
+    parser.add_argument("--client-evals", type=Path, nargs="*", default=[],
+                        help="per-client eval files: rows in client_summary.csv beside --summary, circles on the curve")
     parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
                         help="point RUN_DIR/summary.csv and curves.png at these files if newest")
 
@@ -147,10 +169,13 @@ def run(args: argparse.Namespace) -> int:
 
     table = summary_table(args.evals)
     atomic_write_text(args.summary, table.to_csv(index=False))
+    clients = client_table(args.client_evals) if args.client_evals else None
+    if clients is not None:
+        atomic_write_text(args.summary.with_name("client_summary.csv"), clients.to_csv(index=False))
     tmp = args.curves.with_name(".partial-" + args.curves.name)
-    plot_curves(table, tmp)
+    plot_curves(table, tmp, clients)
     tmp.replace(args.curves)
-    if args.timings is not None:
+    if getattr(args, "timings", None) is not None:
         if args.round is None or args.eval_timings is None:
             raise SystemExit("fedagent report: --timings needs --round and --eval-timings")
         clients = [Path(c) for c in args.clients if c != "none"]

@@ -25,3 +25,26 @@ rule eval:
         "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --threads {threads}"
         " --out {output.eval} --timings {output.timings} > {log} 2>&1"
+
+
+# eval.clients: every client update scored on the same fixed validation set, as its own job.
+rule eval_client:
+    input:
+        model=f"{RUN}/round_{{round}}/clients/{{client}}",
+        games=GAMES,
+        val_set=VAL_SET,
+    output:
+        f"{RUN}/round_{{round}}/client_evals/{{client}}.json",
+    wildcard_constraints:
+        round=r"(?!000)\d{3}",
+    params:
+        eval=EVAL_PARAMS,
+    threads: config["eval"]["threads"]
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{RUN}/logs/round_{{round}}/eval_client_{{client}}.log",
+    shell:
+        "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+        " --params '{params.eval}' --round {wildcards.round} --client {wildcards.client}"
+        " --threads {threads} --out {output} > {log} 2>&1"

@@ -1,12 +1,14 @@
 # Plan: the task catalogue, the partition, the validation set, the base model, the selections.
 
 
+# The task catalogue: generated TextWorld games, or ALFWorld (generated games or real data).
+# Everything under plan/ depends on data_seed, never on seed.
 rule games:
     output:
         directory(GAMES),
     params:
-        seed=config["seed"],
-        env=config["env"],
+        seed=DATA_SEED,
+        command=GAMES_COMMAND,
         quarantine=QUARANTINE,
     threads: 8   # tw-make processes; Snakemake caps it at --cores (2 on a laptop run)
     conda:
@@ -14,29 +16,52 @@ rule games:
     log:
         f"{RUN}/logs/games.log",
     shell:
-        "fedagent games --out {output} --seed {params.seed}"
-        " --n-train {params.env[train_games]} --n-val {params.env[val_games]}"
-        " --world-size {params.env[world_size]} --nb-objects {params.env[nb_objects]}"
-        " --quest-length {params.env[quest_length]} --jobs {threads}"
+        "fedagent {params.command} --out {output} --seed {params.seed} --jobs {threads}"
         " --quarantine {params.quarantine} > {log} 2>&1"
 
 
 rule partition:
     input:
-        GAMES,
+        games=GAMES,
+        labels=labels_input,
     output:
         PARTITION,
     params:
+        seed=DATA_SEED,
         clients=config["clients"]["total"],
         strategy=config["partition"]["strategy"],
         min_tasks=config["partition"]["min_tasks_per_client"],
+        knobs=PARTITION_KNOBS,
+        labels=lambda w, input: f"--labels {input.labels}" if input.labels else "",
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/partition.log",
     shell:
-        "fedagent partition --games {input} --clients {params.clients} --strategy {params.strategy}"
-        " --min-tasks {params.min_tasks} --out {output} > {log} 2>&1"
+        "fedagent partition --games {input.games} --clients {params.clients} --strategy {params.strategy}"
+        " --min-tasks {params.min_tasks} --seed {params.seed} --knobs '{params.knobs}' {params.labels}"
+        " --out {output} > {log} 2>&1"
+
+
+# Hardness labels: a reference policy plays every train task once (the training rollout
+# mode, index mode: seed i → task i), success → easy. Only when no labels file is given.
+rule labels:
+    input:
+        games=GAMES,
+    output:
+        LABELS,
+    params:
+        model=lambda w: config["partition"]["labels_model"],
+        eval=LABELS_PARAMS,
+        quarantine=QUARANTINE,
+    threads: config["eval"]["threads"]
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{RUN}/logs/labels.log",
+    shell:
+        "fedagent labels --policy {params.model} --games {input.games} --params '{params.eval}'"
+        " --threads {threads} --out {output} --quarantine {params.quarantine} > {log} 2>&1"
 
 
 rule val_set:
@@ -80,10 +105,11 @@ rule select:
         seed=config["seed"],
         total=config["clients"]["total"],
         per_round=config["clients"]["per_round"],
+        pinned="" if config["clients"]["pinned"] is None else f"--pinned {config['clients']['pinned']}",
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/select.log",
     shell:
         "fedagent select --seed {params.seed} --round {wildcards.round} --total {params.total}"
-        " --per-round {params.per_round} --out {output} > {log} 2>&1"
+        " --per-round {params.per_round} {params.pinned} --out {output} > {log} 2>&1"

@@ -16,6 +16,9 @@ def report_inputs(w):
         d["benchmarks"] += [f"{RUN}/benchmarks/round_{r:03d}/{name}.tsv" for name in
                             ["aggregate", "merge"] + [f"train_client_{c}" for c in selected_clients(r)]]
         d["prev_timings"] = f"{round_dir(r - 1)}/timings.csv"
+    client_evals = client_eval_files(w)
+    if client_evals:
+        d["client_evals"] = client_evals
     return d
 
 
@@ -30,12 +33,13 @@ rule report:
         run_dir=RUN,
         clients=lambda w, input: " ".join(input.get("clients", [])) or "none",
         prev_timings=lambda w, input: input.get("prev_timings", "none"),
+        client_evals=lambda w, input: ("--client-evals " + " ".join(input.client_evals)) if input.get("client_evals") else "",
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/report.log",
     shell:
-        "fedagent report --evals {input.evals} --summary {output.summary} --curves {output.curves}"
+        "fedagent report --evals {input.evals} {params.client_evals} --summary {output.summary} --curves {output.curves}"
         " --round {wildcards.round} --eval-timings {input.eval_timings} --benchmarks {input.benchmarks}"
         " --clients {params.clients} --prev-timings {params.prev_timings} --timings {output.timings}"
         " --link-latest {params.run_dir} > {log} 2>&1"

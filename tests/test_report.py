@@ -43,3 +43,29 @@ def test_links_point_at_the_newest_round(tmp_path):
     assert (run / "summary.csv").read_text() == "r3" and (run / "curves.png").read_text() == "c3"
     assert not (run / "summary.csv").resolve().is_relative_to(tmp_path / "elsewhere")
     assert os.readlink(run / "summary.csv") == "round_003/summary.csv"
+
+
+def test_client_evals_become_rows_and_circles(tmp_path):
+    import argparse
+
+    from fedagent.report import run
+
+    evals, clients = [], []
+    for r in (0, 1):
+        p = tmp_path / f"e{r}.json"
+        p.write_text(json.dumps({"round": r, "n": 2, "success_rate": 0.5, "ci95": [0.1, 0.9]}))
+        evals.append(p)
+    for c, sr in ((3, 0.0), (1, 1.0)):
+        p = tmp_path / f"c{c}.json"
+        p.write_text(json.dumps({"round": 1, "client": c, "n": 2, "success_rate": sr, "ci95": [0, 1]}))
+        clients.append(p)
+    args = argparse.Namespace(evals=evals, client_evals=clients, summary=tmp_path / "summary.csv",
+                              curves=tmp_path / "curves.png", link_latest=None)
+    assert run(args) == 0
+    rows = (tmp_path / "client_summary.csv").read_text().splitlines()
+    assert rows[0].startswith("round,client") and [r.split(",")[:2] for r in rows[1:]] == [["1", "1"], ["1", "3"]]
+    assert len((tmp_path / "summary.csv").read_text().splitlines()) == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"round": 1, "n": 2, "success_rate": 0.5}))
+    with pytest.raises(ValueError, match="client"):
+        run(argparse.Namespace(**{**vars(args), "client_evals": [bad]}))

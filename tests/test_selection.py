@@ -28,3 +28,23 @@ def test_all_when_m_at_least_n():
 def test_round_zero_is_not_a_training_round():
     with pytest.raises(ValueError):
         select_clients(42, 0, 4, 2)
+
+
+def test_pinned_local_mode_and_centralized_mode():
+    from fedagent.selection import run_mode
+
+    assert all(select_clients(42, r, 100, 1, pinned=21) == [21] for r in range(1, 71))
+    assert run_mode(100, 21) == "local" and run_mode(1) == "centralized" and run_mode(100) == "federated"
+    with pytest.raises(ValueError):
+        select_clients(42, 1, 4, 1, pinned=4)
+
+
+def test_select_cli_records_the_mode(tmp_path):
+    import argparse
+    import json
+
+    from fedagent.selection import run
+
+    out = tmp_path / "s.json"
+    run(argparse.Namespace(seed=42, round=3, total=100, per_round=1, pinned=21, out=out))
+    assert json.loads(out.read_text())["clients"] == [21] and json.loads(out.read_text())["mode"] == "local"

@@ -1,6 +1,8 @@
 # Config validation, run paths and per-job params. Client selection is computed here, at plan
 # time, as a pure function of (seed, round): no checkpoint, so `-n` shows every job.
 # Imports stay light (no torch, no transformers): every -n, re-run and status round parses this.
+# Two seeds: `data_seed` drives everything under plan/ (catalogue, partition, validation set),
+# `seed` everything after it (selection, task draws, sampling, training).
 import json
 import os
 import sys
@@ -11,7 +13,8 @@ from snakemake.utils import validate
 
 from fedagent.config import ConfigError, prepare_config
 from fedagent.provenance import CONFIG_HASH_ENV, config_sha256
-from fedagent.selection import select_clients
+from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
+from fedagent.selection import run_mode, select_clients
 from fedagent.server_opt import cli_flags
 
 try:
@@ -32,6 +35,9 @@ QUARANTINE = f"{RUN}/_failed"
 GAMES = f"{RUN}/plan/games"
 PARTITION = f"{RUN}/plan/partition.json"
 VAL_SET = f"{RUN}/plan/val_set.json"
+LABELS = f"{RUN}/plan/labels.json"
+DATA_SEED = config["data_seed"]
+MODE = run_mode(config["clients"]["total"], config["clients"]["pinned"])
 ROUNDS = range(0, config["rounds"] + 1)
 
 wildcard_constraints:
@@ -50,8 +56,17 @@ def model_dir(r):
 
 
 def selected_clients(r):
-    """The clients trained in round r (pure function of seed and r)."""
-    return select_clients(config["seed"], int(r), config["clients"]["total"], config["clients"]["per_round"])
+    """The clients trained in round r (pure function of seed and r; the pinned client in local mode)."""
+    return select_clients(config["seed"], int(r), config["clients"]["total"], config["clients"]["per_round"],
+                          pinned=config["clients"]["pinned"])
+
+
+def client_eval_files(wildcards):
+    """Per-client eval files of rounds 1..r (eval.clients), else none."""
+    if not config["eval"]["clients"]:
+        return []
+    return [f"{round_dir(r)}/client_evals/{c}.json" for r in range(1, int(wildcards.round) + 1)
+            for c in selected_clients(r)]
 
 
 def ref_model_dir(wildcards):
@@ -122,14 +137,50 @@ TRAIN_PARAMS = as_json({
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],
     "pool_size": config["env"]["pool_size"],
-    **job_params("eval", ("threads", "n", "backend", "vllm")),
+    **job_params("eval", ("threads", "n", "clients", "backend", "vllm")),
     "answer_format": config["rollout"]["answer_format"],
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
 })
 
+# Hardness labels: the reference policy plays the train tasks as training does (its
+# temperature and budgets); the sampler is seeded from data_seed (labels are part of plan/).
+LABELS_PARAMS = as_json({
+    "base_seed": DATA_SEED,
+    "pool_size": config["env"]["pool_size"],
+    **{k: config["train"][k] for k in ("temperature", "max_turns", "max_new_tokens", "max_prompt_tokens")},
+    **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
+})
 
-# The data seed (catalogues, goal orders): issue 10 adds the top-level key; read with its default.
-DATA_SEED = config.get("data_seed", 42)
+
+def games_command():
+    """`fedagent <command> <flags>` of the games rule: only what changes the catalogue."""
+    env = config["env"]
+    if env["kind"] == "alfworld":
+        alf = env["alfworld"]
+        cmd = (f"alfworld-pool --n-train {env['train_games']} --n-val {env['val_games']}"
+               f" --val-split {alf['val_split']}")
+        if alf["data"]:
+            cmd += f" --data {alf['data']}"
+        if alf["manifests"]:
+            cmd += f" --manifests {alf['manifests']}"
+        return cmd
+    return (f"games --n-train {env['train_games']} --n-val {env['val_games']} --world-size {env['world_size']}"
+            f" --nb-objects {env['nb_objects']} --quest-length {env['quest_length']}")
+
+
+GAMES_COMMAND = games_command()
+
+# The chosen partition strategy's own knobs only: another strategy's knob re-runs nothing.
+PARTITION_KNOBS = as_json({k: config["partition"][k] for k in PARTITION_KNOB_NAMES[config["partition"]["strategy"]]})
+
+
+def labels_input(wildcards=None):
+    """The hardness labels file: the user's, or plan/labels.json built by the `labels` rule."""
+    if config["partition"]["strategy"] != "hardness":
+        return []
+    return config["partition"]["labels"] or LABELS
+
+
 # A training client's env knobs (WebShop: its environment arm); validation never gets any.
 CLIENT_ENV_PARAMS = as_json({
     **{k: config["env"]["webshop"][k]

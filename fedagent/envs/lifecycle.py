@@ -53,6 +53,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def games_source(games_dir: Path) -> str:
+    """The env kind of a games directory: games.json's ``source`` (``textworld`` if absent)."""
+    index = Path(games_dir) / "games.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        return str(data.get("source") or data.get("kind") or "textworld")
+    return "textworld"
+
+
 @contextlib.contextmanager
 def env_service(
     games_dir: Path,
@@ -70,11 +79,16 @@ def env_service(
     create_timeout: float | None = None,
     env_threads: bool = True,
     env_procs: int = 0,
-    source: str = "textworld",
+    source: str | None = None,
     answer_format: str = "think_action",
     env_params: dict | None = None,
 ) -> Iterator[EnvClient]:
-    """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client."""
+    """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client.
+
+    ``source`` None: the catalogue's own (``games.json`` ``source``; TextWorld if absent).
+    """
+    if source is None:
+        source = games_source(games_dir)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     tag = f"{split}-{os.getpid()}-{secrets.token_hex(3)}"   # unique per call, not per result

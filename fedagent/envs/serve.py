@@ -134,6 +134,10 @@ def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: d
     if kind == "alfworld":
         from fedagent.envs.alfworld import AlfworldTaskSource
 
+        if (Path(games) / "games.json").is_file():      # a run's catalogue (plan/games)
+            from fedagent.envs.alfworld.catalogue import source_from_catalogue
+
+            return source_from_catalogue(games, split)[0]
         return AlfworldTaskSource(games, splits=[split])
     raise ValueError(f"unknown env source {kind!r}")
 
@@ -156,7 +160,15 @@ def run(args: argparse.Namespace) -> int:
     env_params = json.loads(args.env_params) if args.env_params else None
     source = make_source(args.source, args.games, args.split, tasks=listed, env_params=env_params,
                          client_id=args.client_id)
-    tasks = source.task_ids(args.split) if args.all else listed
+    if args.all:
+        split = args.split
+        if args.source == "alfworld" and (Path(args.games) / "games.json").is_file():
+            from fedagent.envs.alfworld.catalogue import source_from_catalogue
+
+            split = source_from_catalogue(args.games, args.split)[1]
+        tasks = source.task_ids(split)
+    else:
+        tasks = listed
     token = args.token or os.environ.get(TOKEN_ENV) or None
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,

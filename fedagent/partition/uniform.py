@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fedagent.partition.context import PartitionContext
+
 
 def uniform_slices(n_tasks: int, n_clients: int, min_tasks: int) -> list[tuple[int, int]]:
     """Half-open ``[start, end)`` slice of every client.
@@ -32,3 +34,9 @@ def uniform_slices(n_tasks: int, n_clients: int, min_tasks: int) -> list[tuple[i
             start = max(start, 0)
         slices.append((start, end))
     return slices
+
+
+def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
+    """Uniform slices of ``ctx.task_ids``; no randomness."""
+    slices = uniform_slices(len(ctx.task_ids), ctx.n_clients, ctx.min_tasks)
+    return {str(c): list(ctx.task_ids[a:b]) for c, (a, b) in enumerate(slices)}, {}

@@ -1,0 +1,121 @@
+"""``fedagent labels``: hardness labels — a reference policy plays every train task once.
+
+FACTS §2: labels must come from a (trained) reference policy rolled out in the **same
+rollout mode as training** (windowed here, the only mode); success → easy. Index mode: seed
+i plays train task i, so the n train tasks take exactly n episodes. The sampler is seeded
+from the params' ``base_seed`` (the workflow passes ``data_seed``: labels are part of plan/).
+Validation is not involved: no penalty, nothing is trained.
+
+``--policy random`` is a model-free reference for smoke runs and tiny pools where no trained
+policy exists (an untrained SmolLM2 wins none of the -small presets' games, so every task would
+be "hard"): each turn picks uniformly among the admissible commands with
+``python_rng(base_seed, "labels_random", index=task)``, for the same turn budget, through the
+same service. Its labels measure difficulty for a random walker, not for a trained agent.
+
+Output (atomic): ``{"labels": {task id: bool}, "policy", "n", "easy", "easy_rate", "params",
+"games_sha256"}`` — the ``{"labels": ...}`` form ``fedagent partition --labels`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def resolve_policy(policy: str, workdir: Path, seed: int) -> Path:
+    """An HF model dir for ``policy``: a local dir as is; 'smollm2' / 'tiny' built into ``workdir``."""
+    if policy == "smollm2":
+        from fedagent.base_model import build_base_model
+
+        out = workdir / "policy"
+        build_base_model("smollm2", out)
+        return out
+    if policy == "tiny":
+        from fedagent.base_model_tiny import write_tiny_model
+
+        out = workdir / "policy"
+        write_tiny_model(out, seed)
+        return out
+    path = Path(policy)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"labels policy {policy!r}: not 'smollm2', 'tiny' or an HF model dir")
+    return path
+
+
+def random_walk_labels(env, n_tasks: int, base_seed: int, max_turns: int) -> list[dict]:
+    """One random-admissible-command episode per task (seed i → task i); returns samples."""
+    from fedagent.seeds import python_rng
+
+    samples = []
+    for i in range(n_tasks):
+        sid = f"labels-random-{i}"
+        env.create(sid)
+        try:
+            obs = env.reset(sid, i)
+            rng = python_rng(base_seed, "labels_random", index=i)
+            won, admissible = False, [c for c in obs["admissible_commands"]]
+            for _ in range(max_turns):
+                if not admissible:
+                    break
+                cmd = admissible[rng.randrange(len(admissible))]
+                r = env.step(sid, f"<think>random</think><action>{cmd}</action>")
+                won, admissible = bool(r["won"]), list(r["admissible_commands"])
+                if r["done"]:
+                    break
+            samples.append({"task_id": obs["task_id"], "won": won})
+        finally:
+            env.close(sid)
+    return samples
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent labels``."""
+    parser.add_argument("--policy", required=True,
+                        help="reference policy: HF model dir, 'smollm2', 'tiny' or 'random' (uniform admissible commands)")
+    parser.add_argument("--games", type=Path, required=True, help="games directory (plan/games)")
+    parser.add_argument("--params", default="{}", help="JSON object of rollout params (see evaluate.EvalParams)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True, help="labels.json")
+    parser.add_argument("--quarantine", type=Path, default=None, help="accepted for symmetry")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Play every train task once; write the labels file."""
+    from fedagent.atomic import atomic_write_json
+    from fedagent.envs.lifecycle import job_env_service
+    from fedagent.evaluate import EvalParams, evaluate
+    from fedagent.policy import load_policy
+    from fedagent.tasks import load_games_index
+    import dataclasses
+
+    params = EvalParams.from_dict(json.loads(args.params))
+    index = load_games_index(args.games)
+    train = list(index["train"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.policy == "random":
+        with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
+                             max_turns=params.max_turns) as env:
+            samples = random_walk_labels(env, len(train), params.base_seed, params.max_turns)
+        result = {"samples": samples, "params": dataclasses.asdict(params)}
+    else:
+        with tempfile.TemporaryDirectory(prefix=".labels-", dir=out.parent) as tmp:
+            model_dir = resolve_policy(args.policy, Path(tmp), params.base_seed)
+            model, tok = load_policy(model_dir, args.threads)
+            with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
+                                 max_turns=params.max_turns) as env:
+                result = evaluate(model, tok, env, list(range(len(train))), params, round=0)
+    labels = {s["task_id"]: bool(s["won"]) for s in result["samples"]}
+    if sorted(labels) != sorted(train):
+        raise RuntimeError("labels: the episodes did not cover every train task exactly once")
+    easy = sum(labels.values())
+    atomic_write_json(out, {"labels": labels, "policy": args.policy, "n": len(labels), "easy": easy,
+                            "easy_rate": easy / len(labels), "params": result["params"],
+                            "games_sha256": index["sha256"]})
+    print(json.dumps({"n": len(labels), "easy": easy, "easy_rate": easy / len(labels)}))
+    return 0
