@@ -132,7 +132,7 @@ FAKE_FEDAGENT = r'''#!{python}
 import sys
 from pathlib import Path
 args = sys.argv[1:]
-for flag in ("--out", "--summary", "--curves"):
+for flag in ("--out", "--summary", "--curves", "--timings"):
     if flag in args:
         p = Path(args[args.index(flag) + 1])
         p.parent.mkdir(parents=True, exist_ok=True)
