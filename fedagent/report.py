@@ -56,11 +56,13 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
     """
     by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
     ev = json.loads(Path(eval_timings).read_text())
-    train = [json.loads((Path(c) / "metrics.json").read_text()).get("timings", {}) for c in clients]
+    # A dropped client (clients.min_per_round) left dropped.json, no metrics: it trained nothing.
+    trained = [Path(c) for c in clients if (Path(c) / "metrics.json").is_file()]
+    train = [json.loads((c / "metrics.json").read_text()).get("timings", {}) for c in trained]
     train_job_s = sum(v for k, v in by_name.items() if k.startswith("train_client_"))
     cold = sum(t.get("cold_start_s") or 0.0 for t in train)
     return {
-        "round": int(round_), "train_jobs": len(clients), "train_job_s": round(train_job_s, 3),
+        "round": int(round_), "train_jobs": len(trained), "train_job_s": round(train_job_s, 3),
         "cold_start_s": round(cold, 3),
         "cold_start_share": round(cold / train_job_s, 4) if train_job_s else None,
         "generation_s": round(sum(t.get("phases", {}).get("rollout", 0.0) for t in train), 3),

@@ -69,3 +69,29 @@ def test_client_evals_become_rows_and_circles(tmp_path):
     bad.write_text(json.dumps({"round": 1, "n": 2, "success_rate": 0.5}))
     with pytest.raises(ValueError, match="client"):
         run(argparse.Namespace(**{**vars(args), "client_evals": [bad]}))
+
+
+def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):
+    from fedagent.report import round_timings, timings_table
+
+    bench = tmp_path / "b"
+    bench.mkdir()
+    for name, s in (("train_client_0", 30.0), ("train_client_1", 2.0), ("aggregate", 5.0), ("merge", 4.0),
+                    ("eval", 20.0)):
+        (bench / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:{int(s):02d}\t100\n")
+    c0, c1 = tmp_path / "clients" / "0", tmp_path / "clients" / "1"
+    c0.mkdir(parents=True)
+    c1.mkdir(parents=True)
+    (c0 / "metrics.json").write_text(json.dumps({"timings": {"cold_start_s": 12.0,
+                                                              "phases": {"rollout": 10.0, "train": 6.0}}}))
+    (c1 / "dropped.json").write_text("{}")      # a dropped client: no metrics
+    ev = tmp_path / "eval_timings.json"
+    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}}))
+    row = round_timings(1, ev, sorted(bench.iterdir()), [c0, c1])
+    assert row["train_jobs"] == 1 and row["train_job_s"] == 32.0 and row["cold_start_s"] == 12.0
+    assert row["generation_s"] == 10.0 and row["training_s"] == 6.0
+    assert (row["aggregate_s"], row["merge_s"], row["eval_s"], row["eval_cold_start_s"]) == (5.0, 4.0, 20.0, 8.0)
+    prev = tmp_path / "t0.csv"
+    timings_table({"round": 0, "eval_s": 19.0}, None).to_csv(prev, index=False)
+    table = timings_table(row, prev)
+    assert list(table["round"]) == [0, 1] and table["eval_s"].tolist() == [19.0, 20.0]
