@@ -16,7 +16,7 @@ BASE = "config/config.yaml"
     ({"partition.strategy": "preference"}, "partition.strategy"),               # one task type
     ({"partition.strategy": "task_disjoint", "clients.total": 5, "clients.per_round": 1}, "env.train_games"),
     ({"env.alfworld": {"data": "/nonexistent"}}, "env.alfworld.data"),
-    ({"env.kind": "webshop"}, "env.kind"),
+    ({"env.kind": "minecraft"}, "env.kind"),
     ({"partition.fallback": "nope"}, "partition.fallback"),
 ])
 def test_bad_combination_names_its_key(overrides, key):
