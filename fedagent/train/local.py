@@ -101,8 +101,8 @@ def _chunks(seq, n):
 
 
 @torch.no_grad()
-def _logprobs_nograd(model, samples, micro: int) -> torch.Tensor:
-    parts = [grpo.response_logprobs(model, chunk)[0] for chunk in _chunks(samples, micro)]
+def _logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Tensor:
+    parts = [grpo.response_logprobs(model, chunk, temperature=temperature)[0] for chunk in _chunks(samples, micro)]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -120,8 +120,8 @@ def _autocast(model):
 def _token_slices(samples) -> list[slice]:
     out, k = [], 0
     for s in samples:
-        out.append(slice(k, k + len(s.response_ids)))
-        k += len(s.response_ids)
+        out.append(slice(k, k + s.trained_count()))
+        k += s.trained_count()
     return out
 
 
@@ -136,27 +136,27 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
     model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
     amp = _autocast(model)
     with amp:
-        old = _logprobs_nograd(model, samples, p.micro_batch_size)
+        old = _logprobs_nograd(model, samples, p.micro_batch_size, p.temperature)
     if ref_model is None:
         ref = None
     elif ref_is_policy:
         ref = old
     else:
         with _autocast(model):
-            ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size)
+            ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size, p.temperature)
     slices = _token_slices(samples)
     order = list(range(len(samples)))
     shuffle_rng.shuffle(order)
     params = [q for q in model.parameters() if q.requires_grad]
     steps = []
     for mb in _chunks(order, p.mini_batch_size):
-        n_tok = sum(len(samples[i].response_ids) for i in mb)
+        n_tok = sum(samples[i].trained_count() for i in mb)
         optimizer.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
         for micro in _chunks(mb, p.micro_batch_size):
             batch = [samples[i] for i in micro]
             with _autocast(model):
-                logp, ent = grpo.response_logprobs(model, batch, with_entropy=True)
+                logp, ent = grpo.response_logprobs(model, batch, temperature=p.temperature, with_entropy=True)
             old_b = torch.cat([old[slices[i]] for i in micro])
             ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
             adv = grpo.token_advantages(batch, device=logp.device)
