@@ -58,6 +58,36 @@ def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty:
     return out
 
 
+def episode_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty: float) -> list[Sample]:
+    """Concat mode: one sample per episode, the whole episode as one sequence (FACTS §5).
+
+    Prompt = the first turn's context; response = everything after it, with ``response_mask``
+    1 on the model's tokens and 0 on the glue (observations, turn boundaries). Reward = the
+    episode's return − ``invalid_penalty`` × its invalid turns. The sequence is the last turn's
+    context + response; every earlier turn's context must be a prefix of it with its response
+    right after (the context generated from *is* the context trained on): a mismatch is an error.
+    """
+    out = []
+    for traj, g in zip(trajectories, groups):
+        turns = [t for t in traj.turns]
+        if not turns or not any(t.response_ids for t in turns):
+            continue
+        seq = list(turns[-1].prompt_ids) + list(turns[-1].response_ids)
+        mask = [0] * len(seq)
+        for k, t in enumerate(turns):
+            a, b = len(t.prompt_ids), len(t.prompt_ids) + len(t.response_ids)
+            if seq[:a] != list(t.prompt_ids) or seq[a:b] != list(t.response_ids):
+                raise RuntimeError(f"concat episode (seed {traj.seed}): turn {k}'s context/response is not "
+                                   "a prefix of the episode sequence")
+            mask[a:b] = [1] * (b - a)
+        n0 = len(turns[0].prompt_ids)
+        n_invalid = sum(1 for t in turns if not t.valid)
+        reward = float(traj.episode_return) - float(invalid_penalty) * n_invalid
+        out.append(Sample(prompt_ids=seq[:n0], response_ids=seq[n0:], reward=reward, group=int(g),
+                          response_mask=mask[n0:]))
+    return out
+
+
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = EPS) -> list[float]:
     """``(R - mean_g) / (std_g + eps)`` per sample; std is the unbiased one (as torch.std).
 
