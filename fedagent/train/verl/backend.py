@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from fedagent.config import JobKeys
-from fedagent.rollout.prompts import HISTORY_LENGTH
 from fedagent.seeds import derive_seed
 from fedagent.train.verl import launch
 
@@ -78,7 +77,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         record = job.workdir / "episodes.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
-            env_token=env_address.get("token"), p=p, record_file=record, history_length=HISTORY_LENGTH)
+            env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history)
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31)
