@@ -142,7 +142,7 @@ def bench_train(model_dir, reps, peak_tflops, seq=512, resp=128):
     def step():
         opt.zero_grad(set_to_none=True)
         with _autocast(model):
-            logp, _ = grpo.response_logprobs(model, samples)
+            logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
         loss = -(logp.mean())
         loss.backward()
         opt.step()

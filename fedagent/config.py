@@ -285,14 +285,17 @@ def _min_tasks_within_catalogue(get):
 
 
 @cross_rule("train.mini_batch_size",
-            ["train.mini_batch_size", "train.group_size", "train.groups_per_epoch", "train.max_turns"],
+            ["train.mini_batch_size", "train.group_size", "train.groups_per_epoch", "train.max_turns", "rollout.mode"],
             violation={"train.group_size": 2, "train.groups_per_epoch": 1, "train.max_turns": 2,
                        "train.mini_batch_size": 5})
 def _mini_batch_within_epoch(get):
-    most = get("train.group_size") * get("train.groups_per_epoch") * get("train.max_turns")
+    if get("rollout.mode") == "concat":   # one sample per episode
+        most, how = get("train.group_size") * get("train.groups_per_epoch"), "group_size × groups_per_epoch, concat"
+    else:                                 # one sample per turn
+        most, how = (get("train.group_size") * get("train.groups_per_epoch") * get("train.max_turns"),
+                     "group_size × groups_per_epoch × max_turns")
     if get("train.mini_batch_size") > most:
-        return (f"{get('train.mini_batch_size')} is larger than the {most} samples one epoch can produce "
-                "(group_size × groups_per_epoch × max_turns)")
+        return f"{get('train.mini_batch_size')} is larger than the {most} samples one epoch can produce ({how})"
     return None
 
 
@@ -321,6 +324,22 @@ def _verl_reference_is_the_start_model(get):
     if get("train.backend") == "verl" and get("train.ref_anchor") != "round" and get("train.kl_coef") > 0:
         return (f"{get('train.ref_anchor')!r} with train.backend=verl: verl's KL reference is the model a job "
                 "starts from; use train.ref_anchor: round (or train.kl_coef: 0)")
+    return None
+
+
+@cross_rule("train.fedprox_mu", ["train.fedprox_mu", "train.backend"],
+            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01})
+def _fedprox_is_local_only(get):
+    if get("train.backend") == "verl" and get("train.fedprox_mu") > 0:
+        return "FedProx is implemented for train.backend=local only (the verl backend would ignore it)"
+    return None
+
+
+@cross_rule("rollout.mode", ["rollout.mode", "train.backend"],
+            violation={"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"})
+def _concat_is_local_only(get):
+    if get("train.backend") == "verl" and get("rollout.mode") != "windowed":
+        return f"{get('rollout.mode')!r} is implemented for train.backend=local only (verl trains windowed)"
     return None
 
 

@@ -37,6 +37,8 @@ class EvalParams:
     pool_size: int = 8
     batch: int = 8
     answer_format: str = "think_action"   # rollout.answer_format
+    rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
+    history: int = 2                      # rollout.history
     device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
     compile: bool = True
 
@@ -56,7 +58,8 @@ class EvalParams:
 
 # Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
 EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "answer_format": "rollout.answer_format"})
+                                    "answer_format": "rollout.answer_format",
+                                    "rollout_mode": "rollout.mode", "history": "rollout.history"})
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
@@ -104,7 +107,8 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
         model, tokenizer, env, list(seeds), batch_size=min(params.batch, params.pool_size),
         session_prefix=f"eval-r{round}", max_turns=params.max_turns, max_new_tokens=params.max_new_tokens,
         temperature=params.temperature, generator=gen, max_prompt_tokens=params.max_prompt_tokens,
-        answer_format=params.answer_format, sampler=sampler)
+        answer_format=params.answer_format, sampler=sampler, rollout_mode=params.rollout_mode,
+        history_length=params.history)
     out = summarize(trajs, round)
     turns = [x for t in trajs for x in t.turns]
     out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0

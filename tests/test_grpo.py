@@ -88,8 +88,8 @@ def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
     ref, _ = load_policy(tiny_dir, threads=1)
     samples = [grpo.Sample([5, 6, 7, 8], [9, 10, 11], 1.0, 0), grpo.Sample([5, 6], [12, 13, 14, 15], 0.0, 0)]
     with torch.no_grad():
-        a, _ = grpo.response_logprobs(model, samples)
-        b, _ = grpo.response_logprobs(ref, samples)
+        a, _ = grpo.response_logprobs(model, samples, temperature=1.0)
+        b, _ = grpo.response_logprobs(ref, samples, temperature=1.0)
     assert a.shape == (7,)
     assert torch.equal(grpo.k3_kl(a, b), torch.zeros(7))
 
@@ -98,7 +98,7 @@ def test_response_logprobs_match_an_unpadded_forward(tiny_dir):
     model, _ = load_policy(tiny_dir, threads=1)
     samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0), grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0)]
     with torch.no_grad():
-        got, ent = grpo.response_logprobs(model, samples, with_entropy=True)
+        got, ent = grpo.response_logprobs(model, samples, temperature=1.0, with_entropy=True)
         want = []
         for s in samples:
             full = torch.tensor([s.prompt_ids + s.response_ids])
@@ -111,7 +111,7 @@ def test_response_logprobs_match_an_unpadded_forward(tiny_dir):
 
 def _pair_logps(model, samples):
     with torch.no_grad():
-        lp, _ = grpo.response_logprobs(model, samples)
+        lp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
     return float(lp[:3].sum()), float(lp[3:].sum())
 
 

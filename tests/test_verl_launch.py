@@ -104,3 +104,26 @@ def test_agent_loop_yaml_instantiates_our_loop(tmp_path):
 
     assert issubclass(cls, AgentLoopBase)
     json.dumps(entry)
+
+
+def test_the_verl_job_plays_rollout_history(tmp_path, monkeypatch):
+    """rollout.history reaches the verl agent loop (the windowed prompt's past steps), not the constant 2."""
+    from fake_env import build_tiny_model
+    from fedagent.train.local import TrainParams
+    from fedagent.train.verl import backend
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(path, **kw):
+        seen["history_length"] = kw["history_length"]
+        raise Stop
+
+    monkeypatch.setattr(backend.launch, "write_agent_loop_yaml", capture)
+    model = build_tiny_model(tmp_path / "m")
+    with pytest.raises(Stop):
+        backend.train_client_verl(model, model, {"uds": "/nonexistent.sock"}, round=1, client=0,
+                                  params=TrainParams(history=5), settings=VerlSettings(), out_dir=tmp_path / "u")
+    assert seen == {"history_length": 5}

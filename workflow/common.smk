@@ -124,11 +124,22 @@ def job_params(section, drop):
     return d
 
 
+def rollout_params():
+    """rollout.mode / rollout.history as job params, only when not the defaults (windowed, 2):
+    a default run's params, and so its cached jobs, stay exactly as before the keys existed."""
+    r = config["rollout"]
+    return {**({"rollout_mode": r["mode"]} if r["mode"] != "windowed" else {}),
+            **({"history": r["history"]} if r["history"] != 2 else {})}
+
+
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "verl")),
+    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "verl", "fedprox_mu")),
     "pool_size": config["env"]["pool_size"],
     "answer_format": config["rollout"]["answer_format"],
+    **rollout_params(),
+    # FedProx only when armed (μ = 0 is plain FedAvg: same params, same cached updates).
+    **({"fedprox_mu": config["train"]["fedprox_mu"]} if config["train"]["fedprox_mu"] else {}),
     # The verl backend rides in the same JSON (only when chosen: a local run's params, and so
     # its cached jobs, stay exactly as before).
     **({"backend": "verl", "verl": config["train"]["verl"], "ref_anchor": config["train"]["ref_anchor"]}
@@ -139,6 +150,7 @@ EVAL_PARAMS = as_json({
     "pool_size": config["env"]["pool_size"],
     **job_params("eval", ("threads", "n", "clients", "backend", "vllm")),
     "answer_format": config["rollout"]["answer_format"],
+    **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
 })
 
@@ -149,6 +161,7 @@ LABELS_PARAMS = as_json({
     "pool_size": config["env"]["pool_size"],
     **{k: config["train"][k] for k in ("temperature", "max_turns", "max_new_tokens", "max_prompt_tokens")},
     **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
+    **rollout_params(),
 })
 
 

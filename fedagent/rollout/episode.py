@@ -15,7 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from fedagent.policy import sample
-from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, windowed_prompt
+from fedagent.rollout.prompts import (HISTORY_LENGTH, concat_turn_prompt, encode_prompt, response_prefix,
+                                      windowed_prompt)
+
+ROLLOUT_MODES = ("windowed", "concat")
 
 
 @dataclass
@@ -73,6 +76,7 @@ def run_episodes(
     history_length: int = HISTORY_LENGTH,
     answer_format: str = "think_action",
     sampler=None,
+    rollout_mode: str = "windowed",
 ) -> list[Trajectory]:
     """Play one episode per seed, all sessions in lockstep; returns trajectories in seed order.
 
@@ -82,7 +86,19 @@ def run_episodes(
     ``answer_format`` picks the prompt's instruction and the prefilled answer start (the env
     service must parse the same format). ``sampler`` replaces :func:`fedagent.policy.sample`
     (same signature), e.g. the GPU path's :class:`fedagent.gpu_sampler.StaticSampler`.
+
+    ``rollout_mode``: ``windowed`` — each turn's prompt is a fresh one-message chat with the
+    last ``history_length`` steps, left-truncated to ``max_prompt_tokens``; the turn stores
+    exactly the ids it was generated from. ``concat`` — one growing chat per session
+    (:class:`fedagent.rollout.concat.ConcatChat`): each turn is generated from the previous
+    context + its response + the recovered glue, and stores that whole context; an episode
+    whose context passes ``max_prompt_tokens`` ends there (never truncated mid-episode).
     """
+    if rollout_mode not in ROLLOUT_MODES:
+        raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {rollout_mode!r}")
+    concat = rollout_mode == "concat"
+    if concat:
+        from fedagent.rollout.concat import ConcatChat
     sample_fn = sample if sampler is None else sampler
     prefix = response_prefix(answer_format)
     sids = [f"{session_prefix}-{i}" for i in range(len(seeds))]
@@ -103,17 +119,29 @@ def run_episodes(
             trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
             state.append({"task": r.get("task", ""), "obs": r["observation"],
                           "admissible": list(r.get("admissible_commands", [])), "history": []})
+            if concat:
+                st = state[-1]
+                st["chat"] = ConcatChat.start(tokenizer, windowed_prompt(st["task"], st["obs"], st["admissible"], [],
+                                                                        history_length, answer_format),
+                                              answer_format, max_prompt_tokens)
         done = [False] * len(sids)
         for _turn in range(max_turns):
+            if concat:   # a context past the budget ends its episode (a cut would change the past)
+                for i in range(len(sids)):
+                    if not done[i] and len(state[i]["chat"].ids) > max_prompt_tokens:
+                        done[i] = True
             active = [i for i in range(len(sids)) if not done[i]]
             if not active:
                 break
-            prompts = [
-                encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
-                                                         state[i]["history"], history_length, answer_format),
-                              max_prompt_tokens, answer_format)
-                for i in active
-            ]
+            if concat:
+                prompts = [list(state[i]["chat"].ids) for i in active]
+            else:
+                prompts = [
+                    encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
+                                                             state[i]["history"], history_length, answer_format),
+                                  max_prompt_tokens, answer_format)
+                    for i in active
+                ]
             gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
             # the answer includes its prefilled start
             results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
@@ -132,6 +160,12 @@ def run_episodes(
                 st["admissible"] = list(r.get("admissible_commands", st["admissible"]))
                 if r["done"]:
                     done[i] = True
+                elif concat:
+                    st["chat"].extend(tokenizer, prefix=prefix, text=g.text, response_ids=g.response_ids,
+                                      finished=g.finished,
+                                      next_user=concat_turn_prompt(st["obs"], st["admissible"], tr.n_turns + 1,
+                                                                   answer_format),
+                                      answer_format=answer_format)
         completed = True
     finally:
         errors = _close_all(env, created)

@@ -101,6 +101,27 @@ def windowed_prompt(
     )
 
 
+def concat_turn_prompt(observation: str, admissible: Sequence[str], step: int,
+                       answer_format: str = "think_action") -> str:
+    """The user message of a later turn in concat mode (the chat above it holds the history).
+
+    ``step`` is the 1-based number of the step about to be taken.
+    """
+    instruction = _INSTRUCTIONS[_check_format(answer_format)]
+    return (
+        f"You are now at step {step} and your current observation is: {observation}\n"
+        f"Your admissible actions of the current situation are: [\n{format_actions(admissible)}\n].\n\n"
+        f"{instruction}"
+    )
+
+
+def render_chat(tokenizer, messages: Sequence[dict], answer_format: str = "think_action") -> str:
+    """The chat template's text of ``messages`` with the generation prompt and the answer prefix."""
+    return tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=False
+    ) + response_prefix(answer_format)
+
+
 def encode_prompt(tokenizer, content: str, max_prompt_tokens: int, answer_format: str = "think_action") -> list[int]:
     """Chat-format one user message (generation prompt + the format's prefix), left-truncated.
 
@@ -109,8 +130,6 @@ def encode_prompt(tokenizer, content: str, max_prompt_tokens: int, answer_format
     """
     if max_prompt_tokens <= 0:
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    ) + response_prefix(answer_format)
+    text = render_chat(tokenizer, [{"role": "user", "content": content}], answer_format)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     return ids[-max_prompt_tokens:]

@@ -5,6 +5,11 @@ penalty on turns whose own action was invalid); a group is the n rollouts of one
 (= one task) and the advantage is ``(R - mean) / (std + 1e-6)`` over *all* per-turn samples
 of the group. Loss = clipped ratio against behaviour log-probs + ``kl_coef`` · k3 KL to a
 reference − ``entropy_coef`` · entropy, token-mean over response tokens.
+
+Every log-prob (behaviour, current, reference) and the entropy are those of the distribution
+actually sampled: logits divided by the sampling temperature, as verl does (issue 11). A concat
+sample (``rollout.mode: concat``) is the whole episode as one sequence; its ``response_mask``
+marks the model's own tokens (1) against the observation glue (0), which is context only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ class Sample:
     reward: float
     group: int
     advantage: float = 0.0
+    # Per response token: 1 = the model's token (trained), 0 = context only (concat glue).
+    # None: every response token is trained (a windowed sample).
+    response_mask: list[int] | None = None
+
+    def trained_count(self) -> int:
+        """How many response tokens carry a loss (log-probs come only for these)."""
+        return len(self.response_ids) if self.response_mask is None else sum(self.response_mask)
 
 
 def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty: float) -> list[Sample]:
@@ -43,6 +55,36 @@ def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty:
                 continue   # nothing to train on (max_new_tokens == 0)
             reward = float(traj.episode_return) - (float(invalid_penalty) if not t.valid else 0.0)
             out.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), reward=reward, group=int(g)))
+    return out
+
+
+def episode_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty: float) -> list[Sample]:
+    """Concat mode: one sample per episode, the whole episode as one sequence (FACTS §5).
+
+    Prompt = the first turn's context; response = everything after it, with ``response_mask``
+    1 on the model's tokens and 0 on the glue (observations, turn boundaries). Reward = the
+    episode's return − ``invalid_penalty`` × its invalid turns. The sequence is the last turn's
+    context + response; every earlier turn's context must be a prefix of it with its response
+    right after (the context generated from *is* the context trained on): a mismatch is an error.
+    """
+    out = []
+    for traj, g in zip(trajectories, groups):
+        turns = [t for t in traj.turns]
+        if not turns or not any(t.response_ids for t in turns):
+            continue
+        seq = list(turns[-1].prompt_ids) + list(turns[-1].response_ids)
+        mask = [0] * len(seq)
+        for k, t in enumerate(turns):
+            a, b = len(t.prompt_ids), len(t.prompt_ids) + len(t.response_ids)
+            if seq[:a] != list(t.prompt_ids) or seq[a:b] != list(t.response_ids):
+                raise RuntimeError(f"concat episode (seed {traj.seed}): turn {k}'s context/response is not "
+                                   "a prefix of the episode sequence")
+            mask[a:b] = [1] * (b - a)
+        n0 = len(turns[0].prompt_ids)
+        n_invalid = sum(1 for t in turns if not t.valid)
+        reward = float(traj.episode_return) - float(invalid_penalty) * n_invalid
+        out.append(Sample(prompt_ids=seq[:n0], response_ids=seq[n0:], reward=reward, group=int(g),
+                          response_mask=mask[n0:]))
     return out
 
 
@@ -69,14 +111,19 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     return [(float(r) - stats[int(g)][0]) / (stats[int(g)][1] + eps) for r, g in zip(rewards, groups)]
 
 
-def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = False):
+def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, with_entropy: bool = False):
     """Per-token log-probs (and entropies) of each sample's response under ``model``.
 
+    ``temperature`` (required, > 0): the sampling temperature; the log-probs and entropies are
+    those of ``softmax(logits / temperature)``, the distribution the rollout drew from.
     Rows are left-padded prompt+response with explicit position ids, as in sampling. Only
-    the hidden states that predict response tokens go through the LM head, so a 49k
+    the hidden states that predict trained response tokens go through the LM head, so a 49k
     vocabulary never materializes logits for prompt tokens. Returns flat tensors over all
-    response tokens in sample order (entropy is ``None`` unless asked).
+    trained response tokens (``response_mask`` 1, or all) in sample order (entropy is
+    ``None`` unless asked).
     """
+    if not temperature > 0:
+        raise ValueError(f"log-probs need a sampling temperature > 0, got {temperature}")
     from fedagent.policy import _left_pad
 
     device = next(model.parameters()).device
@@ -86,7 +133,9 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
     rows, cols, targets = [], [], []
     for i, s in enumerate(samples):
         n = len(s.response_ids)
-        for j in range(width - n, width):
+        for k, j in enumerate(range(width - n, width)):
+            if s.response_mask is not None and not s.response_mask[k]:
+                continue   # observation glue: context, not a target
             rows.append(i)
             cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
@@ -94,7 +143,7 @@ def response_logprobs(model, samples: Sequence[Sample], *, with_entropy: bool = 
         ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    logits = model.get_output_embeddings()(h).float()
+    logits = model.get_output_embeddings()(h).float() / float(temperature)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
     entropy = None
@@ -134,6 +183,6 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
 
 
 def token_advantages(samples: Sequence[Sample], device=None) -> torch.Tensor:
-    """Each response token carries its sample's advantage (flat, sample order)."""
-    return torch.tensor([s.advantage for s in samples for _ in s.response_ids], dtype=torch.float32,
+    """Each trained response token carries its sample's advantage (flat, sample order)."""
+    return torch.tensor([s.advantage for s in samples for _ in range(s.trained_count())], dtype=torch.float32,
                         device=device)

@@ -23,7 +23,7 @@ import torch
 
 from fedagent.config import JobKeys, dataclass_from_dict
 from fedagent.seeds import derive_seed, python_rng, torch_generator
-from fedagent.train import grpo
+from fedagent.train import fedprox, grpo
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class TrainParams:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     answer_format: str = "think_action"   # rollout.answer_format: think_action | action
+    rollout_mode: str = "windowed"        # rollout.mode: windowed | concat
+    history: int = 2                      # rollout.history: windowed prompt's past steps
+    fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     compile: bool = True                  # cuda: compiled static-cache decode step
 
@@ -70,7 +73,8 @@ class TrainParams:
 # Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
 TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
                                    {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "answer_format": "rollout.answer_format"})
+                                    "answer_format": "rollout.answer_format",
+                                    "rollout_mode": "rollout.mode", "history": "rollout.history"})
 
 
 def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> list[int]:
@@ -101,8 +105,8 @@ def _chunks(seq, n):
 
 
 @torch.no_grad()
-def _logprobs_nograd(model, samples, micro: int) -> torch.Tensor:
-    parts = [grpo.response_logprobs(model, chunk)[0] for chunk in _chunks(samples, micro)]
+def _logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Tensor:
+    parts = [grpo.response_logprobs(model, chunk, temperature=temperature)[0] for chunk in _chunks(samples, micro)]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -120,43 +124,45 @@ def _autocast(model):
 def _token_slices(samples) -> list[slice]:
     out, k = [], 0
     for s in samples:
-        out.append(slice(k, k + len(s.response_ids)))
-        k += len(s.response_ids)
+        out.append(slice(k, k + s.trained_count()))
+        k += s.trained_count()
     return out
 
 
 def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int,
-               ref_is_policy: bool = False) -> list[dict]:
+               ref_is_policy: bool = False, prox_anchor: dict | None = None) -> list[dict]:
     """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates.
 
     ``ref_is_policy``: the reference has bit-identical weights to the current policy, so its
     log-probs are the behaviour log-probs (same deterministic computation) and one forward
-    pass over the samples is saved.
+    pass over the samples is saved. ``prox_anchor``: FedProx's round-start actor weights
+    (:func:`fedagent.train.fedprox.snapshot`); ``p.fedprox_mu·(w − w_t)`` joins each step's
+    gradient before clipping. None (μ = 0): plain FedAvg local training.
     """
     model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
     amp = _autocast(model)
     with amp:
-        old = _logprobs_nograd(model, samples, p.micro_batch_size)
+        old = _logprobs_nograd(model, samples, p.micro_batch_size, p.temperature)
     if ref_model is None:
         ref = None
     elif ref_is_policy:
         ref = old
     else:
         with _autocast(model):
-            ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size)
+            ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size, p.temperature)
     slices = _token_slices(samples)
     order = list(range(len(samples)))
     shuffle_rng.shuffle(order)
     params = [q for q in model.parameters() if q.requires_grad]
     steps = []
     for mb in _chunks(order, p.mini_batch_size):
-        n_tok = sum(len(samples[i].response_ids) for i in mb)
+        n_tok = sum(samples[i].trained_count() for i in mb)
         optimizer.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
         for micro in _chunks(mb, p.micro_batch_size):
             batch = [samples[i] for i in micro]
             with _autocast(model):
-                logp, ent = grpo.response_logprobs(model, batch, with_entropy=True)
+                logp, ent = grpo.response_logprobs(model, batch, temperature=p.temperature, with_entropy=True)
             old_b = torch.cat([old[slices[i]] for i in micro])
             ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
             adv = grpo.token_advantages(batch, device=logp.device)
@@ -171,6 +177,8 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
             acc["kl"] += float(st["kl"].sum()) / n_tok
             acc["entropy"] += float(st["entropy"].sum()) / n_tok
             acc["clipfrac"] += float(st["clipped"].sum()) / n_tok
+        if prox_anchor is not None:
+            fedprox.add_proximal_grad(model, prox_anchor, p.fedprox_mu)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
         if not math.isfinite(float(grad_norm)):
             # clip_grad_norm_ turns an inf norm into NaN updates (inf * 0): stop here, naming the
@@ -220,6 +228,8 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         rollout_model.requires_grad_(False)
         sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
                                 max_new_tokens=p.max_new_tokens, compile=p.compile)
+    # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
+    prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     clock.mark("model_loaded")
     optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     steps, records, seeds_used = [], [], []
@@ -242,8 +252,10 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                 rollout_model, tok, env, rollout_seeds, batch_size=p.pool_size,
                 session_prefix=f"r{round}-c{client}-e{epoch}", max_turns=p.max_turns,
                 max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
-                max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format, sampler=sampler)
-        samples = grpo.turn_samples(trajs, groups, p.invalid_penalty)
+                max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format, sampler=sampler,
+                rollout_mode=p.rollout_mode, history_length=p.history)
+        make_samples = grpo.episode_samples if p.rollout_mode == "concat" else grpo.turn_samples
+        samples = make_samples(trajs, groups, p.invalid_penalty)
         advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
         for s, a in zip(samples, advs):
             s.advantage = a
@@ -256,9 +268,9 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         if samples:
             with clock.phase("train"):
                 steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
-                                        ref_is_policy=same_ref and epoch == 0))
+                                        ref_is_policy=same_ref and epoch == 0, prox_anchor=prox_anchor))
         n_samples += len(samples)
-        n_tokens += sum(len(s.response_ids) for s in samples)
+        n_tokens += sum(s.trained_count() for s in samples)
         n_prompt_tokens += sum(len(s.prompt_ids) for s in samples)
         for tr, g in zip(trajs, groups):
             returns.append(tr.episode_return)

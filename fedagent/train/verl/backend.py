@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 from fedagent.config import JobKeys
-from fedagent.rollout.prompts import HISTORY_LENGTH
 from fedagent.seeds import derive_seed
 from fedagent.train.verl import launch
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
 VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_anchor": "train.ref_anchor",
-                                          "kl_coef": "train.kl_coef"})
+                                          "kl_coef": "train.kl_coef", "fedprox_mu": "train.fedprox_mu",
+                                          "rollout_mode": "rollout.mode"})
 
 
 def check_job_keys(values: dict) -> None:
@@ -77,7 +77,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         record = job.workdir / "episodes.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
-            env_token=env_address.get("token"), p=p, record_file=record, history_length=HISTORY_LENGTH)
+            env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history)
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31)
