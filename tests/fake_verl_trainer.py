@@ -68,6 +68,12 @@ def main() -> int:
     ipc.bind(ipc_path)                      # EADDRINUSE if two jobs shared the name
     ipc.listen()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # verl 0.9.1's start-up lines, in its order (the backend times its phases by them).
+    for line in ("INFO:2026-12-01 00:00:01,000:train and validate dataloader initialized, train dataset size: 1",
+                 "INFO:2026-12-01 00:00:02,000:actor and ref model engine initialized",
+                 "LLMServerManager: ['127.0.0.1:1']",
+                 "INFO:2026-12-01 00:00:03,000:all initialize finished, ready to fit"):
+        print(line, flush=True)
     # Episodes through the agent-loop YAML's env address.
     entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]
     env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],
@@ -107,7 +113,8 @@ def main() -> int:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     torch.save(sd, actor / "model_world_size_1_rank_0.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
-    print("step:1 - timing_s/gen:2.5 - perf/throughput:1234.5 - actor/pg_loss:-0.01", flush=True)
+    print("step:1 - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
+          " - perf/throughput:1234.5 - actor/pg_loss:-0.01", flush=True)
     if os.environ.get("FAKE_VERL_FAIL"):
         return 3
     return 0

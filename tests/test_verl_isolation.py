@@ -216,8 +216,18 @@ def test_a_port_collision_is_relaunched_once_and_steps_are_kept(fake_trainer, tm
     m = _run_jobs(model, round_dir, (0,))[0]
     assert not isinstance(m, Exception), m
     assert m["trainer_attempts"] == 2 and m["num_samples"] == 4       # the relaunch's episodes only
-    assert m["verl_steps"] == [{"step": 1, "timing_s/gen": 2.5, "perf/throughput": 1234.5, "actor/pg_loss": -0.01}]
+    assert m["verl_steps"] == [{"step": 1, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
+                                "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, "actor/pg_loss": -0.01}]
     t = m["timings_s"]
     assert 0 <= t["launch_to_ray_started"] <= t["launch_to_first_generation"] <= t["launch_to_first_step_logged"] <= t["trainer"]
+    assert (t["launch_to_ray_started"] <= t["launch_to_runner_ready"] <= t["launch_to_engines_initialized"]
+            <= t["launch_to_rollout_server_up"] <= t["launch_to_ready_to_fit"] <= t["launch_to_first_generation"])
+    # The local backend's timings block, which the round's timings.csv sums: process start → first
+    # token is the cold start; verl's gen is the rollout phase, its log-prob/ref/update timings training.
+    tm = m["timings"]
+    assert tm["phases"] == {"rollout": 2.5, "train": 1.75}
+    mk = tm["marks"]
+    assert 0 < mk["trainer_launch"] < mk["ray_started"] < mk["ready_to_fit"] <= mk["first_token"] < mk["saved"]
+    assert tm["cold_start_s"] == mk["first_token"] and tm["total_s"] >= mk["saved"]
     assert not any("t_first_generation" in json.loads(line) for line in
                    (round_dir / "0" / "samples.jsonl").read_text().splitlines())

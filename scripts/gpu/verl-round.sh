@@ -81,8 +81,9 @@ YAML
   if [ -n "$last" ] && [ "$(basename "$last")" != round_000 ] && [ -d "$last/aggregate" ]; then
     prev=$(printf '%s/round_%03d/model' "$R" $(( 10#${last##*_} - 1 )))
     set +e
+    state=(); [ "$(basename "$last")" != round_001 ] && state=(--prev-server-state "$prev")
     fedagent verify --prev "$prev" --clients "$last"/clients/* --aggregate "$last/aggregate" \
-      --model "$last/model" 2>&1 | tee "$OUT/verify_$(basename "$last").log"
+      --model "$last/model" "${state[@]}" 2>&1 | tee "$OUT/verify_$(basename "$last").log"
     vrc=${PIPESTATUS[0]}
     set -e
     echo "verify $(basename "$last") rc=$vrc" | tee -a "$OUT/verify_$(basename "$last").log"

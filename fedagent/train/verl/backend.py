@@ -62,8 +62,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     """Run one verl job for this client and round; write the update dir; return the metrics."""
     from fedagent.atomic import atomic_dir, verify_manifest
     from fedagent.train.local import epoch_task_seeds, same_weights
+    from fedagent.timing import PhaseClock
     from fedagent.train.verl.convert import write_update
 
+    clock = PhaseClock()       # process start → …: the same timings block as the local backend
     t0 = time.time()
     p = params
     verify_manifest(Path(model_dir))
@@ -86,6 +88,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             attempts += 1
             marks: dict = {}
             t_launch = time.time()
+            clock.set("trainer_launch", t_launch)
             try:
                 trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log,
                                                marks=marks)
@@ -106,6 +109,13 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         firsts = [t for t in firsts if t is not None]
         if firsts:
             marks["first_generation"] = round_(min(firsts) - t_launch)
+            clock.mark("first_token", min(firsts))
+        for name, secs in marks.items():
+            if name != "first_generation":          # = first_token
+                clock.mark(name, t_launch + secs)
+        clock.mark("trainer_done", t_launch + trainer_s)
+        steps = launch.step_metrics(job.log)
+        clock.phases.update(launch.phase_totals(steps))
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             conv = write_update(actor, model_dir, staging)
@@ -119,9 +129,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}},
                 "trainer_attempts": attempts,
-                "verl_steps": launch.step_metrics(job.log),
+                "verl_steps": steps,
                 "wall_time_s": round_(time.time() - t0),
             }
+            clock.mark("saved")
+            metrics["timings"] = clock.summary()
             (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
             with open(staging / "samples.jsonl", "w") as fh:
                 for rec in episodes:

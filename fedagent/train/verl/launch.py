@@ -291,8 +291,21 @@ def trainer_command(overrides: Sequence[str], python: str | None = None) -> list
 # Log lines whose first appearance times a job's start-up (seconds after launch, in metrics.json).
 PHASE_MARKERS = {
     "ray_started": "Started a local Ray instance",     # ray.init of the job's own cluster
+    "runner_ready": "train and validate dataloader initialized",   # verl's TaskRunner: config, data
+    "engines_initialized": "actor and ref model engine initialized",   # FSDP actor + reference
+    "rollout_server_up": "LLMServerManager: [",        # vLLM server(s) started (compile, CUDA graphs)
+    "ready_to_fit": "all initialize finished, ready to fit",
     "first_step_logged": "step:1 - ",                  # verl's console logger after step 1
 }
+# verl's per-step timings (``timing_s/*``) that make our ``train`` phase; ``gen`` is ``rollout``.
+TRAIN_TIMINGS = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor",
+                 "timing_s/update_weights")
+
+
+def phase_totals(steps: Sequence[dict]) -> dict:
+    """Rollout and training seconds summed over verl's logged steps (the local backend's phase names)."""
+    return {"rollout": sum(float(s.get("timing_s/gen", 0.0)) for s in steps),
+            "train": sum(float(s.get(k, 0.0)) for s in steps for k in TRAIN_TIMINGS)}
 
 
 def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None = None,
