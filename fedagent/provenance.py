@@ -4,7 +4,8 @@ Every job that writes an output directory (base model, client update or drop rec
 aggregate, merged model) adds ``provenance.json`` to it before the manifest, so every round
 directory says how it was made: the job and its own params, the seeds' coordinates, the
 sha256 of the run's whole validated config (``FEDAGENT_CONFIG_SHA256``, exported by
-``workflow/common.smk``; null when a command is run by hand), the git commit of the fedagent
+``workflow/common.smk``; null when a command is run by hand), the run's mode (``federated``,
+``centralized`` or pinned ``local``: ``FEDAGENT_RUN_MODE``, likewise), the git commit of the fedagent
 code and whether its tree had uncommitted changes, Python and package versions, host,
 device and backend. No timestamps or process ids: the same job on the same machine and code
 writes the same bytes, so re-runs stay byte-identical.
@@ -25,6 +26,7 @@ from pathlib import Path
 
 PROVENANCE_JSON = "provenance.json"
 CONFIG_HASH_ENV = "FEDAGENT_CONFIG_SHA256"
+RUN_MODE_ENV = "FEDAGENT_RUN_MODE"      # federated | centralized | local (workflow/common.smk)
 PACKAGES = ("fedagent", "torch", "transformers", "safetensors", "numpy", "textworld", "snakemake")
 _CODE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,6 +82,7 @@ def provenance(job: str, *, params: dict | None = None, seeds: dict | None = Non
         "params": params or {},
         "seeds": seeds or {},
         "config_sha256": os.environ.get(CONFIG_HASH_ENV),
+        "run_mode": os.environ.get(RUN_MODE_ENV),
         "code": git_state(),
         "python": platform.python_version(),
         "packages": package_versions(),

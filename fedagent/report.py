@@ -160,7 +160,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prev-timings", default="none", help="previous round's timings.csv ('none': round 0)")
     parser.add_argument("--timings", type=Path, default=None, help="timings.csv to write (rounds 0..r)")
     parser.add_argument("--client-evals", type=Path, nargs="*", default=[],
-                        help="per-client eval files: rows in client_summary.csv beside --summary, circles on the curve")
+                        help="per-client eval files: rows in --client-summary, circles on the curve")
+    parser.add_argument("--client-summary", type=Path, default=None,
+                        help="client_summary.csv to write (eval.clients; header only before any client eval)")
     parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
                         help="point RUN_DIR/summary.csv and curves.png at these files if newest")
 
@@ -172,8 +174,12 @@ def run(args: argparse.Namespace) -> int:
     table = summary_table(args.evals)
     atomic_write_text(args.summary, table.to_csv(index=False))
     clients = client_table(args.client_evals) if args.client_evals else None
-    if clients is not None:
-        atomic_write_text(args.summary.with_name("client_summary.csv"), clients.to_csv(index=False))
+    client_summary = getattr(args, "client_summary", None)
+    if clients is not None and client_summary is None:
+        raise SystemExit("fedagent report: --client-evals needs --client-summary (the file to write)")
+    if client_summary is not None:
+        table_c = clients if clients is not None else pd.DataFrame(columns=CLIENT_COLUMNS)
+        atomic_write_text(client_summary, table_c.to_csv(index=False))
     tmp = args.curves.with_name(".partial-" + args.curves.name)
     plot_curves(table, tmp, clients)
     tmp.replace(args.curves)

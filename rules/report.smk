@@ -4,6 +4,10 @@
 # Every round's report is built; each also points results/<run>/summary.csv and curves.png at the newest round's files.
 
 
+# eval.clients: the per-client table is a declared output too (header only in round 0).
+CLIENT_SUMMARY = [f"{RUN}/round_{{round}}/client_summary.csv"] if config["eval"]["clients"] else []
+
+
 def report_inputs(w):
     """Evals of rounds 0..r; this round's job timings (client metrics, eval timings, Snakemake
     benchmark files); the previous round's timings.csv (so the table has every round)."""
@@ -26,6 +30,7 @@ rule report:
     input:
         unpack(report_inputs),
     output:
+        *CLIENT_SUMMARY,
         summary=report(f"{RUN}/round_{{round}}/summary.csv", category="Summary", caption="../workflow/report/summary.rst"),
         curves=report(f"{RUN}/round_{{round}}/curves.png", category="Summary", caption="../workflow/report/curves.rst"),
         timings=f"{RUN}/round_{{round}}/timings.csv",
@@ -34,12 +39,13 @@ rule report:
         clients=lambda w, input: " ".join(input.get("clients", [])) or "none",
         prev_timings=lambda w, input: input.get("prev_timings", "none"),
         client_evals=lambda w, input: ("--client-evals " + " ".join(input.client_evals)) if input.get("client_evals") else "",
+        client_summary=lambda w, output: f"--client-summary {output[0]}" if CLIENT_SUMMARY else "",
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/report.log",
     shell:
-        "fedagent report --evals {input.evals} {params.client_evals} --summary {output.summary} --curves {output.curves}"
+        "fedagent report --evals {input.evals} {params.client_evals} {params.client_summary} --summary {output.summary} --curves {output.curves}"
         " --round {wildcards.round} --eval-timings {input.eval_timings} --benchmarks {input.benchmarks}"
         " --clients {params.clients} --prev-timings {params.prev_timings} --timings {output.timings}"
         " --link-latest {params.run_dir} > {log} 2>&1"

@@ -10,9 +10,11 @@ from fedagent import provenance as prov
 
 def test_record_has_every_field(tmp_path, monkeypatch):
     monkeypatch.setenv(prov.CONFIG_HASH_ENV, "ab" * 32)
+    monkeypatch.setenv(prov.RUN_MODE_ENV, "centralized")
     rec = prov.write_provenance(tmp_path, job="aggregate", params={"weighting": "uniform"}, seeds={"base_seed": 7})
     assert json.loads((tmp_path / "provenance.json").read_text()) == rec
     assert rec["config_sha256"] == "ab" * 32 and rec["params"] == {"weighting": "uniform"}
+    assert rec["run_mode"] == "centralized"
     assert rec["seeds"] == {"base_seed": 7} and rec["device"] == "cpu" and rec["backend"] == "local"
     assert rec["python"].count(".") == 2 and rec["packages"]["torch"] and rec["host"]
     assert set(rec["code"]) == {"commit", "dirty"}

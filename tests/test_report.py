@@ -48,7 +48,7 @@ def test_links_point_at_the_newest_round(tmp_path):
 def test_client_evals_become_rows_and_circles(tmp_path):
     import argparse
 
-    from fedagent.report import run
+    from fedagent.report import CLIENT_COLUMNS, run
 
     evals, clients = [], []
     for r in (0, 1):
@@ -60,7 +60,8 @@ def test_client_evals_become_rows_and_circles(tmp_path):
         p.write_text(json.dumps({"round": 1, "client": c, "n": 2, "success_rate": sr, "ci95": [0, 1]}))
         clients.append(p)
     args = argparse.Namespace(evals=evals, client_evals=clients, summary=tmp_path / "summary.csv",
-                              curves=tmp_path / "curves.png", link_latest=None)
+                              curves=tmp_path / "curves.png", link_latest=None,
+                              client_summary=tmp_path / "client_summary.csv")
     assert run(args) == 0
     rows = (tmp_path / "client_summary.csv").read_text().splitlines()
     assert rows[0].startswith("round,client") and [r.split(",")[:2] for r in rows[1:]] == [["1", "1"], ["1", "3"]]
@@ -69,6 +70,12 @@ def test_client_evals_become_rows_and_circles(tmp_path):
     bad.write_text(json.dumps({"round": 1, "n": 2, "success_rate": 0.5}))
     with pytest.raises(ValueError, match="client"):
         run(argparse.Namespace(**{**vars(args), "client_evals": [bad]}))
+    # Round 0 of an eval.clients run: the declared file exists, header only.
+    (tmp_path / "client_summary.csv").unlink()
+    assert run(argparse.Namespace(**{**vars(args), "evals": evals[:1], "client_evals": []})) == 0
+    assert (tmp_path / "client_summary.csv").read_text().splitlines() == [",".join(CLIENT_COLUMNS)]
+    with pytest.raises(SystemExit, match="--client-summary"):
+        run(argparse.Namespace(**{**vars(args), "client_summary": None}))
 
 
 def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):

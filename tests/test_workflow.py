@@ -64,6 +64,10 @@ def test_finished_run_has_one_summary_row_per_round(finished3):
     for r in range(1, 4):
         sel = json.loads((finished3 / RUN / f"round_{r:03d}" / "selection.json").read_text())
         assert sel["clients"] == [0, 1]
+        # The run's mode in every output dir's provenance, not only in selection.json.
+        for d in ("clients/0", "clients/1", "aggregate", "model"):
+            prov = json.loads((finished3 / RUN / f"round_{r:03d}" / d / "provenance.json").read_text())
+            assert prov["run_mode"] == sel["mode"] == "federated", d
 
 
 def test_a_second_invocation_runs_nothing(finished3, tmp_path):

@@ -12,7 +12,7 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 from snakemake.utils import validate
 
 from fedagent.config import ConfigError, prepare_config
-from fedagent.provenance import CONFIG_HASH_ENV, config_sha256
+from fedagent.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, config_sha256
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
 from fedagent.selection import run_mode, select_clients
 from fedagent.server_opt import cli_flags
@@ -38,6 +38,7 @@ VAL_SET = f"{RUN}/plan/val_set.json"
 LABELS = f"{RUN}/plan/labels.json"
 DATA_SEED = config["data_seed"]
 MODE = run_mode(config["clients"]["total"], config["clients"]["pinned"])
+os.environ[RUN_MODE_ENV] = MODE     # every job's provenance.json records the run's mode
 ROUNDS = range(0, config["rounds"] + 1)
 
 wildcard_constraints:
