@@ -168,6 +168,11 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     for e in range(2):   # both epochs had a learning signal (so later tests can tell epochs apart)
         assert max(s["grad_norm"] for s in ma["steps"] if s["epoch"] == e) > 0
     verify_manifest(a)
+    # Phase timings: marks in process order; on CPU the cold start ends where the first rollout starts.
+    tm = ma["timings"]
+    order = ["job_ready", "weights_loaded", "model_loaded", "rollout_start", "train_start", "saved"]
+    assert [tm["marks"][k] for k in order] == sorted(tm["marks"][k] for k in order)
+    assert tm["cold_start_s"] == tm["marks"]["rollout_start"] and set(tm["phases"]) == {"rollout", "train"}
     assert ma["num_samples"] > 0 and ma["num_tokens"] > 0 and len(ma["steps"]) >= 2
     assert ma["task_seeds"] == [epoch_task_seeds(p, 1, 0, e) for e in range(2)]
     assert ma["task_seeds"][0] != ma["task_seeds"][1]          # fresh draws every epoch

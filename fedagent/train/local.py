@@ -209,9 +209,12 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     from fedagent.timing import PhaseClock
 
     clock = PhaseClock()
+    # Process start → here: the interpreter, torch/transformers imports and the job's env service.
+    clock.mark("job_ready")
     t0 = time.time()
     p = params
     model, tok = load_policy(model_dir, threads, verify=verify, device=p.device)
+    clock.mark("weights_loaded")
     ref_model = None
     same_ref = False
     if ref_model_dir is not None and p.kl_coef:
