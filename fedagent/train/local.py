@@ -6,6 +6,10 @@ seed = one task), sampled with ``torch_generator(base, "rollout_sampling", round
 epoch)``; behaviour and reference log-probs are computed before the epoch's first update;
 then one pass over the per-turn samples in mini-batches shuffled by their own derived seed.
 Same inputs and thread count → byte-identical ``model.safetensors``.
+
+``algorithm: ppo`` (fedagent.train.ppo): the critic in ``<start model>/critic`` gives per-token
+GAE advantages instead of group advantages and takes one step beside each actor step; the
+update dir then carries the trained critic in ``critic/``.
 """
 
 from __future__ import annotations
