@@ -389,3 +389,24 @@ def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, t
     assert sha256_file(outs[0] / "critic/model.safetensors") != sha256_file(tiny_pair / "critic/model.safetensors")
     prov = json.loads((outs[0] / "provenance.json").read_text())
     assert prov["start_critic"] == str(tiny_pair / "critic")
+
+
+def test_ppo_preset_is_the_reference_recipe():
+    """Invariant 14's recipe half: PPO n = 1 with batch 64 and mini = batch (64 rows per update, as
+    GRPO's 8 prompts × n 8), critic lr 1e-5 — not the snapshot's n = 8 (8× the rollout)."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent / "config" / "experiments"
+    ppo_cfg = load_config(Path(__file__).resolve().parent.parent / "config" / "config.yaml")
+    for key, value in yaml.safe_load((root / "textworld-uniform-ppo.yaml").read_text()).items():
+        ppo_cfg[key] = {**ppo_cfg[key], **value} if isinstance(value, dict) else value
+    t = ppo_cfg["train"]
+    grpo_t = yaml.safe_load((root / "textworld-uniform.yaml").read_text())["train"]
+    assert t["algorithm"] == "ppo" and t["group_size"] == 1 and t["groups_per_epoch"] == 64
+    assert t["mini_batch_size"] == 64 == grpo_t["mini_batch_size"] == grpo_t["group_size"] * 8
+    assert grpo_t["group_size"] == 8
+    assert t["ppo"]["critic_lr"] == 1e-5 and t["ppo"]["gamma"] == 1.0 and t["ppo"]["lam"] == 1.0
+    ppo_t = yaml.safe_load((root / "textworld-uniform-ppo.yaml").read_text())["train"]
+    # otherwise the GRPO arm's recipe: the twins differ in the algorithm only
+    assert {k: v for k, v in ppo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch", "ppo")} == \
+        {k: v for k, v in grpo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch")}
