@@ -2,7 +2,9 @@
 
 Δ̄ = Σ_i w_i (client_i − prev), accumulated in fp32 whatever the stored dtype, one tensor
 at a time: peak memory is a few copies of the largest tensor, independent of the number
-of clients M. Output: ``delta.safetensors`` (fp32) + ``aggregate.json`` + manifest.
+of clients M. Output: ``delta.safetensors`` (fp32) + ``aggregate.json`` + manifest; when prev
+carries a PPO critic (``critic/``, fedagent.critic_dir), ``critic/delta.safetensors`` +
+``critic/aggregate.json`` too, with the same client weights.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from fedagent.atomic import ManifestError, atomic_dir, verify_manifest
 from fedagent.config import JobKeys
+from fedagent.critic_dir import CRITIC_DIR, critic_pairs
 from fedagent.hf_dir import FLOAT_CODES, ITEMSIZE, SafetensorsWriter, TensorInfo, TensorReader, chunks, tensor_index
 
 DELTA_FILE = "delta.safetensors"
@@ -191,6 +194,20 @@ def survivors(client_dirs: Sequence[Path], min_clients: int | None) -> tuple[lis
     return kept, dropped
 
 
+def _summary(prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[float], weighting: str,
+             prev: dict[str, TensorInfo]) -> dict:
+    """aggregate.json's content for one model (the actor, or its critic)."""
+    return {
+        "format": "fedagent-aggregate-v1",
+        "prev": str(prev_dir),
+        "weighting": weighting,
+        "clients": [{"dir": str(d), "weight": w} for d, w in zip(client_dirs, weights)],
+        "num_tensors": len(prev),
+        "num_elements": sum(i.numel for i in prev.values()),
+        "dtype": "F32",
+    }
+
+
 def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",
               quarantine: Path | None = None, check_manifests: bool = True, min_clients: int | None = None) -> dict:
     """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content.
@@ -209,20 +226,22 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
     client_dirs, dropped = survivors(client_dirs, min_clients)
     weights = client_weights(client_dirs, weighting)
     prev, clients = check_structure(prev_dir, client_dirs)
-    summary = {
-        "format": "fedagent-aggregate-v1",
-        "prev": str(prev_dir),
-        "weighting": weighting,
-        "clients": [{"dir": str(d), "weight": w} for d, w in zip(client_dirs, weights)],
-        "num_tensors": len(prev),
-        "num_elements": sum(i.numel for i in prev.values()),
-        "dtype": "F32",
-    }
+    summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
     if dropped:  # only then: an undropped round's aggregate.json stays as it was
         summary["dropped"] = dropped
+    # PPO (fedagent.critic_dir): a critic/ beside prev is aggregated the same way, same weights.
+    critic = critic_pairs(prev_dir, client_dirs)
+    if critic is not None:
+        critic_prev, critic_clients = check_structure(*critic)
+        critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev)
+        summary["critic"] = {"dir": CRITIC_DIR, "num_tensors": len(critic_prev)}
     with atomic_dir(out_dir, quarantine) as stage:
         stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs)
         (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+        if critic is not None:
+            (stage / CRITIC_DIR).mkdir()
+            stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
+            (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
         write_provenance(stage, job="aggregate", params={"weighting": weighting, "min_clients": min_clients},
                          extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
     return summary

@@ -67,13 +67,17 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     if "quantization_config" in json.loads((Path(out) / "config.json").read_text()):
         raise BaseModelError(f"{out}/config.json still names a quantization; the fp32 dir would not re-save")
     tokenizer.save_pretrained(out)
+
+
+def build_base_model(source: str, out: Path, quarantine_root: Path | None = None, critic_args=None) -> None:
+    """Write the fp32 HF directory for ``source`` (``smollm2`` or a local HF dir) at ``out``.
+
+    ``critic_args`` (the CLI's ``--critic*`` flags): PPO's round-1 critic in ``out/critic``
+    (fedagent.train.critic), its origin recorded in provenance.json as ``critic``.
+    """
     from fedagent.provenance import write_provenance
+    from fedagent.train.critic import critic_from_args
 
-    write_provenance(out, job="base_model", params=dict(provenance), extra={"source": provenance})
-
-
-def build_base_model(source: str, out: Path, quarantine_root: Path | None = None) -> None:
-    """Write the fp32 HF directory for ``source`` (``smollm2`` or a local HF dir) at ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source == "smollm2":
@@ -92,6 +96,9 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
         raise BaseModelError(f"model {source!r}: tokenizer has no chat template (needed for prompts)")
     with atomic_dir(out, quarantine_root) as staging:
         _save_fp32(model, tokenizer, staging, provenance)
+        critic = critic_from_args(critic_args, staging, source) if critic_args is not None else None
+        write_provenance(staging, job="base_model", params=dict(provenance),
+                         extra={"source": provenance, **({"critic": critic} if critic else {})})
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -99,9 +106,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", required=True, help="'smollm2' or a local HF model directory")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None)
+    from fedagent.train.critic import add_critic_args
+
+    add_critic_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent base-model``."""
-    build_base_model(args.source, args.out, args.quarantine)
+    build_base_model(args.source, args.out, args.quarantine, critic_args=args)
     return 0

@@ -158,8 +158,11 @@ def build_model(vocab_size: int, seed: int, *, hidden: int = 64, layers: int = 2
 
 
 def write_tiny_model(out_dir: Path, seed: int, quarantine: Path | None = None,
-                     tokenizer_dir: Path | None = None) -> Path:
-    """Build tokenizer + model and write them atomically as an fp32 HF directory."""
+                     tokenizer_dir: Path | None = None, critic_args=None) -> Path:
+    """Build tokenizer + model and write them atomically as an fp32 HF directory.
+
+    ``critic_args`` (``--critic*`` flags): PPO's round-1 critic too (fedagent.train.critic).
+    """
     from transformers import AutoTokenizer
 
     from fedagent.atomic import atomic_dir
@@ -174,8 +177,11 @@ def write_tiny_model(out_dir: Path, seed: int, quarantine: Path | None = None,
 
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tokenizer, staging)
+        from fedagent.train.critic import critic_from_args
+
+        critic = critic_from_args(critic_args, staging, "tiny") if critic_args is not None else None
         write_provenance(staging, job="base_model", params={"source": "tiny", "seed": seed},
-                         seeds={"base_seed": seed})
+                         seeds={"base_seed": seed}, **({"extra": {"critic": critic}} if critic else {}))
     return Path(out_dir)
 
 
@@ -186,10 +192,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="reuse this HF tokenizer directory instead of the built-in tiny BPE")
+    from fedagent.train.critic import add_critic_args
+
+    add_critic_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent tiny-model``."""
-    out = write_tiny_model(args.out, args.seed, args.quarantine, args.tokenizer)
+    out = write_tiny_model(args.out, args.seed, args.quarantine, args.tokenizer, critic_args=args)
     print(json.dumps({"model": str(out)}))
     return 0

@@ -343,6 +343,46 @@ def _concat_is_local_only(get):
     return None
 
 
+@cross_rule("train.group_size", ["train.algorithm", "train.group_size"],
+            violation={"train.algorithm": "grpo", "train.group_size": 1})
+def _grpo_needs_a_group(get):
+    if get("train.algorithm") == "grpo" and get("train.group_size") < 2:
+        return f"{get('train.group_size')} with train.algorithm=grpo: a group needs at least 2 rollouts"
+    return None
+
+
+@cross_rule("train.algorithm", ["train.algorithm", "train.backend"],
+            violation={"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"})
+def _ppo_is_local(get):
+    if get("train.algorithm") == "ppo" and get("train.backend") != "local":
+        return f"ppo runs on train.backend=local only (got {get('train.backend')!r})"
+    return None
+
+
+@cross_rule("rollout.mode", ["train.algorithm", "rollout.mode"],
+            violation={"train.algorithm": "ppo", "rollout.mode": "concat"})
+def _ppo_is_windowed(get):
+    if get("train.algorithm") == "ppo" and get("rollout.mode") != "windowed":
+        return f"{get('rollout.mode')!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only"
+    return None
+
+
+@cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
+            violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"})
+def _critic_path_has_a_value_head(get):
+    path = get("train.ppo.critic_path")
+    if get("train.algorithm") != "ppo" or path is None:
+        return None
+    from fedagent.train.critic import has_value_head   # no torch: safetensors headers only
+
+    if not Path(path).is_dir():
+        return f"{path!r} is not a directory"
+    if has_value_head(Path(path)) is not True:
+        return (f"{path!r} holds no value head (score.weight [1, hidden] in its safetensors); "
+                "omit the key to start a fresh head")
+    return None
+
+
 def run_cross_rules(get: Callable[[str], Any], has: Callable[[str], bool]) -> None:
     """Apply every rule whose keys are all present (``has``); ConfigError naming the rule's key."""
     for rule in CROSS_RULES:
@@ -441,7 +481,7 @@ def prepare_config(config: dict, cli: Mapping | None = None) -> dict:
 # --------------------------------------------------------------------------- job-side checks
 JOB_KEYS: dict[str, "JobKeys"] = {}
 # The modules that define a JobKeys (importing them fills JOB_KEYS; the tests do).
-JOB_MODULES = ("fedagent.envs.textworld_games", "fedagent.partition", "fedagent.val_set", "fedagent.selection",
+JOB_MODULES = ("fedagent.train.critic", "fedagent.envs.textworld_games", "fedagent.partition", "fedagent.val_set", "fedagent.selection",
                "fedagent.train.local", "fedagent.aggregate", "fedagent.server_opt", "fedagent.evaluate",
                "fedagent.train.verl.backend")
 

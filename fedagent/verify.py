@@ -1,5 +1,9 @@
 """``fedagent verify``: recompute a round in float64 from the client updates and compare.
 
+A PPO critic (``critic/`` beside prev, in every client, the aggregate and the merged model:
+fedagent.critic_dir) is recomputed the same way with the same weights and server flags; its
+failures start with ``critic:``. Every value failure names the file it found.
+
 Aggregate. Tolerance, per element: |stored − exact| ≤ (M + 3) · u · S with u = 2⁻²⁴ (fp32
 unit roundoff) and S = Σ_i w_i |c_i − p| + |Δ_exact|. Why: aggregate forms fl(c_i − p) (one
 rounding), scales by an fp32-rounded weight (two more) and sums M terms recursively (M − 1
@@ -63,6 +67,7 @@ import torch
 
 from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
 from fedagent.atomic import ManifestError, verify_manifest
+from fedagent.critic_dir import CRITIC_DIR, critic_of, critic_pairs, has_critic
 from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.dropout import is_dropped
 from fedagent.merge import SERVER_JSON, STATE_FILE
@@ -276,7 +281,7 @@ def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: 
     mag.add_(exact.abs())
     diff = (reader.read(delta).to(torch.float64) - exact).abs()
     tol = (len(clients) + 3) * U32 * mag
-    return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)}"]
+    return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)} in {delta.file}"]
 
 
 def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: TensorInfo, server: ServerStep,
@@ -294,8 +299,9 @@ def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: 
     for key, (want, tol) in recompute(opt, p, read(delta), old, got).items():
         diff = (got[key] - want).abs()
         if not bool((diff <= tol).all()):
-            label, name = ("merged model", n) if key == WEIGHT else ("server state", f"{key}/{n}")
-            out.append(f"{label}: {_worst(name, diff, tol)}")
+            label, name, info = (("merged model", n, server.model[n]) if key == WEIGHT
+                                 else ("server state", f"{key}/{n}", server.state[f"{key}/{n}"]))
+            out.append(f"{label}: {_worst(name, diff, tol)} in {info.file}")
     return out
 
 
@@ -337,6 +343,26 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
     try:
         weights = client_weights(client_dirs, weighting)
+        critic = critic_pairs(prev_dir, client_dirs)
+    except (AggregateError, OSError, ValueError, KeyError) as exc:
+        return [f"structure: {exc}"]
+    failures = _verify_model(prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir)
+    if critic is not None:
+        # PPO (fedagent.critic_dir): the critic's aggregate and server step, same weights and flags.
+        failures += [f"critic: {f}" for f in _verify_model(
+            critic[0], critic[1], weighting, weights, critic_of(agg_dir), model_dir and critic_of(model_dir), opt,
+            prev_state_dir and critic_of(prev_state_dir))]
+    elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
+        failures.append(f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
+                        f"but prev {prev_dir} and the clients have none")
+    return failures
+
+
+def _verify_model(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, weights: Sequence[float],
+                  agg_dir: Path, model_dir: Path | None, opt: ServerOptimizer,
+                  prev_state_dir: Path | None) -> list[str]:
+    """One model's aggregate (and server step): the actor, or its critic (manifests checked already)."""
+    try:
         prev, clients = check_structure(prev_dir, client_dirs)
         delta = read_header(agg_dir / DELTA_FILE)
         summary = json.loads((agg_dir / AGG_JSON).read_text())

@@ -84,8 +84,7 @@ rule base_model:
         # every round's KL reference by default: kept always, protected() when asked
         protected(directory(model_dir(0))) if config["keep"]["protect_models"] else directory(model_dir(0)),
     params:
-        command="tiny-model --seed {}".format(config["seed"]) if config["model"] == "tiny"
-        else "base-model --source {}".format(config["model"]),
+        command=BASE_MODEL_COMMAND,
         quarantine=QUARANTINE,
     threads: 2
     conda:

@@ -188,6 +188,7 @@ ENTRY_POINTS = {
     "train-client": lambda v, tmp: importlib.import_module("fedagent.train.local").TrainParams.from_dict(v),
     "eval": lambda v, tmp: importlib.import_module("fedagent.evaluate").EvalParams.from_dict(v),
     "train-client-verl": lambda v, tmp: importlib.import_module("fedagent.train.verl.backend").check_job_keys(v),
+    "critic-init": lambda v, tmp: importlib.import_module("fedagent.train.critic").check_job_keys(v),
     "val-set": lambda v, tmp: importlib.import_module("fedagent.val_set").build_val_set(["t0"], v["n"]),
     "select": lambda v, tmp: importlib.import_module("fedagent.selection").select_clients(
         v["base_seed"], 1, v["total"], v["per_round"]),

@@ -135,7 +135,11 @@ def rollout_params():
 
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "verl", "fedprox_mu")),
+    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "fedprox_mu")),
+    # PPO rides in the same JSON only when chosen (a GRPO run's params stay as they were);
+    # critic_path is round 0's business (base_model), not a client's.
+    **({"algorithm": "ppo", **{k: v for k, v in config["train"]["ppo"].items() if k != "critic_path"}}
+       if config["train"]["algorithm"] == "ppo" else {}),
     "pool_size": config["env"]["pool_size"],
     "answer_format": config["rollout"]["answer_format"],
     **rollout_params(),
@@ -164,6 +168,22 @@ LABELS_PARAMS = as_json({
     **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
     **rollout_params(),
 })
+
+
+def base_model_command():
+    """`fedagent <command> <flags>` of round 0; PPO adds round 1's critic (fedagent.train.critic)."""
+    if config["model"] == "tiny":
+        cmd = f"tiny-model --seed {config['seed']}"
+    else:
+        cmd = f"base-model --source {config['model']}"
+    if config["train"]["algorithm"] == "ppo":
+        cmd += f" --critic --critic-seed {config['seed']}"
+        if config["train"]["ppo"]["critic_path"]:
+            cmd += f" --critic-path {config['train']['ppo']['critic_path']}"
+    return cmd
+
+
+BASE_MODEL_COMMAND = base_model_command()
 
 
 def games_command():

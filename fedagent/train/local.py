@@ -6,6 +6,10 @@ seed = one task), sampled with ``torch_generator(base, "rollout_sampling", round
 epoch)``; behaviour and reference log-probs are computed before the epoch's first update;
 then one pass over the per-turn samples in mini-batches shuffled by their own derived seed.
 Same inputs and thread count → byte-identical ``model.safetensors``.
+
+``algorithm: ppo`` (fedagent.train.ppo): the critic in ``<start model>/critic`` gives per-token
+GAE advantages instead of group advantages and takes one step beside each actor step; the
+update dir then carries the trained critic in ``critic/``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class TrainParams:
     fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     compile: bool = True                  # cuda: compiled static-cache decode step
+    # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
+    algorithm: str = "grpo"               # grpo | ppo
+    gamma: float = 1.0                    # GAE discount (verl's default, the reference's)
+    lam: float = 1.0                      # GAE λ
+    critic_lr: float = 1e-5               # the critic's AdamW lr
+    value_clip: float = 0.5               # clipped value loss: V within V_old ± value_clip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
@@ -69,12 +79,24 @@ class TrainParams:
                              f"weight_decay={p.weight_decay}, grad_clip={p.grad_clip}")
         return p
 
+    def recorded(self) -> dict[str, Any]:
+        """The params as metrics.json / provenance.json record them (GRPO: without PPO's keys,
+        so a GRPO update's files are what they were before PPO existed)."""
+        d = dataclasses.asdict(self)
+        if self.algorithm != "ppo":
+            for k in PPO_FIELDS:
+                d.pop(k)
+        return d
+
+
+PPO_FIELDS = ("algorithm", "gamma", "lam", "critic_lr", "value_clip")
 
 # Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
 TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
                                    {"base_seed": "seed", "pool_size": "env.pool_size",
                                     "answer_format": "rollout.answer_format",
-                                    "rollout_mode": "rollout.mode", "history": "rollout.history"})
+                                    "rollout_mode": "rollout.mode", "history": "rollout.history",
+                                    **{k: f"train.ppo.{k}" for k in PPO_FIELDS[1:]}})
 
 
 def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> list[int]:
@@ -130,8 +152,13 @@ def _token_slices(samples) -> list[slice]:
 
 
 def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int,
-               ref_is_policy: bool = False, prox_anchor: dict | None = None) -> list[dict]:
+               ref_is_policy: bool = False, prox_anchor: dict | None = None,
+               token_adv: torch.Tensor | None = None, after_step=None) -> list[dict]:
     """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates.
+
+    The actor's epoch of GRPO and of PPO. PPO (fedagent.train.ppo) passes ``token_adv``, flat
+    per-token advantages in sample order (GRPO: each sample's ``advantage`` on all its tokens),
+    and ``after_step(mb)``, its critic step on the same mini-batch, whose stats join the step's.
 
     ``ref_is_policy``: the reference has bit-identical weights to the current policy, so its
     log-probs are the behaviour log-probs (same deterministic computation) and one forward
@@ -165,7 +192,8 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
                 logp, ent = grpo.response_logprobs(model, batch, temperature=p.temperature, with_entropy=True)
             old_b = torch.cat([old[slices[i]] for i in micro])
             ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
-            adv = grpo.token_advantages(batch, device=logp.device)
+            adv = (grpo.token_advantages(batch, device=logp.device) if token_adv is None
+                   else torch.cat([token_adv[slices[i]] for i in micro]).to(logp.device))
             terms, st = grpo.grpo_token_terms(
                 logp, old_b, ref_b, adv, clip=p.clip, kl_coef=p.kl_coef,
                 entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
@@ -188,6 +216,8 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
         optimizer.step()
         steps.append({"epoch": epoch, "samples": len(mb), "tokens": n_tok,
                       "grad_norm": float(grad_norm), **{k: round(v, 8) for k, v in acc.items()}})
+        if after_step is not None:
+            steps[-1].update(after_step(mb))
     return steps
 
 
@@ -233,8 +263,18 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                                 max_new_tokens=p.max_new_tokens, compile=p.compile)
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
+    critic = critic_optimizer = None
+    if p.algorithm == "ppo":   # the value model starts from the critic/ beside the start model
+        from fedagent.critic_dir import critic_of
+        from fedagent.train.critic import load_critic
+
+        if not critic_of(model_dir).is_dir():
+            raise ValueError(f"train.algorithm ppo: the start model {model_dir} has no critic/ (value model)")
+        critic = load_critic(critic_of(model_dir), device=p.device)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
     clock.mark("model_loaded")
     optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    ppo_stats = []
     steps, records, seeds_used = [], [], []
     n_samples = n_tokens = n_prompt_tokens = 0
     returns, wins = [], []
@@ -259,16 +299,26 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                 rollout_mode=p.rollout_mode, history_length=p.history)
         make_samples = grpo.episode_samples if p.rollout_mode == "concat" else grpo.turn_samples
         samples = make_samples(trajs, groups, p.invalid_penalty)
-        advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
-        for s, a in zip(samples, advs):
-            s.advantage = a
+        if critic is None:
+            advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
+            for s, a in zip(samples, advs):
+                s.advantage = a
         by_group: dict[int, bool] = {}
         for s in samples:
             by_group[s.group] = by_group.get(s.group, False) or s.advantage != 0.0
         groups_total += len(by_group)
         groups_signal += sum(by_group.values())
         shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
-        if samples:
+        if samples and critic is not None:
+            from fedagent.train.ppo import ppo_epoch
+
+            with clock.phase("train"):
+                epoch_steps, stats = ppo_epoch(model, critic, ref_model, optimizer, critic_optimizer, samples, p,
+                                               shuffle_rng, epoch, ref_is_policy=same_ref and epoch == 0,
+                                               prox_anchor=prox_anchor)
+            steps.extend(epoch_steps)
+            ppo_stats.append({"epoch": epoch, **stats})
+        elif samples:
             with clock.phase("train"):
                 steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
                                         ref_is_policy=same_ref and epoch == 0, prox_anchor=prox_anchor))
@@ -292,20 +342,28 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         "groups_nonzero_advantage": groups_signal,
         "invalid_rate": _invalid_rate(records),
         "kl": (math.fsum(s["kl"] for s in steps) / len(steps)) if steps else 0.0,
-        "steps": steps, "task_seeds": seeds_used, "params": dataclasses.asdict(p),
+        "steps": steps, "task_seeds": seeds_used, "params": p.recorded(),
         "threads": threads, "device": p.device, "wall_time_s": round_(time.time() - t0),
     }
+    if critic is not None:
+        metrics["ppo"] = ppo_stats
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tok, staging)
+        if critic is not None:
+            from fedagent.critic_dir import critic_of
+            from fedagent.train.critic import save_critic
+
+            save_critic(critic, critic_of(staging))
         clock.mark("saved")
         metrics["timings"] = clock.summary()
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
         with open(staging / "samples.jsonl", "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        write_provenance(staging, job="train_client", params={**dataclasses.asdict(p), "threads": threads},
+        write_provenance(staging, job="train_client", params={**p.recorded(), "threads": threads},
                          seeds={"base_seed": p.base_seed, "round": round, "client": client,
-                                "task_seeds": seeds_used}, backend="local")
+                                "task_seeds": seeds_used}, backend="local",
+                         **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}))
     return metrics
 
 
