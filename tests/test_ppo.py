@@ -410,3 +410,25 @@ def test_ppo_preset_is_the_reference_recipe():
     # otherwise the GRPO arm's recipe: the twins differ in the algorithm only
     assert {k: v for k, v in ppo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch", "ppo")} == \
         {k: v for k, v in grpo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch")}
+
+
+def test_fedprox_with_ppo_moves_the_actor_not_the_critic(tiny_pair, tmp_path):
+    """FedProx (μ > 0) on a PPO client: the actor's update differs from μ = 0, the critic's does not.
+
+    One epoch, so both runs roll out the same samples; the critic's steps see only those samples
+    and its own values, so any difference in its bytes would be μ·(w − w_t) reaching the critic."""
+    from fake_env import FakeEnv
+    from fedagent.atomic import sha256_file
+    from fedagent.train.local import TrainParams, train_client
+
+    base = dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2, max_new_tokens=6, lr=1e-3,
+                mini_batch_size=2, micro_batch_size=2, max_prompt_tokens=256, pool_size=4, algorithm="ppo",
+                critic_lr=1e-3)
+    outs = {}
+    for mu in (0.0, 5.0):
+        p = TrainParams.from_dict({**base, "fedprox_mu": mu})
+        outs[mu] = tmp_path / f"mu{mu}"
+        train_client(tiny_pair, tiny_pair, FakeEnv(mode="draw"), round=1, client=0, params=p, threads=1,
+                     out_dir=outs[mu])
+    assert sha256_file(outs[0.0] / "model.safetensors") != sha256_file(outs[5.0] / "model.safetensors")
+    assert sha256_file(outs[0.0] / "critic/model.safetensors") == sha256_file(outs[5.0] / "critic/model.safetensors")
