@@ -5,7 +5,7 @@
 
 Each variant is a checkout whose workflow (Snakefile, rules, workflow, profiles, envs) runs the
 test config (tests/workflow_config.yaml: tiny model, 2 clients) from an empty workdir through
-`--profile profiles/slurm` plus the small-node overrides below, one variant after the other
+`--profile profiles/slurm` plus the small-node overrides below (small_node), one variant after the other
 (back to back, so both see the same machine load). The fedagent code is this checkout's in all
 of them (PYTHONPATH): only the workflow and profile differ. Needs a running Slurm
 (scripts/slurm-local.sh start DIR).
@@ -36,9 +36,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "profiles", "envs")
 RUN = "results/t"
-SMALL_NODE = ["--max-threads", "2", "--default-resources", "mem_mb=2000", "runtime=120", "slurm_partition=''",
-              "--set-resources", "train_client:mem_mb=8000", "train_client:runtime=720",
-              "eval:slurm_extra='--nice=100'"]
+# The node is small (2 CPUs, ~20 GB): cap threads (`games` asks 8) and shrink the memory asks.
+# A command-line --default-resources / --set-resources replaces the profile's whole key, so
+# small_node() restates the variant's own set-resources with only mem_mb and runtime changed.
+SMALL_DEFAULTS = ["--max-threads", "2", "--default-resources", "mem_mb=2000", "runtime=120", "slurm_partition=''"]
+SMALL_MEM = {"train_client": ("8000", "720")}
+
+
+def small_node(profile: Path) -> list[str]:
+    import yaml
+
+    entries = []
+    for rule, res in (yaml.safe_load(profile.read_text()).get("set-resources") or {}).items():
+        mem, runtime = SMALL_MEM.get(rule, ("1000", "30"))
+        for key, value in res.items():
+            value = {"mem_mb": mem, "runtime": runtime}.get(key, value)
+            entries.append(f"{rule}:{key}={value}")
+    return SMALL_DEFAULTS + (["--set-resources", *entries] if entries else [])
 
 _TS = re.compile(r"^\s*\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
 _RULE = re.compile(r"^\s*(?:local)?rule (\w+):$")
@@ -111,21 +125,21 @@ def make_workdir(src: Path, dst: Path) -> Path:
 
 
 def load() -> str:
-    return os.getloadavg().__repr__()
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run_variant(name: str, src: Path, root: Path, rounds: int, profile: str) -> dict:
     work = make_workdir(src, root / name)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(HERE), "PYTHONHASHSEED": "0"}
-    extra = SMALL_NODE if profile == "slurm" else []
+    extra = small_node(work / "profiles" / "slurm" / "config.yaml") if profile == "slurm" else []
     cmd = [str(Path(sys.executable).parent / "snakemake"), "--profile", f"profiles/{profile}", *extra,
            "--config", f"rounds={rounds}"]
     load_before, t0 = load(), time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     wall, load_after = time.monotonic() - t0, load()
     log = proc.stdout + proc.stderr
-    (root / f"{name}.log").write_text(log)
+    (root / f"{name}.log").write_text(" ".join(cmd) + "\n" + log)
     if proc.returncode != 0:
         sys.exit(f"{name}: snakemake failed ({proc.returncode}), log in {root / f'{name}.log'}")
     jobs = parse_log(log)

@@ -45,6 +45,7 @@ start() {
   fi
   mkdir -p "$dir"/{state,spool,munge}
   dir=$(cd "$dir" && pwd)
+  chmod 0755 "$dir"   # munged runs as the munge user and must reach DIR/munge (mktemp -d makes 0700)
   local host cpus mem ctld_port slurmd_port
   host=$(hostname -s)
   cpus=$(nproc)
