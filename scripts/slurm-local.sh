@@ -39,12 +39,16 @@ start() {
   local dir=$1
   [ "$(id -u)" = 0 ] || cannot "starting munged/slurmctld/slurmd needs root"
   install
+  mkdir -p "$dir"/{state,spool,munge}
+  dir=$(cd "$dir" && pwd)
+  # A link left dangling by a cluster whose DIR is gone (a killed test) is nobody's config.
+  if [ -L "$LINK" ] && [ ! -e "$LINK" ]; then
+    rm -f "$LINK"
+  fi
   if [ -e "$LINK" ] || [ -L "$LINK" ]; then
     [ "$(readlink "$LINK" 2>/dev/null || true)" = "$dir/slurm.conf" ] \
       || cannot "$LINK exists (another Slurm on this machine); not touching it"
   fi
-  mkdir -p "$dir"/{state,spool,munge}
-  dir=$(cd "$dir" && pwd)
   chmod 0755 "$dir"   # munged runs as the munge user and must reach DIR/munge (mktemp -d makes 0700)
   local host cpus mem ctld_port slurmd_port
   host=$(hostname -s)
