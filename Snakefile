@@ -15,6 +15,12 @@ include: "rules/eval.smk"
 include: "rules/report.smk"
 
 
+# Bookkeeping that needs no compute node (each well under a second, no model): on a cluster
+# executor these run on the submitting host instead of as a job each (profiles/slurm,
+# docs/operations.md). The local executor runs every job on this host anyway: no change there.
+localrules: all, select, partition, val_set, report
+
+
 # Every round's report is a target, so a smaller `rounds` finds all its targets present.
 rule all:
     input:

