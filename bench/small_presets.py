@@ -13,6 +13,7 @@ and appends one JSON line to ``--out``: preset, return code, wall seconds, round
 Presets run sequentially (the 2-core machine is shared); the Snakemake log stays in
 ``<work>/<name>/snakemake.log``. ``--markdown`` prints the table of an existing ``--out``;
 ``--collect`` records runs already finished in ``<work>`` (wall time: Snakemake's "Elapsed time").
+After each record the run's ``*.safetensors`` are deleted (about 2.6 GB a run) unless ``--keep-models``.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedagent-presets"))
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--markdown", action="store_true", help="print the table of --out and exit")
+    ap.add_argument("--keep-models", action="store_true",
+                    help="keep each run's model weights (default: delete *.safetensors after the record)")
     ap.add_argument("--collect", action="store_true",
                     help="record runs already finished in <work>/<name> (wall time from Snakemake's log) instead of running")
     args = ap.parse_args(argv)
@@ -139,6 +142,9 @@ def main(argv=None) -> int:
                          if log.is_file() else "")
         else:
             rec = run_preset(p, args.work, args.timeout)
+            if not args.keep_models:     # ~2.6 GB of fp32 weights per run: 24 runs fill a disk
+                for f in (args.work / p.stem).rglob("*.safetensors"):
+                    f.unlink()
         failed += rec["rc"] != 0
         with open(args.out, "a") as f:
             f.write(json.dumps(rec) + "\n")
