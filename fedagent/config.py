@@ -421,6 +421,10 @@ def check_experiment_fields(config: dict) -> dict:
     if strategy == "hardness" and not (part.get("labels") or part.get("labels_model")):
         raise ConfigError("config key 'partition.labels': strategy hardness needs a labels file "
                           "(partition.labels) or a reference policy to build one (partition.labels_model)")
+    if (strategy == "hardness" and not part.get("labels") and part.get("labels_model") == "expert"
+            and env["kind"] != "alfworld"):
+        raise ConfigError("config key 'partition.labels_model': 'expert' plays the ALFWorld PDDL planner "
+                          f"(env.kind alfworld), not {env['kind']}")
     if part.get("labels") and not Path(part["labels"]).is_file():
         raise ConfigError(f"config key 'partition.labels': {part['labels']} is not a file")
     if strategy == "env_disjoint" and env["kind"] != "alfworld":

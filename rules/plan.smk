@@ -52,6 +52,8 @@ rule labels:
         LABELS,
     params:
         model=lambda w: config["partition"]["labels_model"],
+        expert=lambda w: (f"--expert-p {config['partition']['labels_expert_p']}"
+                          if config["partition"]["labels_model"] == "expert" else ""),
         eval=LABELS_PARAMS,
         quarantine=QUARANTINE,
     threads: config["eval"]["threads"]
@@ -60,7 +62,7 @@ rule labels:
     log:
         f"{RUN}/logs/labels.log",
     shell:
-        "fedagent labels --policy {params.model} --games {input.games} --params '{params.eval}'"
+        "fedagent labels --policy {params.model} {params.expert} --games {input.games} --params '{params.eval}'"
         " --threads {threads} --out {output} --quarantine {params.quarantine} > {log} 2>&1"
 
 

@@ -17,6 +17,9 @@ BASE = "config/config.yaml"
     ({"partition.strategy": "task_disjoint", "clients.total": 5, "clients.per_round": 1}, "env.train_games"),
     ({"env.alfworld": {"data": "/nonexistent"}}, "env.alfworld.data"),
     ({"env.kind": "minecraft"}, "env.kind"),
+    ({"partition.strategy": "hardness", "partition.labels_model": "expert"}, "partition.labels_model"),  # no planner
+    ({"partition.strategy": "hardness", "partition.labels_model": "expert", "partition.labels_expert_p": 1.5},
+     "partition.labels_expert_p"),
     ({"partition.fallback": "nope"}, "partition.fallback"),
 ])
 def test_bad_combination_names_its_key(overrides, key):
@@ -31,3 +34,5 @@ def test_good_combinations_and_defaults():
     assert cfg["partition"]["env_div"] == 0.7 and cfg["partition"]["fallback"] == "skip"
     cfg = load_config(BASE, {"partition.strategy": "hardness", "partition.labels_model": "tiny"})
     assert cfg["partition"]["success_std"] == 256
+    cfg = load_config(BASE, {"env.kind": "alfworld", "partition.strategy": "hardness", "partition.labels_model": "expert"})
+    assert cfg["partition"]["labels_expert_p"] == 0.5

@@ -60,3 +60,57 @@ def test_random_reference_policy_is_seeded_and_wins_some(tmp_path):
     data = json.loads(outs[0].read_text())
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert data["n"] == 8 and 1 <= data["easy"] < 8     # a random walker wins some of these in 2 turns
+
+
+@pytest.fixture(scope="module")
+def alfworld_catalogue(tmp_path_factory):
+    from fedagent.envs.alfworld.assets import alfworld_available
+    from fedagent.envs.alfworld.catalogue import build_catalogue
+
+    if not alfworld_available():
+        pytest.skip("alfworld not installed (scripts/install-alfworld.sh)")
+    out = tmp_path_factory.mktemp("alf") / "games"       # the first 6 of the ALFWorld -small presets' pool
+    build_catalogue(out, data_seed=42, n_train=6, n_val=1)
+    return out
+
+
+@pytest.mark.slow
+def test_noisy_expert_plays_the_plan_at_p1_and_loses_long_plans_under_noise(alfworld_catalogue):
+    from fedagent.envs.alfworld.catalogue import source_from_catalogue
+    from fedagent.envs.alfworld.expert import noisy_expert_labels
+
+    source, _ = source_from_catalogue(alfworld_catalogue, "train")
+    train = json.loads((alfworld_catalogue / "games.json").read_text())["train"]
+    exact = noisy_expert_labels(source, train, 42, 1.0, 30)
+    assert [s["task_id"] for s in exact] == train
+    assert all(s["won"] and s["turns"] == s["plan_len"] == s["expert_moves"] for s in exact)
+    noisy = noisy_expert_labels(source, train, 42, 0.7, 12)
+    won = [s["won"] for s in noisy]
+    assert 1 <= sum(won) < len(won)                       # a real split: some easy, some hard
+    assert all(s["turns"] == 12 for s in noisy if not s["won"])
+    assert all(s["turns"] > s["plan_len"] for s in noisy if s["expert_moves"] < s["turns"] and s["won"])
+    assert noisy_expert_labels(source, train, 42, 0.7, 12) == noisy       # seeded: replays exactly
+    assert noisy_expert_labels(source, train, 43, 0.7, 12) != noisy
+
+
+@pytest.mark.slow
+def test_expert_labels_cli_is_deterministic_across_processes_and_says_what_it_is(alfworld_catalogue, tmp_path):
+    params = json.dumps({"base_seed": 42, "temperature": 1.0, "max_turns": 12, "max_new_tokens": 8,
+                         "max_prompt_tokens": 256, "pool_size": 1})
+    outs = []
+    for name, hashseed in (("a", "1"), ("b", "2")):
+        out = tmp_path / name / "labels.json"
+        env = {**__import__("os").environ, "PYTHONHASHSEED": hashseed}
+        subprocess.run([sys.executable, "-m", "fedagent.cli", "labels", "--policy", "expert", "--expert-p", "0.7",
+                        "--games", str(alfworld_catalogue), "--params", params, "--out", str(out)],
+                       check=True, capture_output=True, text=True, env=env)
+        outs.append(out)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    data = json.loads(outs[0].read_text())
+    assert data["policy"] == "expert" and data["expert_p"] == 0.7 and "noisy planner" in data["reference"]
+    assert data["n"] == 6 and 1 <= data["easy"] < 6 and load_labels(outs[0]) == data["labels"]
+    assert sorted(data["episodes"]) == sorted(data["labels"])
+    bad = subprocess.run([sys.executable, "-m", "fedagent.cli", "labels", "--policy", "random", "--expert-p", "0.5",
+                          "--games", str(alfworld_catalogue), "--params", params, "--out", str(tmp_path / "x.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--expert-p" in bad.stderr
