@@ -12,8 +12,11 @@ Each column: one warm-up call, then the median of ``--reps`` timed calls; the ra
 against vLLM and HF eager of the same run.
 
 Training (batch 64 x 512 tokens, the local backend's update: fp32 master weights, bf16 autocast,
-log-probs of the last 128 tokens, AdamW): tokens/s and MFU = 6·N·T (+ attention) / time / peak,
-with peak = ``--peak-tflops`` (bf16 dense; the H200 datasheet's 989 by default).
+log-probs of the last 128 tokens, AdamW), in three variants (``--train-modes``: eager with the
+default AdamW, fused AdamW, fused + ``train.compile_train``): tokens/s and MFU = the FLOPs the
+step computes (decoder weights on every token, the LM head on the 128 trained tokens, causal
+attention; see :func:`bench_train`) / time / peak, with peak = ``--peak-tflops`` (bf16 dense;
+the H200 datasheet's 989 by default). The naive 6·N·T figure is printed beside it.
 """
 
 from __future__ import annotations
@@ -122,7 +125,16 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
     raise RuntimeError(f"vLLM child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
-def bench_train(model_dir, reps, peak_tflops, seq=512, resp=128):
+def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128):
+    """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
+
+    eager: the step as the local backend runs it by default (bf16 autocast over fp32 masters,
+    eager modules) with torch's default (foreach) AdamW; fused: the same with the fused AdamW the
+    GPU backend uses; compiled: fused + ``train.compile_train`` (the policy's forward/backward
+    through torch.compile with dynamic shapes, as the backend compiles it).
+    """
+    import time
+
     import torch
 
     from fedagent.policy import load_policy
@@ -133,11 +145,14 @@ def bench_train(model_dir, reps, peak_tflops, seq=512, resp=128):
     model.train()
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight.numel()
     g = torch.Generator().manual_seed(2)
     rows = torch.randint(100, cfg.vocab_size - 100, (B, seq), generator=g).tolist()
     samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
                            advantage=1.0) for r in rows]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager" else {}))
+    if mode == "compiled":
+        model.base_model.compile(dynamic=True)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -146,33 +161,33 @@ def bench_train(model_dir, reps, peak_tflops, seq=512, resp=128):
         loss = -(logp.mean())
         loss.backward()
         opt.step()
+    t0 = time.time()
+    step()
+    _sync()
+    first = time.time() - t0
     t = _timed(step, reps)
     tokens = B * seq
-    # Forward+backward: 6·N per token for the weights, plus causal attention 6·L·d·seq per token
-    # (QK^T and AV, half the square, times 3 for forward+backward).
-    flops = 6 * n_params * tokens + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
-    return {"step_s": t, "tokens_per_s": tokens / t, "tflops": flops / t / 1e12,
-            "mfu": flops / t / (peak_tflops * 1e12), "params": n_params}
+    # FLOPs actually computed (forward + backward = 3 × forward, 2 per multiply-add):
+    # - the decoder's weight matrices on every token: 6 · (N − embedding) · T;
+    # - the (tied) LM head only on the trained response tokens: 6 · V · d · (B · resp);
+    # - causal attention, QK^T and AV over half the square: 6 · L · d · seq per token.
+    # The embedding lookup is a gather (no FLOPs). Counting the LM head on every token, as a
+    # plain 6·N·T does, would credit this step with FLOPs it never runs.
+    flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
+             + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
+    return {"mode": mode, "step_s": t, "first_step_s": first, "tokens_per_s": tokens / t,
+            "tflops": flops / t / 1e12, "mfu": flops / t / (peak_tflops * 1e12), "params": n_params,
+            "flops_per_step": flops, "naive_6NT_mfu": 6 * n_params * tokens / t / (peak_tflops * 1e12)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, required=True, help="HF model dir (fp32 safetensors)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
-    ap.add_argument("--peak-tflops", type=float, default=989.0)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-
+def generation(args, out) -> None:
+    """The three generation columns (HF eager, the local GPU path, vLLM) into ``out``."""
     import tempfile
 
     import torch
 
     from fedagent.policy import load_policy
 
-    assert torch.cuda.is_available(), "this bench needs a GPU"
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
-           "new_tokens": NEW}
     model, tok = load_policy(args.model, 1, verify=False, device="cuda")
     model = model.to(torch.bfloat16)
     prompts = _prompts(model.config.vocab_size)
@@ -193,17 +208,43 @@ def main(argv=None) -> int:
             out["vllm_engine_start_s"] = v["engine_start_s"]
             out["local_over_vllm"] = out["local_tok_s"] / out["vllm_tok_s"]
     out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
-    out["train"] = bench_train(args.model, args.reps, args.peak_tflops)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, required=True, help="HF model dir (fp32 safetensors)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--train-modes", nargs="+", default=["eager", "fused", "compiled"],
+                    choices=["eager", "fused", "compiled"], help="training step variants to time")
+    ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    assert torch.cuda.is_available(), "this bench needs a GPU"
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
+           "new_tokens": NEW}
+    if not args.skip_generation:
+        generation(args, out)
+    out["train"] = {}
+    for m in args.train_modes:
+        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m)
+        torch.cuda.empty_cache()
     print(json.dumps(out, indent=1))
-    print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
-    print(f"  hf_eager {out['hf_eager_tok_s']:10.0f} tok/s")
-    print(f"  local    {out['local_tok_s']:10.0f} tok/s  ({out['local_over_hf_eager']:.2f}x hf_eager"
-          + (f", {out['local_over_vllm']:.2f}x vllm" if "vllm_tok_s" in out else "") + ")")
-    if "vllm_tok_s" in out:
-        print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
-    tr = out["train"]
-    print(f"training B{B}x512: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, MFU {tr['mfu']:.3f}"
-          f" of {args.peak_tflops:.0f}")
+    if not args.skip_generation:
+        print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
+        print(f"  hf_eager {out['hf_eager_tok_s']:10.0f} tok/s")
+        print(f"  local    {out['local_tok_s']:10.0f} tok/s  ({out['local_over_hf_eager']:.2f}x hf_eager"
+              + (f", {out['local_over_vllm']:.2f}x vllm" if "vllm_tok_s" in out else "") + ")")
+        if "vllm_tok_s" in out:
+            print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
+    for tr in out["train"].values():
+        print(f"training B{B}x512 {tr['mode']:9s}: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, "
+              f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} (first step {tr['first_step_s']:.1f} s; "
+              f"naive 6NT {tr['naive_6NT_mfu']:.3f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

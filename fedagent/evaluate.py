@@ -157,35 +157,41 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
     params = EvalParams.from_dict(raw)
     tasks, seeds = load_val_set(args.val_set)
-    sampler = None
-    if backend == "vllm":
-        from fedagent.atomic import verify_manifest
-        from fedagent.evaluate_vllm import VllmEvalSettings, VllmSampler, make_llm
-        from fedagent.policy import load_tokenizer, stop_token_ids_for_dir
-
-        settings = dataclass_from_dict(VllmEvalSettings, dict(vllm_settings or {}), "eval.vllm")
-        verify_manifest(Path(args.model))
-        model, tok = None, load_tokenizer(args.model)
-        sampler = VllmSampler(make_llm(args.model, settings, params.base_seed), stop_token_ids_for_dir(tok, args.model),
-                              params.base_seed)
-    else:
-        model, tok = load_policy(args.model, args.threads, device=params.device)
-    if backend == "local" and params.device == "cuda":
-        import torch
-
-        from fedagent.static_sampler import StaticSampler
-
-        model = model.to(torch.bfloat16)
-        sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
-                                max_prompt_tokens=params.max_prompt_tokens, max_new_tokens=params.max_new_tokens,
-                                compile=params.compile)
-    clock.mark("model_loaded")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Validation always runs on the unperturbed env: no env params (no WebShop arm) here.
+    # Validation always runs on the unperturbed env: no env params (no WebShop arm) here. The
+    # service starts first and comes up while this process loads (and warms) the model.
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns, answer_format=params.answer_format,
-                         source=games_kind(args.games)) as env:
+                         source=games_kind(args.games), wait=False) as pending:
+        sampler = None
+        if backend == "vllm":
+            from fedagent.atomic import verify_manifest
+            from fedagent.evaluate_vllm import VllmEvalSettings, VllmSampler, make_llm
+            from fedagent.policy import load_tokenizer, stop_token_ids_for_dir
+
+            settings = dataclass_from_dict(VllmEvalSettings, dict(vllm_settings or {}), "eval.vllm")
+            verify_manifest(Path(args.model))
+            model, tok = None, load_tokenizer(args.model)
+            sampler = VllmSampler(make_llm(args.model, settings, params.base_seed),
+                                  stop_token_ids_for_dir(tok, args.model), params.base_seed)
+        else:
+            model, tok = load_policy(args.model, args.threads, device=params.device)
+        if backend == "local" and params.device == "cuda":
+            import torch
+
+            from fedagent.static_sampler import StaticSampler
+
+            model = model.to(torch.bfloat16)
+            sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
+                                    max_prompt_tokens=params.max_prompt_tokens,
+                                    max_new_tokens=params.max_new_tokens, compile=params.compile)
+        clock.mark("model_loaded")
+        if backend == "local" and params.device == "cuda" and params.compile:
+            sampler.warmup(params.temperature)
+            clock.mark("sampler_warm")
+        env = pending.ready()
+        clock.mark("env_ready")
         print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
         with clock.phase("rollout"):
             result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)

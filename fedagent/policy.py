@@ -46,7 +46,11 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: s
     torch.set_num_threads(int(threads))
     check_device(device)
     # safetensors only: a pickled checkpoint (pytorch_model.bin) in a model dir is refused, never unpickled
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, use_safetensors=True)
+    # On a GPU the safetensors go straight to the device (no model built and filled on the CPU
+    # first, then copied): the larger part of a GPU job's model load.
+    placement = {"device_map": device} if device != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, use_safetensors=True,
+                                                 **placement)
     model.to(device=device, dtype=torch.float32)
     model.eval()
     tokenizer = load_tokenizer(model_dir)

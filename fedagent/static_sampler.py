@@ -12,9 +12,15 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
 - the one-token decode step is ``torch.compile``'d (``mode="reduce-overhead"``: CUDA graphs),
   so a step is one graph replay; compiled once per job, and the compiled artefacts land in
   the inductor cache dir (``TORCHINDUCTOR_CACHE_DIR``) that a run's jobs share;
-- sampling runs on the device from a CUDA generator seeded from the caller's (derived) seed;
-  tokens are collected on the device and copied to the host once; whether every row has
-  stopped is checked every ``sync_every`` steps, never per token.
+- sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
+  generator seeded from the caller's (derived) seed: the one random kernel runs outside the
+  graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
+  decode step is one graph replay plus a few tiny bookkeeping kernels; the cache positions
+  live on the device (no host-to-device copy per token); tokens are collected on the device
+  and copied to the host once; whether every row has stopped is checked every ``sync_every``
+  steps, never per token;
+- :meth:`StaticSampler.warmup` runs the compiled shapes once before the job needs them (the
+  train job calls it while its env service starts), without touching the sampling stream.
 
 The same code runs on the CPU with ``compile=False`` (the tests check it against the CPU
 sampler's greedy output on a tiny model).
@@ -50,21 +56,26 @@ class StaticSampler:
         self.pad_id = int(tokenizer.pad_token_id)
         self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
                         if compile else self._decode_step)
+        # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
+        self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False) if compile else _pick
+        self._cache_positions = torch.arange(self.width, self.width + self.max_new_tokens, device=self.device)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect
 
         self._cache_pos_arg = "cache_position" in inspect.signature(type(model).forward).parameters
         self._cuda_gen = None
+        self._warming = False
         self.first_token_time: float | None = None    # wall clock of the first sampled token
         self.calls = 0
         self.tokens = 0                                # response tokens produced (real rows only)
 
     @torch.no_grad()
-    def _decode_step(self, tok, pos, cache_pos, mask):
+    def _decode_step(self, tok, pos, cache_pos, mask, noise, temperature: float):
+        """One token for every row: forward the last token, then pick the next (one graph)."""
         extra = {"cache_position": cache_pos} if self._cache_pos_arg else {}
-        out = self.model(input_ids=tok, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+        out = self.model(input_ids=tok[:, None], position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                          use_cache=True, **extra)
-        return out.logits[:, -1, :]
+        return _pick(out.logits[:, -1, :], noise, temperature)
 
     def _generator(self, generator: torch.Generator | None):
         if generator is None:
@@ -78,18 +89,13 @@ class StaticSampler:
         self._cuda_gen.manual_seed((generator.initial_seed() + 1_000_003 * self.calls) % (2**63))
         return self._cuda_gen
 
-    def _pick(self, logits, temperature: float, gen):
-        logits = logits.float()
-        # A row with non-finite logits would make the sampling kernel assert on the device (an
-        # unreadable crash). Flag it on the device, sample that row from zeros, and raise a
-        # clear error at the next host sync (no extra sync per token).
-        finite = torch.isfinite(logits).all(dim=-1)
-        self._bad |= ~finite
-        logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
+    def _noise(self, temperature: float, gen):
+        """The Gumbel-max draw's ``Exp(1)`` noise for one step (``None`` when greedy)."""
         if temperature == 0:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / float(temperature), dim=-1)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            return None
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return torch.empty((self.batch_size, vocab), dtype=torch.float32, device=self.device).exponential_(
+            generator=gen)
 
     def _check_finite(self, step: int) -> None:
         if bool(self._bad.any()):
@@ -136,15 +142,19 @@ class StaticSampler:
         extra = {"cache_position": torch.arange(W, device=self.device)} if self._cache_pos_arg else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1, **extra)
-        logits = out.logits[:, -1, :]
+        tok, finite = self._pick_first(out.logits[:, -1, :], self._noise(temperature, gen), float(temperature))
         del out
         next_pos = pos[:, -1:] + 1
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         finished[n:] = True                  # padding rows never hold the loop open
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        pad = torch.full((B,), self.pad_id, dtype=torch.long, device=self.device)
         for step in range(max_new_tokens):
-            tok = self._pick(logits, temperature, gen)
-            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            # A row with non-finite logits would make sampling meaningless (and a sampling kernel
+            # assert on the device). It is flagged on the device and raised as a clear error at
+            # the next host sync (no extra sync per token).
+            self._bad |= ~finite
+            tok = torch.where(finished, pad, tok)
             tokens[:, step] = tok
             finished = finished | torch.isin(tok, self.stops)
             if self.first_token_time is None:
@@ -156,11 +166,15 @@ class StaticSampler:
                 self._check_finite(step)
                 if bool(finished.all()):
                     break
-            logits = self._decode(tok[:, None].clone(), next_pos.clone(),
-                                  torch.tensor([W + step], device=self.device), mask).clone()
+            tok, finite = self._decode(tok, next_pos, self._cache_positions[step:step + 1], mask,
+                                       self._noise(temperature, gen), float(temperature))
+            # Graph outputs are overwritten by the next replay: keep copies.
+            tok, finite = tok.clone(), finite.clone()
             next_pos = next_pos + 1
         self._check_finite(max_new_tokens)
         host = tokens.cpu().tolist()
+        if self._warming:
+            return []
         stop_set = set(self.stops.tolist())
         gens = []
         for p, r in zip(prompt_ids, host[:n]):
@@ -178,3 +192,38 @@ class StaticSampler:
             gens.append(Generation(prompt_ids=p, response_ids=resp,
                                    text=tokenizer.decode(body, skip_special_tokens=True), finished=done))
         return gens
+
+    @torch.no_grad()
+    def warmup(self, temperature: float) -> float:
+        """Compile and capture the decode step on the job's shapes before the first real call.
+
+        A throwaway generator and a one-token prompt; the sampler's call counter (which seeds
+        every later call), its token count and its first-token time are left as they were, so
+        the job samples exactly what it would have without the warm-up. Returns its seconds.
+        """
+        t0 = time.time()
+        calls, first, tokens = self.calls, self.first_token_time, self.tokens
+        gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
+        self._warming = True
+        try:
+            # Two calls: CUDA graph trees record on the second run of a compiled function.
+            for _ in range(2):
+                self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
+        finally:
+            self._warming = False
+            self.calls, self.first_token_time, self.tokens = calls, first, tokens
+        return time.time() - t0
+
+
+def _pick(logits, noise, temperature: float):
+    """Each row's next token and whether its logits were finite (Gumbel-max when sampling).
+
+    ``argmax(logits / T − log E)`` with ``E ~ Exp(1)`` draws from ``softmax(logits / T)``.
+    A non-finite row is picked from zeros (the caller raises on it at the next host sync).
+    """
+    logits = logits.float()
+    finite = torch.isfinite(logits).all(dim=-1)
+    logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
+    if temperature == 0:
+        return logits.argmax(dim=-1), finite
+    return (logits / temperature - torch.log(noise)).argmax(dim=-1), finite

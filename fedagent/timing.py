@@ -5,12 +5,16 @@ torch's imports count as cold start, as they do for the user), marks named momen
 seconds since then, and sums named phases that may repeat (one rollout and one training
 phase per local epoch). ``summary()`` is what a job writes under ``"timings"`` in its metrics:
 
-    {"marks": {"job_ready": s, "weights_loaded": s, "model_loaded": s, "rollout_start": s,
-               "first_token": s, "rollout_done": s, "train_done": s, "saved": s},
+    {"marks": {"job_ready": s, "weights_loaded": s, "model_loaded": s, "sampler_warm": s,
+               "env_ready": s, "rollout_start": s, "first_token": s, "rollout_done": s,
+               "train_done": s, "saved": s},
      "phases": {"rollout": s, "train": s}, "cold_start_s": s, "total_s": s}
 
-``job_ready``: imports and the job's env service are up; ``weights_loaded``: the policy is on
-its device; ``model_loaded``: reference, rollout copy and sampler too. ``cold_start_s`` =
+``job_ready``: the imports are done and the job's env service is starting (in its own
+process, while this one loads); ``weights_loaded``: the policy is on its device;
+``model_loaded``: reference, rollout copy and sampler too; ``sampler_warm`` (GPU, compiled):
+the decode step is compiled and captured; ``env_ready``: the env service answered its health
+check. ``cold_start_s`` =
 process start → first sampled token (where the sampler reports it; else → the start of the
 first rollout).
 """

@@ -92,6 +92,18 @@ class FakeEnv:
         return {"ok": True}
 
 
+class Pending:
+    """A started-but-not-health-gated env (``env_service(..., wait=False)``): ``ready()`` gives it."""
+
+    def __init__(self, env):
+        self.env = env
+        self.readied = 0
+
+    def ready(self):
+        self.readied += 1
+        return self.env
+
+
 def build_tiny_model(out_dir, seed: int = 1):
     """A tiny HF model dir (with manifest) for tests; see fedagent.base_model_tiny."""
     from pathlib import Path

@@ -138,3 +138,25 @@ def test_orphaned_service_exits(tmp_path):
     while _pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _pid_alive(child)
+
+
+def test_deferred_wait_overlaps_start_up_and_gates_health(tmp_path):
+    """``wait=False``: the block runs at once (the job loads its model meanwhile); ``ready()``
+    health-gates the service (idempotent), a failing one raises there, and it is stopped after."""
+    from fedagent.envs.lifecycle import PendingEnv
+
+    d = tw_games_dir()
+    t0 = time.monotonic()
+    with env_service(d, "val", ["tw-val-0000"], tmp_path / "a", mode="index", pool_size=1, max_turns=5,
+                     wait=False) as pending:
+        entered = time.monotonic() - t0
+        assert isinstance(pending, PendingEnv) and pending.client is None
+        pid = pending.proc.pid
+        c = pending.ready()
+        assert c.health()["ok"] and pending.ready() is c
+        assert entered < time.monotonic() - t0     # ready() waited for the service, entering did not
+    assert not _pid_alive(pid)
+    with pytest.raises(EnvServiceStartError, match="exited with code"):
+        with env_service(d, "train", ["no-such-task"], tmp_path / "b", mode="index", pool_size=1, max_turns=5,
+                         wait=False) as pending:
+            pending.ready()

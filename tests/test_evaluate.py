@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fake_env import FakeEnv, build_tiny_model
+from fake_env import Pending, FakeEnv, build_tiny_model
 from fedagent import evaluate as ev
 from fedagent.policy import load_policy
 
@@ -63,9 +63,10 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None):
+                     answer_format="think_action", source="textworld", env_params=None, wait=True):
         seen.update(split=split, tasks=list(task_ids), mode=mode, source=source, env_params=env_params)
-        yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
+        env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
+        yield env if wait else Pending(env)
 
     monkeypatch.setattr("fedagent.envs.lifecycle.env_service", fake_service)
     vs = tmp_path / "val_set.json"

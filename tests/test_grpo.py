@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from fake_env import FakeEnv, build_tiny_model
+from fake_env import Pending, FakeEnv, build_tiny_model
 from fedagent.atomic import verify_manifest
 from fedagent.policy import load_policy
 from fedagent.rollout.episode import Trajectory, Turn
@@ -209,11 +209,12 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None):
+                     answer_format="think_action", source="textworld", env_params=None, wait=True):
         seen.update(split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
                     source=source, env_params=env_params,
                     workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
-        yield FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
+        env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
+        yield env if wait else Pending(env)
 
     monkeypatch.setattr("fedagent.envs.lifecycle.env_service", fake_service)
     part = tmp_path / "partition.json"

@@ -71,3 +71,39 @@ def test_non_finite_logits_are_a_clear_error_not_a_device_assert(policy, tmp_pat
     s = StaticSampler(broken, tok, batch_size=2, max_prompt_tokens=64, max_new_tokens=4, compile=False)
     with pytest.raises(FloatingPointError, match="non-finite logits"):
         s(broken, tok, _prompts(tok)[:2], 4, 1.0, torch_generator(1, "t"))
+
+
+def test_gumbel_pick_draws_from_the_tempered_softmax():
+    """The fused pick is an exact draw from softmax(logits / T) (checked by frequency)."""
+    from fedagent.static_sampler import _pick
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.tensor([0.5, 0.3, 0.2])
+    rows = 40000
+    logits = p.log().expand(rows, 3).clone()
+    for temperature in (1.0, 0.5):
+        noise = torch.empty(rows, 3).exponential_(generator=g)
+        tok, finite = _pick(logits, noise, temperature)
+        assert bool(finite.all())
+        freq = torch.bincount(tok, minlength=3).float() / rows
+        want = torch.softmax(logits[0] / temperature, dim=-1)
+        assert torch.allclose(freq, want, atol=0.01), (temperature, freq, want)
+    tok, _ = _pick(logits, None, 0.0)
+    assert bool((tok == 0).all())
+    bad = logits[:2].clone()
+    bad[1, 1] = float("nan")
+    _, finite = _pick(bad, torch.ones(2, 3), 1.0)
+    assert finite.tolist() == [True, False]
+
+
+def test_warmup_leaves_the_sampled_stream_unchanged(policy):
+    model, tok = policy
+    ps = _prompts(tok)
+    plain = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    warmed = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    warmed.warmup(1.0)
+    assert warmed.calls == 0 and warmed.first_token_time is None and warmed.tokens == 0
+    for call in range(2):
+        a = plain(model, tok, ps, 8, 1.0, torch_generator(5, "t", index=call))
+        b = warmed(model, tok, ps, 8, 1.0, torch_generator(5, "t", index=call))
+        assert [g.response_ids for g in a] == [g.response_ids for g in b]

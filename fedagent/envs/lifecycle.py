@@ -82,10 +82,13 @@ def env_service(
     source: str | None = None,
     answer_format: str = "think_action",
     env_params: dict | None = None,
+    wait: bool = True,
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client.
 
     ``source`` None: the catalogue's own (``games.json`` ``source``; TextWorld if absent).
+    ``wait`` False: yield a :class:`PendingEnv` at once (its ``ready()`` gives the client), so
+    the caller's own start-up overlaps the service's.
     """
     if source is None:
         source = games_source(games_dir)
@@ -121,12 +124,42 @@ def env_service(
         cmd += ["--uds", str(uds)]
     if token:
         env[TOKEN_ENV] = token                        # not on argv: argv is world-readable
-    client = None
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL)
+    pending = PendingEnv(proc, ready_file, log_path, token, startup_timeout)
     try:
-        deadline = time.monotonic() + startup_timeout
+        yield pending if not wait else pending.ready()
+    finally:
+        if pending.client is not None:
+            pending.client.shutdown()
+        _stop(proc)
+        for path in (tasks_file, ready_file) + ((uds,) if uds is not None else ()):
+            path.unlink(missing_ok=True)
+        if short_dir is not None:
+            shutil.rmtree(short_dir, ignore_errors=True)
+
+
+class PendingEnv:
+    """A started env service not yet known to be healthy (``env_service(..., wait=False)``).
+
+    The job does independent start-up work (loading its model onto the GPU, compiling) while
+    the service process imports and builds its pool; :meth:`ready` then health-gates it and
+    returns the client (the same check, timeout and errors as ``wait=True``).
+    """
+
+    def __init__(self, proc: subprocess.Popen, ready_file: Path, log_path: Path, token: str | None,
+                 startup_timeout: float):
+        self.proc, self.ready_file, self.log_path, self.token = proc, ready_file, log_path, token
+        self.deadline = time.monotonic() + startup_timeout
+        self.startup_timeout = startup_timeout
+        self.client: EnvClient | None = None
+
+    def ready(self) -> EnvClient:
+        """Wait until the service answers its health check; the client (idempotent)."""
+        if self.client is not None:
+            return self.client
+        proc, ready_file, log_path, token = self.proc, self.ready_file, self.log_path, self.token
         while True:
             if proc.poll() is not None:
                 raise EnvServiceStartError(
@@ -146,25 +179,18 @@ def env_service(
                 except ConnectionError:
                     pass
                 client.shutdown()
-                client = None
-            if time.monotonic() > deadline:
+            if time.monotonic() > self.deadline:
                 raise EnvServiceStartError(
-                    f"env service not healthy after {startup_timeout} s; log {log_path}:\n" + _log_tail(log_path))
+                    f"env service not healthy after {self.startup_timeout} s; log {log_path}:\n"
+                    + _log_tail(log_path))
             time.sleep(0.1)
         client.max_retries = 8                        # startup probing done: full retry budget
         # Where the service listens, for processes of the job that open their own client
         # (the verl backend's agent loops): {"uds": path} or {"base_url": url, "token": t}.
         client.address = ({"uds": where["uds"]} if "uds" in where else
                           {"base_url": f"http://{where['host']}:{where['port']}", "token": token})
-        yield client
-    finally:
-        if client is not None:
-            client.shutdown()
-        _stop(proc)
-        for path in (tasks_file, ready_file) + ((uds,) if uds is not None else ()):
-            path.unlink(missing_ok=True)
-        if short_dir is not None:
-            shutil.rmtree(short_dir, ignore_errors=True)
+        self.client = client
+        return client
 
 
 @contextlib.contextmanager

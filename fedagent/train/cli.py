@@ -76,14 +76,26 @@ def run(args: argparse.Namespace) -> int:
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
                          answer_format=params.answer_format, source=games_kind(args.games),
-                         env_params=env_params or None) as env:
-        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
-        metrics = train_client(args.model, args.ref_model, env, round=args.round, client=args.client,
+                         env_params=env_params or None, wait=False) as pending:
+        # The service starts while train_client loads the model; it health-gates it after.
+        metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
     print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
                       "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
                       "wall_time_s": metrics["wall_time_s"]}))
     return 0
+
+
+class _LogArm:
+    """A pending env service whose ``ready()`` also prints the env's arm into the job log."""
+
+    def __init__(self, pending):
+        self.pending = pending
+
+    def ready(self):
+        env = self.pending.ready()
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
+        return env
 
 
 def verl_settings(text: str):

@@ -58,6 +58,7 @@ class TrainParams:
     fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     compile: bool = True                  # cuda: compiled static-cache decode step
+    compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
     algorithm: str = "grpo"               # grpo | ppo
     gamma: float = 1.0                    # GAE discount (verl's default, the reference's)
@@ -239,7 +240,8 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     from fedagent.timing import PhaseClock
 
     clock = PhaseClock()
-    # Process start → here: the interpreter, torch/transformers imports and the job's env service.
+    # Process start → here: the interpreter and the torch/transformers imports. ``env`` may be a
+    # :class:`fedagent.envs.lifecycle.PendingEnv`: its service comes up while the model loads.
     clock.mark("job_ready")
     t0 = time.time()
     p = params
@@ -273,7 +275,22 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         critic = load_critic(critic_of(model_dir), device=p.device)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
     clock.mark("model_loaded")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    if sampler is not None and p.compile:
+        sampler.warmup(p.temperature)   # compile + CUDA graphs now, not at the first rollout
+        clock.mark("sampler_warm")
+    if p.device == "cuda" and p.compile_train:
+        # Fused kernels for the training forward/backward (the norms, rotary, SiLU and casts that
+        # eager runs one kernel each). Compiled lazily at the first log-prob pass; widths and
+        # micro-batch sizes vary, so the shapes are dynamic from the start. After the copies
+        # above: the reference and the rollout model stay plain modules.
+        model.base_model.compile(dynamic=True)
+    if hasattr(env, "ready"):
+        env = env.ready()
+    clock.mark("env_ready")
+    # On a GPU the fused AdamW kernel (one launch for all tensors); the CPU keeps the default
+    # implementation, whose bytes the CPU path's determinism tests pin.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay,
+                                  **({"fused": True} if p.device == "cuda" else {}))
     ppo_stats = []
     steps, records, seeds_used = [], [], []
     n_samples = n_tokens = n_prompt_tokens = 0

@@ -17,7 +17,8 @@
 # Knobs of `run`: JOBS (parallel jobs, default 2: both clients' verl jobs at once), GPU_SLOTS (if
 # set, `--resources gpu=N` caps concurrent GPU jobs), MEM_UTIL (vLLM's share of the GPU per job,
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
-# default 560), EXTRA (more `--config` items, e.g. "eval={backend: vllm}").
+# default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
+# EVAL_BACKEND (local | vllm, default local), EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT]}
 FA=${FA_GPU:-/tmp/fa-gpu}
@@ -63,7 +64,8 @@ model: smollm2
 train:
   backend: verl
   ref_anchor: round            # verl's KL reference is the model a job starts from
-  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}}
+  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}}
+eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}}}
 YAML
   res=()
   [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS")
