@@ -70,12 +70,12 @@ class StaticSampler:
         self.tokens = 0                                # response tokens produced (real rows only)
 
     @torch.no_grad()
-    def _decode_step(self, tok, pos, cache_pos, mask, noise, temperature: float):
+    def _decode_step(self, tok, pos, cache_pos, mask, noise, inv_t):
         """One token for every row: forward the last token, then pick the next (one graph)."""
         extra = {"cache_position": cache_pos} if self._cache_pos_arg else {}
         out = self.model(input_ids=tok[:, None], position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                          use_cache=True, **extra)
-        return _pick(out.logits[:, -1, :], noise, temperature)
+        return _pick(out.logits[:, -1, :], noise, inv_t)
 
     def _generator(self, generator: torch.Generator | None):
         if generator is None:
@@ -142,7 +142,10 @@ class StaticSampler:
         extra = {"cache_position": torch.arange(W, device=self.device)} if self._cache_pos_arg else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1, **extra)
-        tok, finite = self._pick_first(out.logits[:, -1, :], self._noise(temperature, gen), float(temperature))
+        # 1/T as a device tensor, not a Python float: a float argument would become a CPU scalar
+        # input of the compiled step, and a CPU input keeps inductor from using CUDA graphs.
+        inv_t = torch.tensor(1.0 / temperature, device=self.device) if temperature > 0 else None
+        tok, finite = self._pick_first(out.logits[:, -1, :], self._noise(temperature, gen), inv_t)
         del out
         next_pos = pos[:, -1:] + 1
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
@@ -167,7 +170,7 @@ class StaticSampler:
                 if bool(finished.all()):
                     break
             tok, finite = self._decode(tok, next_pos, self._cache_positions[step:step + 1], mask,
-                                       self._noise(temperature, gen), float(temperature))
+                                       self._noise(temperature, gen), inv_t)
             # Graph outputs are overwritten by the next replay: keep copies.
             tok, finite = tok.clone(), finite.clone()
             next_pos = next_pos + 1
@@ -215,15 +218,16 @@ class StaticSampler:
         return time.time() - t0
 
 
-def _pick(logits, noise, temperature: float):
+def _pick(logits, noise, inv_t):
     """Each row's next token and whether its logits were finite (Gumbel-max when sampling).
 
-    ``argmax(logits / T − log E)`` with ``E ~ Exp(1)`` draws from ``softmax(logits / T)``.
-    A non-finite row is picked from zeros (the caller raises on it at the next host sync).
+    ``argmax(logits · (1/T) − log E)`` with ``E ~ Exp(1)`` draws from ``softmax(logits / T)``;
+    ``noise`` None is greedy. ``inv_t``: 1/T as a 0-dim tensor on the logits' device. A
+    non-finite row is picked from zeros (the caller raises on it at the next host sync).
     """
     logits = logits.float()
     finite = torch.isfinite(logits).all(dim=-1)
     logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
-    if temperature == 0:
+    if noise is None:
         return logits.argmax(dim=-1), finite
-    return (logits / temperature - torch.log(noise)).argmax(dim=-1), finite
+    return (logits * inv_t - torch.log(noise)).argmax(dim=-1), finite

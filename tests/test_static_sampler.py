@@ -83,16 +83,16 @@ def test_gumbel_pick_draws_from_the_tempered_softmax():
     logits = p.log().expand(rows, 3).clone()
     for temperature in (1.0, 0.5):
         noise = torch.empty(rows, 3).exponential_(generator=g)
-        tok, finite = _pick(logits, noise, temperature)
+        tok, finite = _pick(logits, noise, torch.tensor(1.0 / temperature))
         assert bool(finite.all())
         freq = torch.bincount(tok, minlength=3).float() / rows
         want = torch.softmax(logits[0] / temperature, dim=-1)
         assert torch.allclose(freq, want, atol=0.01), (temperature, freq, want)
-    tok, _ = _pick(logits, None, 0.0)
+    tok, _ = _pick(logits, None, None)
     assert bool((tok == 0).all())
     bad = logits[:2].clone()
     bad[1, 1] = float("nan")
-    _, finite = _pick(bad, torch.ones(2, 3), 1.0)
+    _, finite = _pick(bad, torch.ones(2, 3), torch.tensor(1.0))
     assert finite.tolist() == [True, False]
 
 
