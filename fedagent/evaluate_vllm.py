@@ -26,6 +26,7 @@ class VllmEvalSettings:
     gpu_memory_utilization: float = 0.3
     dtype: str = "float32"          # the global model's own precision
     enforce_eager: bool = False
+    kv_cache_gb: float | None = None   # fixed KV cache (GiB): no memory profiling (GPU shared with other jobs)
 
 
 class VllmSampler:
@@ -69,5 +70,8 @@ def make_llm(model_dir: Path, settings: VllmEvalSettings, base_seed: int):
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     from vllm import LLM
 
+    from fedagent.train.verl.launch import kv_cache_bytes
+
+    kv = {"kv_cache_memory_bytes": kv_cache_bytes(settings.kv_cache_gb)} if settings.kv_cache_gb is not None else {}
     return LLM(model=str(model_dir), dtype=settings.dtype, gpu_memory_utilization=settings.gpu_memory_utilization,
-               enforce_eager=settings.enforce_eager, seed=int(base_seed) % 2**31, tensor_parallel_size=1)
+               enforce_eager=settings.enforce_eager, seed=int(base_seed) % 2**31, tensor_parallel_size=1, **kv)

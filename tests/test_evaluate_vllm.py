@@ -71,3 +71,20 @@ def test_vllm_sampler_prompts_seeds_stops(tiny):
     again, llm2, _ = run_eval(tiny, 7)                # another round: the same request seeds
     assert [q.kw["seed"] for q in llm2.requests[0][1]] == [q.kw["seed"] for q in params]
     assert again["samples"] == out["samples"]
+
+
+def test_make_llm_passes_a_fixed_kv_cache_only_when_asked(monkeypatch, tmp_path):
+    """eval.vllm.kv_cache_gb → vLLM's kv_cache_memory_bytes (no memory profiling); unset → vLLM sizes it."""
+    import sys
+    import types
+
+    from fedagent.evaluate_vllm import VllmEvalSettings, make_llm
+
+    seen = []
+    fake = types.ModuleType("vllm")
+    fake.LLM = lambda **kw: seen.append(kw) or "llm"
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    assert make_llm(tmp_path, VllmEvalSettings(kv_cache_gb=2.0), base_seed=3) == "llm"
+    assert seen[-1]["kv_cache_memory_bytes"] == 2 * 2**30
+    make_llm(tmp_path, VllmEvalSettings(), base_seed=3)
+    assert "kv_cache_memory_bytes" not in seen[-1]

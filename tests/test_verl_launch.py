@@ -43,6 +43,7 @@ CASES = {
     "epochs-kl-off": (REPO / "config" / "config.yaml", {"train.epochs": 3, "train.kl_coef": 0.0,
                                                         "train.groups_per_epoch": 4}, VerlSettings(enforce_eager=True)),
     "extra": (REPO / "config" / "config.yaml", {}, VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",))),
+    "kv-cache": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=1.5)),
 }
 
 
@@ -76,6 +77,8 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-x" and cfg.ray_kwargs.ray_init.include_dashboard is False
     assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == "fedagent.train.verl.ray_hook.setup"
     assert not any("port" in o.split("=")[0].lower() for o in ov)
+    kv = r.engine_kwargs.vllm.get("kv_cache_memory_bytes")
+    assert kv == (None if s.kv_cache_gb is None else int(s.kv_cache_gb * 2**30))
 
 
 def test_a_misspelled_key_fails_composition(tmp_path):

@@ -132,6 +132,10 @@ class VerlSettings:
     gpu_memory_utilization: float = 0.5
     attn_implementation: str = "sdpa"       # no flash-attn in the GPU wheel set
     enforce_eager: bool = False
+    # A fixed KV cache (GiB) instead of one sized by profiling: vLLM's profiling assumes no other
+    # process changes its GPU memory meanwhile, so jobs starting together on one GPU can each
+    # count the other's allocations as their own and find no memory left for the cache.
+    kv_cache_gb: float | None = None
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 
@@ -222,7 +226,16 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={RAY_HOOK}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{TAG_ENV}={job.tag}",
     ]
+    if s.kv_cache_gb is not None:
+        ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
     return ov + list(s.extra_overrides)
+
+
+def kv_cache_bytes(gb: float) -> int:
+    """GiB → vLLM's ``kv_cache_memory_bytes`` (a positive whole number of bytes)."""
+    if not gb > 0:
+        raise ValueError(f"kv_cache_gb must be > 0, got {gb}")
+    return int(float(gb) * 2**30)
 
 
 def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | None, env_token: str | None,
