@@ -383,13 +383,12 @@ def _critic_path_has_a_value_head(get):
     path = get("train.ppo.critic_path")
     if get("train.algorithm") != "ppo" or path is None:
         return None
-    from fedagent.train.critic import has_value_head   # no torch: safetensors headers only
+    from fedagent.train.critic import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
 
     if not Path(path).is_dir():
         return f"{path!r} is not a directory"
     if has_value_head(Path(path)) is not True:
-        return (f"{path!r} holds no value head (score.weight [1, hidden] in its safetensors); "
-                "omit the key to start a fresh head")
+        return f"{path!r} holds no value head ({NO_HEAD_HINT}); omit the key to start a fresh head"
     return None
 
 

@@ -171,6 +171,59 @@ def test_value_head_is_detected_from_tensor_names_never_from_config(tmp_path, ti
     assert fc.has_value_head(tmp_path / "missing") is None
 
 
+def _trl_checkpoint(path: Path, actor: Path, head_shape=None) -> tuple[Path, torch.Tensor, torch.Tensor]:
+    """A critic as TRL's AutoModelForCausalLMWithValueHead saves it: the policy's tensors (lm_head
+    included) + v_head.summary.weight [1, H] / .bias [1], the policy's config.json."""
+    from safetensors.torch import load_file
+
+    pol = load_file(actor / "model.safetensors")
+    pol.setdefault("lm_head.weight", pol["model.embed_tokens.weight"].clone())  # an untied policy's LM head
+    hidden = pol["model.embed_tokens.weight"].shape[1]
+    g = torch_generator(7, "trl_head")
+    w = torch.randn(head_shape or (1, hidden), generator=g)
+    b = torch.randn(1, generator=g)
+    path.mkdir(parents=True)
+    write_tensors(path / "model.safetensors", {**pol, "v_head.summary.weight": w, "v_head.summary.bias": b})
+    (path / "config.json").write_text((actor / "config.json").read_text())
+    return path, w, b
+
+
+def test_a_trl_v_head_checkpoint_is_a_critic_with_our_head_names(tmp_path, tiny_pair):
+    """TRL's v_head.summary.* is accepted when it fits (renamed to score.*, lm_head dropped); the
+    round-0 critic written from it holds our names only and the same head; a misfit or absent
+    head is still refused with "no value head"."""
+    from safetensors.torch import load_file
+
+    trl, w, b = _trl_checkpoint(tmp_path / "trl", tiny_pair)
+    assert fc.has_value_head(trl) is True
+    assert fc.resolve_start_critic("tiny", str(trl))[:2] == ("explicit", trl)
+    assert fc.backbone_mismatch(tiny_pair, trl) is None
+    critic = fc.load_critic(trl)
+    assert torch.equal(critic.score.weight, w) and torch.equal(critic.score.bias, b)
+    pol = load_file(tiny_pair / "model.safetensors")
+    sd = critic.state_dict()
+    assert all(torch.equal(sd[k], pol[k]) for k in pol if k.startswith("model."))
+    load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(trl)})
+    out = tmp_path / "base"
+    res = subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out", str(out),
+                          "--critic", "--critic-seed", "5", "--critic-path", str(trl)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    saved = load_file(out / "critic/model.safetensors")
+    assert not any(k.startswith(("v_head.", "lm_head.")) for k in saved)
+    assert torch.equal(saved["score.weight"], w) and torch.equal(saved["score.bias"], b)
+    # a v_head that does not fit the backbone (hidden + 1, or two outputs) is no value head
+    for shape in ((1, w.shape[1] + 1), (2, w.shape[1])):
+        bad, _, _ = _trl_checkpoint(tmp_path / f"bad{shape}", tiny_pair, head_shape=shape)
+        assert fc.has_value_head(bad) is False
+        with pytest.raises(ConfigError, match="config key 'train.ppo.critic_path'.*no value head.*v_head"):
+            load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(bad)})
+        with pytest.raises(ValueError, match="no value head"):
+            fc.load_critic(bad)
+    # no value head at all (the policy itself): the same clear refusal
+    with pytest.raises(ConfigError, match="config key 'train.ppo.critic_path'.*holds no value head"):
+        fc.resolve_start_critic("tiny", str(tiny_pair))
+
+
 # ------------------------------------------------------------------- round 1's critic (warm start)
 def test_warm_start_order_explicit_then_sibling_then_fresh(tmp_path, tiny_pair, capsys):
     actor_only = tmp_path / "actor"
