@@ -423,20 +423,30 @@ def test_ppo_params_are_recorded_only_for_ppo():
 
 
 def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, tmp_path):
-    """A PPO train_client (fake env) twice: identical actor and critic bytes; the critic moved."""
+    """A PPO train_client (fake env) twice: identical actor and critic bytes; the critic moved.
+
+    Its metrics carry no GRPO group counts (PPO has no groups) but ``samples_nonzero_reward``:
+    here (no invalid penalty, answers of even length win) some samples are rewarded, some not."""
     from fake_env import FakeEnv
     from fedagent.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
     p = TrainParams.from_dict(dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2,
                                    max_new_tokens=6, lr=1e-3, mini_batch_size=3, micro_batch_size=2,
-                                   max_prompt_tokens=256, pool_size=4, algorithm="ppo", critic_lr=1e-3))
+                                   max_prompt_tokens=256, pool_size=4, algorithm="ppo", critic_lr=1e-3,
+                                   invalid_penalty=0.0))
     outs = []
     for k in range(2):
-        m = train_client(tiny_pair, tiny_pair, FakeEnv(mode="draw"), round=1, client=0, params=p, threads=1,
+        env = FakeEnv(mode="draw", win_if=lambda text: len(text) % 2 == 0)
+        m = train_client(tiny_pair, tiny_pair, env, round=1, client=0, params=p, threads=1,
                          out_dir=tmp_path / f"u{k}")
         assert m["params"]["algorithm"] == "ppo" and m["ppo"][0]["tokens"] > 0
         outs.append(tmp_path / f"u{k}")
+    assert "groups" not in m and "groups_nonzero_advantage" not in m
+    episodes = [json.loads(line) for line in (outs[0] / "samples.jsonl").read_text().splitlines()]
+    rewarded = [ep["return"] != 0.0 for ep in episodes for t in ep["turns"] if t["response_tokens"]]
+    assert len(rewarded) == m["num_samples"] and 0 < sum(rewarded) < len(rewarded)
+    assert m["samples_nonzero_reward"] == sum(rewarded)
     for f in ("model.safetensors", "critic/model.safetensors"):
         assert sha256_file(outs[0] / f) == sha256_file(outs[1] / f), f
     assert sha256_file(outs[0] / "critic/model.safetensors") != sha256_file(tiny_pair / "critic/model.safetensors")
