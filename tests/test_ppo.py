@@ -15,6 +15,7 @@ import torch
 from fedagent.aggregate import AggregateError, aggregate
 from fedagent.atomic import write_manifest
 from fedagent.config import ConfigError, load_config
+from fedagent.critic_dir import CRITIC_RECORD, critic_digests
 from fedagent.hf_dir import TensorReader, read_header, save_model_dir, write_tensors
 from fedagent.merge import MergeError, merge
 from fedagent.seeds import torch_generator
@@ -321,9 +322,14 @@ def _critic_tensors(index: int, base=None) -> dict[str, torch.Tensor]:
 
 
 def _with_critic(d: Path, tensors: dict) -> Path:
+    """``d/critic`` with ``tensors``; a client update (one with metrics.json) records its critic
+    there as train-client does (critic_dir.CRITIC_RECORD)."""
     (d / "critic").mkdir()
     (d / "critic" / "config.json").write_text(json.dumps({"model_type": "synthetic"}))
     write_tensors(d / "critic" / "model.safetensors", tensors)
+    if (d / "metrics.json").is_file():
+        metrics = json.loads((d / "metrics.json").read_text())
+        (d / "metrics.json").write_text(json.dumps({**metrics, CRITIC_RECORD: critic_digests(d)}))
     write_manifest(d)
     return d
 
@@ -337,7 +343,8 @@ def _ppo_round(tmp_path, m=2):
         c = _critic_tensors(10 + i, base=pc)
         crit.append(c)
         d = save_model_dir(tmp_path / f"client{i}", {"w": actor["w"] + 0.01 * (i + 1)},
-                           json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3}})
+                           json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3, "round": 1,
+                                                        "client": i}})
         clients.append(_with_critic(d, c))
     return prev, clients, pc, crit
 
@@ -378,6 +385,63 @@ def test_critic_is_aggregated_merged_and_verified_with_its_own_server_state(tmp_
     fails = verify_round(tmp_path / "m1", clients2, "uniform", tmp_path / "agg2", model_dir=tmp_path / "m2", opt=opt,
                          prev_state_dir=tmp_path / "m1")
     assert len(fails) == 1 and fails[0].startswith("critic: server state: tensor 'v/score.bias'") and str(path) in fails[0]
+
+
+def _swap_critic(dst: Path, src: Path) -> None:
+    """Put ``src``'s critic/ in ``dst`` and re-sign ``dst`` (its metrics.json left as it was)."""
+    import shutil
+
+    shutil.rmtree(dst / "critic")
+    shutil.copytree(src / "critic", dst / "critic")
+    write_manifest(dst)
+
+
+def test_verify_names_a_critic_swapped_in_from_another_client_or_round(tmp_path):
+    """Every critic folder is called critic/: whose it is comes from the update's metrics.json
+    (critic_sha256). A swapped critic, aggregated and merged consistently (so its values verify),
+    is still refused, naming the file; so is a critic aggregate.json listing other clients."""
+    prev, clients, pc, _ = _ppo_round(tmp_path)
+    opt = make_optimizer("fedavg")
+
+    def run(name: str, cs) -> list[str]:
+        aggregate(prev, cs, tmp_path / f"agg-{name}")
+        merge(prev, tmp_path / f"agg-{name}", tmp_path / f"m-{name}", opt, round_=1)
+        return verify_round(prev, cs, "uniform", tmp_path / f"agg-{name}", model_dir=tmp_path / f"m-{name}", opt=opt)
+
+    assert run("good", clients) == []
+    # client 1's critic in client 0's update
+    _swap_critic(clients[0], clients[1])
+    fails = run("other-client", clients)
+    assert len(fails) == 1, fails
+    assert fails[0].startswith(f"critic: identity: {clients[0] / 'critic' / 'model.safetensors'} is not the critic "
+                               f"that {clients[0] / 'metrics.json'} records"), fails
+    assert f"it is the critic of the update {clients[1]} (client 1, round 1)" in fails[0]
+    # a critic from another round (matches no update of this one)
+    later = _with_critic(save_model_dir(tmp_path / "r2c0", {"w": torch.zeros(3, 2)}), _critic_tensors(30, base=pc))
+    _swap_critic(clients[0], later)
+    fails = run("other-round", clients)
+    assert len(fails) == 1 and "a critic from another client or round?" in fails[0], fails
+    # an update that records no critic: nothing says whose critic it is
+    (clients[0] / "metrics.json").write_text(json.dumps({"num_samples": 1, "num_tokens": 3}))
+    write_manifest(clients[0])
+    fails = run("unrecorded", clients)
+    assert len(fails) == 1 and f"{clients[0] / 'metrics.json'} records no critic_sha256" in fails[0], fails
+
+
+def test_verify_checks_the_critic_aggregate_lists_the_actors_clients(tmp_path):
+    prev, clients, _, _ = _ppo_round(tmp_path, m=3)
+    aggregate(prev, clients, tmp_path / "agg")
+    assert verify_round(prev, clients, "uniform", tmp_path / "agg") == []
+    path = tmp_path / "agg" / "critic" / "aggregate.json"
+    summary = json.loads(path.read_text())
+    # clients 0 and 1 swapped in the critic's list (same folder names: "critic"), re-signed
+    summary["clients"][0]["dir"], summary["clients"][1]["dir"] = summary["clients"][1]["dir"], summary["clients"][0]["dir"]
+    path.write_text(json.dumps(summary))
+    write_manifest(tmp_path / "agg")
+    fails = verify_round(prev, clients, "uniform", tmp_path / "agg")
+    assert fails and all(f.startswith("critic: ") for f in fails), fails
+    assert any(f"critic: aggregate.json: clients" in f and str(path) in f for f in fails), fails
+    assert any(f.startswith(f"critic: identity: {path} lists clients") for f in fails), fails
 
 
 def test_a_client_without_its_critic_stops_the_round(tmp_path):
@@ -447,6 +511,9 @@ def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, t
     rewarded = [ep["return"] != 0.0 for ep in episodes for t in ep["turns"] if t["response_tokens"]]
     assert len(rewarded) == m["num_samples"] and 0 < sum(rewarded) < len(rewarded)
     assert m["samples_nonzero_reward"] == sum(rewarded)
+    # the update records its own critic (whose critic it is, for verify)
+    assert m[CRITIC_RECORD] == critic_digests(outs[0]) and set(m[CRITIC_RECORD]) >= {"config.json", "model.safetensors"}
+    assert json.loads((outs[0] / "metrics.json").read_text())[CRITIC_RECORD] == m[CRITIC_RECORD]
     for f in ("model.safetensors", "critic/model.safetensors"):
         assert sha256_file(outs[0] / f) == sha256_file(outs[1] / f), f
     assert sha256_file(outs[0] / "critic/model.safetensors") != sha256_file(tiny_pair / "critic/model.safetensors")

@@ -356,10 +356,12 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tok, staging)
         if critic is not None:
-            from fedagent.critic_dir import critic_of
+            from fedagent.critic_dir import CRITIC_RECORD, critic_digests, critic_of
             from fedagent.train.critic import save_critic
 
             save_critic(critic, critic_of(staging))
+            # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
+            metrics[CRITIC_RECORD] = critic_digests(staging)
         clock.mark("saved")
         metrics["timings"] = clock.summary()
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
