@@ -25,7 +25,6 @@ import csv
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from fedagent.workflow_copy import copy_workflow
+
 HERE = Path(__file__).resolve().parent.parent
-WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "profiles", "envs")
 RUN = "results/t"
 # The node is small (2 CPUs, ~20 GB): cap threads (`games` asks 8) and shrink the memory asks.
 # A command-line --default-resources / --set-resources replaces the profile's whole key, so
@@ -113,15 +113,7 @@ def digests(work: Path) -> dict[str, str]:
 
 
 def make_workdir(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True)
-    for part in WORKFLOW_PARTS:
-        if (src / part).is_dir():
-            shutil.copytree(src / part, dst / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src / part, dst / part)
-    (dst / "config").mkdir()
-    shutil.copy2(HERE / "tests" / "workflow_config.yaml", dst / "config" / "config.yaml")
-    return dst
+    return copy_workflow(src, dst, HERE / "tests" / "workflow_config.yaml")
 
 
 def load() -> str:

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import yaml
 
+from fedagent.workflow_copy import copy_workflow
+
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("Snakefile", "rules", "workflow", "profiles", "envs")
 
 
 def small_presets() -> list[Path]:
@@ -44,17 +45,7 @@ def workdir_for(preset: Path, work: Path) -> Path:
     path = work / preset.stem
     if path.exists():
         shutil.rmtree(path)
-    path.mkdir(parents=True)
-    for part in PARTS:
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, path / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, path / part)
-    (path / "config" / "experiments").mkdir(parents=True)
-    shutil.copy2(REPO / "config" / "config.yaml", path / "config" / "config.yaml")
-    shutil.copy2(preset, path / "config" / "experiments" / preset.name)
-    return path
+    return copy_workflow(REPO, path, REPO / "config" / "config.yaml", presets=[preset])
 
 
 def elapsed_from_log(log: Path) -> float | None:

@@ -327,22 +327,6 @@ def _verl_reference_is_the_start_model(get):
     return None
 
 
-@cross_rule("train.fedprox_mu", ["train.fedprox_mu", "train.backend"],
-            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01})
-def _fedprox_is_local_only(get):
-    if get("train.backend") == "verl" and get("train.fedprox_mu") > 0:
-        return "FedProx is implemented for train.backend=local only (the verl backend would ignore it)"
-    return None
-
-
-@cross_rule("rollout.mode", ["rollout.mode", "train.backend"],
-            violation={"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"})
-def _concat_is_local_only(get):
-    if get("train.backend") == "verl" and get("rollout.mode") != "windowed":
-        return f"{get('rollout.mode')!r} is implemented for train.backend=local only (verl trains windowed)"
-    return None
-
-
 @cross_rule("train.group_size", ["train.algorithm", "train.group_size"],
             violation={"train.algorithm": "grpo", "train.group_size": 1})
 def _grpo_needs_a_group(get):
@@ -351,20 +335,46 @@ def _grpo_needs_a_group(get):
     return None
 
 
-@cross_rule("train.algorithm", ["train.algorithm", "train.backend"],
-            violation={"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"})
-def _ppo_is_local(get):
-    if get("train.algorithm") == "ppo" and get("train.backend") != "local":
-        return f"ppo runs on train.backend=local only (got {get('train.backend')!r})"
-    return None
+@dataclass(frozen=True)
+class Requirement:
+    """A feature needs a setting: when ``when_key``'s value passes ``when``, ``need_key`` must be ``need``.
+
+    ``key`` is the key the message names; ``message`` is formatted with ``value`` (``key``'s value)
+    and ``got`` (``need_key``'s value); ``violation`` as in :class:`CrossRule`.
+    """
+
+    key: str
+    when_key: str
+    when: Callable[[Any], bool]
+    need_key: str
+    need: Any
+    message: str
+    violation: Mapping[str, Any]
+
+    def check(self, get: Callable[[str], Any]) -> str | None:
+        """The message when the feature is on and the setting is not what it needs, else None."""
+        if self.when(get(self.when_key)) and get(self.need_key) != self.need:
+            return self.message.format(value=get(self.key), got=get(self.need_key))
+        return None
 
 
-@cross_rule("rollout.mode", ["train.algorithm", "rollout.mode"],
-            violation={"train.algorithm": "ppo", "rollout.mode": "concat"})
-def _ppo_is_windowed(get):
-    if get("train.algorithm") == "ppo" and get("rollout.mode") != "windowed":
-        return f"{get('rollout.mode')!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only"
-    return None
+# Features implemented for one backend / rollout mode only (one cross rule each).
+REQUIREMENTS: tuple[Requirement, ...] = (
+    Requirement("train.fedprox_mu", "train.fedprox_mu", lambda mu: mu > 0, "train.backend", "local",
+                "FedProx is implemented for train.backend=local only (the verl backend would ignore it)",
+                {"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01}),
+    Requirement("rollout.mode", "rollout.mode", lambda mode: mode != "windowed", "train.backend", "local",
+                "{value!r} is implemented for train.backend=local only (verl trains windowed)",
+                {"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"}),
+    Requirement("train.algorithm", "train.algorithm", lambda algo: algo == "ppo", "train.backend", "local",
+                "ppo runs on train.backend=local only (got {got!r})",
+                {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"}),
+    Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
+                "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
+                {"train.algorithm": "ppo", "rollout.mode": "concat"}),
+)
+for _req in REQUIREMENTS:
+    cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
 
 
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
@@ -373,13 +383,12 @@ def _critic_path_has_a_value_head(get):
     path = get("train.ppo.critic_path")
     if get("train.algorithm") != "ppo" or path is None:
         return None
-    from fedagent.train.critic import has_value_head   # no torch: safetensors headers only
+    from fedagent.train.critic import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
 
     if not Path(path).is_dir():
         return f"{path!r} is not a directory"
     if has_value_head(Path(path)) is not True:
-        return (f"{path!r} holds no value head (score.weight [1, hidden] in its safetensors); "
-                "omit the key to start a fresh head")
+        return f"{path!r} holds no value head ({NO_HEAD_HINT}); omit the key to start a fresh head"
     return None
 
 

@@ -5,6 +5,11 @@ counterpart (an HF dir, a delta, server state) in ``critic/``, under the parent'
 Aggregate, merge and verify treat it by this layout alone, never by the algorithm: a ``critic/``
 beside the previous global model means every client update must carry one too. GRPO dirs have
 none, and are written exactly as before.
+
+Every critic/ sits in a folder of the same name, so its path says nothing about whose it is: a
+client update's metrics.json records the sha256 of each file of the critic it trained
+(:data:`CRITIC_RECORD`, :func:`critic_digests`), which ``fedagent verify`` compares with the
+files found there (through the update's manifest).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 CRITIC_DIR = "critic"
+# metrics.json key of a PPO client update: {path relative to critic/: sha256} of its own critic.
+CRITIC_RECORD = "critic_sha256"
 
 
 class CriticLayoutError(ValueError):
@@ -45,3 +52,11 @@ def critic_pairs(prev_dir: Path, client_dirs: Sequence[Path]) -> tuple[Path, lis
         raise CriticLayoutError(f"client {lacking[0]}: no critic/ although prev {prev_dir} has one "
                                 "(a PPO round needs every client's critic)")
     return critic_of(prev_dir), [critic_of(d) for d in client_dirs]
+
+
+def critic_digests(d: Path) -> dict[str, str]:
+    """``{path relative to d/critic: sha256}`` of every file of ``d``'s critic (sorted)."""
+    from fedagent.atomic import sha256_file
+
+    root = critic_of(d)
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}

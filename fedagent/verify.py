@@ -2,7 +2,11 @@
 
 A PPO critic (``critic/`` beside prev, in every client, the aggregate and the merged model:
 fedagent.critic_dir) is recomputed the same way with the same weights and server flags; its
-failures start with ``critic:``. Every value failure names the file it found.
+failures start with ``critic:``. Every value failure names the file it found. Every client's
+critic folder is called ``critic``, so whose critic it is comes from its content: each file must
+have the sha256 that the client update's own metrics.json recorded for its critic
+(``critic_sha256``; read through the verified manifest, no extra hashing), and the critic's
+aggregate.json must list exactly the actor's clients, each with ``/critic``.
 
 Aggregate. Tolerance, per element: |stored − exact| ≤ (M + 3) · u · S with u = 2⁻²⁴ (fp32
 unit roundoff) and S = Σ_i w_i |c_i − p| + |Δ_exact|. Why: aggregate forms fl(c_i − p) (one
@@ -65,9 +69,9 @@ from typing import Sequence
 
 import torch
 
-from fedagent.aggregate import AGG_JSON, DELTA_FILE, WEIGHTINGS, AggregateError, check_structure, client_weights
-from fedagent.atomic import ManifestError, verify_manifest
-from fedagent.critic_dir import CRITIC_DIR, critic_of, critic_pairs, has_critic
+from fedagent.aggregate import AGG_JSON, DELTA_FILE, METRICS, WEIGHTINGS, AggregateError, check_structure, client_weights
+from fedagent.atomic import MANIFEST, ManifestError, verify_manifest
+from fedagent.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, critic_pairs, has_critic
 from fedagent.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.dropout import is_dropped
 from fedagent.merge import SERVER_JSON, STATE_FILE
@@ -219,14 +223,24 @@ def _structure_failures(prev: dict[str, TensorInfo], delta: dict[str, TensorInfo
     return out
 
 
-def _summary_failures(summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float]) -> list[str]:
+def _client_name(d: Path | str) -> tuple[str, ...]:
+    """How aggregate.json's client dirs are matched with verify's: the client folder's name, and
+    for a critic (every one is called ``critic``) its client folder's name too."""
+    d = Path(d)
+    return (d.parent.name, d.name) if d.name == CRITIC_DIR else (d.name,)
+
+
+def _summary_failures(summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float],
+                      agg_dir: Path) -> list[str]:
     """aggregate.json against this run: weighting, clients and each recomputed weight."""
     out = []
+    where = agg_dir / AGG_JSON
     recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
     if summary.get("weighting") != weighting:
-        out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r}")
-    if [Path(d).name for d, _ in recorded] != [d.name for d in client_dirs]:
-        out.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]}")
+        out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")
+    if [_client_name(d) for d, _ in recorded if isinstance(d, str)] != [_client_name(d) for d in client_dirs] \
+            or len(recorded) != len(client_dirs):
+        out.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]} in {where}")
         return out
     for (d, w_rec), w in zip(recorded, weights):
         if not isinstance(w_rec, (int, float)) or abs(w_rec - w) > 1e-12 * max(1.0, abs(w)):
@@ -348,7 +362,9 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
         return [f"structure: {exc}"]
     failures = _verify_model(prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir)
     if critic is not None:
-        # PPO (fedagent.critic_dir): the critic's aggregate and server step, same weights and flags.
+        # PPO (fedagent.critic_dir): whose critic each is, then the critic's aggregate and server
+        # step, same weights and flags.
+        failures += [f"critic: {f}" for f in _critic_identity_failures(client_dirs, agg_dir)]
         failures += [f"critic: {f}" for f in _verify_model(
             critic[0], critic[1], weighting, weights, critic_of(agg_dir), model_dir and critic_of(model_dir), opt,
             prev_state_dir and critic_of(prev_state_dir))]
@@ -356,6 +372,49 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
         failures.append(f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
                         f"but prev {prev_dir} and the clients have none")
     return failures
+
+
+def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> list[str]:
+    """Each client's ``critic/`` is the one its update recorded, and the critic's aggregate.json
+    lists the actor's clients (see the module docstring). Manifests are verified already."""
+    out, recorded, found, who = [], {}, {}, {}
+    for d in client_dirs:
+        mpath = d / METRICS
+        try:
+            metrics = json.loads(mpath.read_text())
+            files = json.loads((d / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            out.append(f"identity: cannot read {mpath} or {d / MANIFEST} ({exc})")
+            continue
+        rec = metrics.get(CRITIC_RECORD) if isinstance(metrics, dict) else None
+        if not isinstance(rec, dict) or not rec:
+            out.append(f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
+                       f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)")
+            continue
+        prefix = CRITIC_DIR + "/"
+        recorded[d] = rec
+        found[d] = {rel[len(prefix):]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
+        who[d] = f"client {metrics.get('client')!r}, round {metrics.get('round')!r}"
+    for d, rec in recorded.items():
+        if found[d] == rec:
+            continue
+        bad = sorted(k for k in set(rec) | set(found[d]) if rec.get(k) != found[d].get(k))
+        owner = [o for o, r in recorded.items() if o != d and r == found[d]]
+        origin = (f"it is the critic of the update {owner[0]} ({who[owner[0]]})" if owner
+                  else "a critic from another client or round?")
+        out.append(f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
+                   f"update ({who[d]}; {len(bad)} file(s) differ): {origin}")
+    try:
+        actor = json.loads((agg_dir / AGG_JSON).read_text()).get("clients", [])
+        crit = json.loads((critic_of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
+        want = [str(critic_of(c.get("dir"))) for c in actor]
+        got = [c.get("dir") for c in crit]
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        return out + [f"structure: cannot read the aggregate.json files of {agg_dir} ({exc})"]
+    if got != want:
+        out.append(f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
+                   f"{want} ({agg_dir / AGG_JSON})")
+    return out
 
 
 def _verify_model(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, weights: Sequence[float],
@@ -369,7 +428,7 @@ def _verify_model(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, w
         server = _load_server_step(model_dir, prev_state_dir) if model_dir else None
     except (AggregateError, FormatError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    failures = _summary_failures(summary, weighting, client_dirs, weights)
+    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir)
     failures += _structure_failures(prev, delta, server, opt)
     if server is not None:
         failures += _meta_failures(server, opt)

@@ -43,3 +43,31 @@ def test_cli_exits_nonzero_with_one_message(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01},
+     "config key 'train.fedprox_mu': FedProx is implemented for train.backend=local only "
+     "(the verl backend would ignore it)"),
+    ({"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"},
+     "config key 'rollout.mode': 'concat' is implemented for train.backend=local only (verl trains windowed)"),
+    ({"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"},
+     "config key 'train.algorithm': ppo runs on train.backend=local only (got 'verl')"),
+    ({"train.algorithm": "ppo", "rollout.mode": "concat"},
+     "config key 'rollout.mode': 'concat' with train.algorithm=ppo: PPO's GAE is per turn (windowed) only"),
+])
+def test_local_only_features_are_refused_with_their_own_message(overrides, message):
+    """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job."""
+    import fedagent.train.verl.backend  # noqa: F401  (registers the train-client-verl JobKeys)
+    from fedagent.config import JOB_KEYS, REQUIREMENTS
+
+    assert len(REQUIREMENTS) == 4
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "config" / "config.yaml", overrides)
+    assert str(err.value) == message
+    train = JOB_KEYS["train-client-verl"]  # carries all four rules' keys
+    good = train.from_config(load_config(REPO / "config" / "config.yaml"))
+    bad = {**good, **{p: v for p, k in train.keys.items() for key, v in overrides.items() if k == key}}
+    with pytest.raises(ConfigError) as err:
+        train.check(bad)
+    assert str(err.value) == message

@@ -174,6 +174,8 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     assert [tm["marks"][k] for k in order] == sorted(tm["marks"][k] for k in order)
     assert tm["cold_start_s"] == tm["marks"]["rollout_start"] and set(tm["phases"]) == {"rollout", "train"}
     assert ma["num_samples"] > 0 and ma["num_tokens"] > 0 and len(ma["steps"]) >= 2
+    assert ma["groups"] == 2 * 2 and 0 <= ma["groups_nonzero_advantage"] <= ma["groups"]  # epochs × groups
+    assert "samples_nonzero_reward" not in ma   # PPO's count
     assert ma["task_seeds"] == [epoch_task_seeds(p, 1, 0, e) for e in range(2)]
     assert ma["task_seeds"][0] != ma["task_seeds"][1]          # fresh draws every epoch
     for key in ("mean_return", "success_rate", "kl", "wall_time_s", "num_episodes"):

@@ -15,6 +15,7 @@ import torch
 from fedagent.aggregate import AggregateError, aggregate
 from fedagent.atomic import write_manifest
 from fedagent.config import ConfigError, load_config
+from fedagent.critic_dir import CRITIC_RECORD, critic_digests
 from fedagent.hf_dir import TensorReader, read_header, save_model_dir, write_tensors
 from fedagent.merge import MergeError, merge
 from fedagent.seeds import torch_generator
@@ -171,6 +172,59 @@ def test_value_head_is_detected_from_tensor_names_never_from_config(tmp_path, ti
     assert fc.has_value_head(tmp_path / "missing") is None
 
 
+def _trl_checkpoint(path: Path, actor: Path, head_shape=None) -> tuple[Path, torch.Tensor, torch.Tensor]:
+    """A critic as TRL's AutoModelForCausalLMWithValueHead saves it: the policy's tensors (lm_head
+    included) + v_head.summary.weight [1, H] / .bias [1], the policy's config.json."""
+    from safetensors.torch import load_file
+
+    pol = load_file(actor / "model.safetensors")
+    pol.setdefault("lm_head.weight", pol["model.embed_tokens.weight"].clone())  # an untied policy's LM head
+    hidden = pol["model.embed_tokens.weight"].shape[1]
+    g = torch_generator(7, "trl_head")
+    w = torch.randn(head_shape or (1, hidden), generator=g)
+    b = torch.randn(1, generator=g)
+    path.mkdir(parents=True)
+    write_tensors(path / "model.safetensors", {**pol, "v_head.summary.weight": w, "v_head.summary.bias": b})
+    (path / "config.json").write_text((actor / "config.json").read_text())
+    return path, w, b
+
+
+def test_a_trl_v_head_checkpoint_is_a_critic_with_our_head_names(tmp_path, tiny_pair):
+    """TRL's v_head.summary.* is accepted when it fits (renamed to score.*, lm_head dropped); the
+    round-0 critic written from it holds our names only and the same head; a misfit or absent
+    head is still refused with "no value head"."""
+    from safetensors.torch import load_file
+
+    trl, w, b = _trl_checkpoint(tmp_path / "trl", tiny_pair)
+    assert fc.has_value_head(trl) is True
+    assert fc.resolve_start_critic("tiny", str(trl))[:2] == ("explicit", trl)
+    assert fc.backbone_mismatch(tiny_pair, trl) is None
+    critic = fc.load_critic(trl)
+    assert torch.equal(critic.score.weight, w) and torch.equal(critic.score.bias, b)
+    pol = load_file(tiny_pair / "model.safetensors")
+    sd = critic.state_dict()
+    assert all(torch.equal(sd[k], pol[k]) for k in pol if k.startswith("model."))
+    load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(trl)})
+    out = tmp_path / "base"
+    res = subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out", str(out),
+                          "--critic", "--critic-seed", "5", "--critic-path", str(trl)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    saved = load_file(out / "critic/model.safetensors")
+    assert not any(k.startswith(("v_head.", "lm_head.")) for k in saved)
+    assert torch.equal(saved["score.weight"], w) and torch.equal(saved["score.bias"], b)
+    # a v_head that does not fit the backbone (hidden + 1, or two outputs) is no value head
+    for shape in ((1, w.shape[1] + 1), (2, w.shape[1])):
+        bad, _, _ = _trl_checkpoint(tmp_path / f"bad{shape}", tiny_pair, head_shape=shape)
+        assert fc.has_value_head(bad) is False
+        with pytest.raises(ConfigError, match="config key 'train.ppo.critic_path'.*no value head.*v_head"):
+            load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(bad)})
+        with pytest.raises(ValueError, match="no value head"):
+            fc.load_critic(bad)
+    # no value head at all (the policy itself): the same clear refusal
+    with pytest.raises(ConfigError, match="config key 'train.ppo.critic_path'.*holds no value head"):
+        fc.resolve_start_critic("tiny", str(tiny_pair))
+
+
 # ------------------------------------------------------------------- round 1's critic (warm start)
 def test_warm_start_order_explicit_then_sibling_then_fresh(tmp_path, tiny_pair, capsys):
     actor_only = tmp_path / "actor"
@@ -268,9 +322,14 @@ def _critic_tensors(index: int, base=None) -> dict[str, torch.Tensor]:
 
 
 def _with_critic(d: Path, tensors: dict) -> Path:
+    """``d/critic`` with ``tensors``; a client update (one with metrics.json) records its critic
+    there as train-client does (critic_dir.CRITIC_RECORD)."""
     (d / "critic").mkdir()
     (d / "critic" / "config.json").write_text(json.dumps({"model_type": "synthetic"}))
     write_tensors(d / "critic" / "model.safetensors", tensors)
+    if (d / "metrics.json").is_file():
+        metrics = json.loads((d / "metrics.json").read_text())
+        (d / "metrics.json").write_text(json.dumps({**metrics, CRITIC_RECORD: critic_digests(d)}))
     write_manifest(d)
     return d
 
@@ -284,7 +343,8 @@ def _ppo_round(tmp_path, m=2):
         c = _critic_tensors(10 + i, base=pc)
         crit.append(c)
         d = save_model_dir(tmp_path / f"client{i}", {"w": actor["w"] + 0.01 * (i + 1)},
-                           json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3}})
+                           json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3, "round": 1,
+                                                        "client": i}})
         clients.append(_with_critic(d, c))
     return prev, clients, pc, crit
 
@@ -325,6 +385,63 @@ def test_critic_is_aggregated_merged_and_verified_with_its_own_server_state(tmp_
     fails = verify_round(tmp_path / "m1", clients2, "uniform", tmp_path / "agg2", model_dir=tmp_path / "m2", opt=opt,
                          prev_state_dir=tmp_path / "m1")
     assert len(fails) == 1 and fails[0].startswith("critic: server state: tensor 'v/score.bias'") and str(path) in fails[0]
+
+
+def _swap_critic(dst: Path, src: Path) -> None:
+    """Put ``src``'s critic/ in ``dst`` and re-sign ``dst`` (its metrics.json left as it was)."""
+    import shutil
+
+    shutil.rmtree(dst / "critic")
+    shutil.copytree(src / "critic", dst / "critic")
+    write_manifest(dst)
+
+
+def test_verify_names_a_critic_swapped_in_from_another_client_or_round(tmp_path):
+    """Every critic folder is called critic/: whose it is comes from the update's metrics.json
+    (critic_sha256). A swapped critic, aggregated and merged consistently (so its values verify),
+    is still refused, naming the file; so is a critic aggregate.json listing other clients."""
+    prev, clients, pc, _ = _ppo_round(tmp_path)
+    opt = make_optimizer("fedavg")
+
+    def run(name: str, cs) -> list[str]:
+        aggregate(prev, cs, tmp_path / f"agg-{name}")
+        merge(prev, tmp_path / f"agg-{name}", tmp_path / f"m-{name}", opt, round_=1)
+        return verify_round(prev, cs, "uniform", tmp_path / f"agg-{name}", model_dir=tmp_path / f"m-{name}", opt=opt)
+
+    assert run("good", clients) == []
+    # client 1's critic in client 0's update
+    _swap_critic(clients[0], clients[1])
+    fails = run("other-client", clients)
+    assert len(fails) == 1, fails
+    assert fails[0].startswith(f"critic: identity: {clients[0] / 'critic' / 'model.safetensors'} is not the critic "
+                               f"that {clients[0] / 'metrics.json'} records"), fails
+    assert f"it is the critic of the update {clients[1]} (client 1, round 1)" in fails[0]
+    # a critic from another round (matches no update of this one)
+    later = _with_critic(save_model_dir(tmp_path / "r2c0", {"w": torch.zeros(3, 2)}), _critic_tensors(30, base=pc))
+    _swap_critic(clients[0], later)
+    fails = run("other-round", clients)
+    assert len(fails) == 1 and "a critic from another client or round?" in fails[0], fails
+    # an update that records no critic: nothing says whose critic it is
+    (clients[0] / "metrics.json").write_text(json.dumps({"num_samples": 1, "num_tokens": 3}))
+    write_manifest(clients[0])
+    fails = run("unrecorded", clients)
+    assert len(fails) == 1 and f"{clients[0] / 'metrics.json'} records no critic_sha256" in fails[0], fails
+
+
+def test_verify_checks_the_critic_aggregate_lists_the_actors_clients(tmp_path):
+    prev, clients, _, _ = _ppo_round(tmp_path, m=3)
+    aggregate(prev, clients, tmp_path / "agg")
+    assert verify_round(prev, clients, "uniform", tmp_path / "agg") == []
+    path = tmp_path / "agg" / "critic" / "aggregate.json"
+    summary = json.loads(path.read_text())
+    # clients 0 and 1 swapped in the critic's list (same folder names: "critic"), re-signed
+    summary["clients"][0]["dir"], summary["clients"][1]["dir"] = summary["clients"][1]["dir"], summary["clients"][0]["dir"]
+    path.write_text(json.dumps(summary))
+    write_manifest(tmp_path / "agg")
+    fails = verify_round(prev, clients, "uniform", tmp_path / "agg")
+    assert fails and all(f.startswith("critic: ") for f in fails), fails
+    assert any(f"critic: aggregate.json: clients" in f and str(path) in f for f in fails), fails
+    assert any(f.startswith(f"critic: identity: {path} lists clients") for f in fails), fails
 
 
 def test_a_client_without_its_critic_stops_the_round(tmp_path):
@@ -370,20 +487,33 @@ def test_ppo_params_are_recorded_only_for_ppo():
 
 
 def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, tmp_path):
-    """A PPO train_client (fake env) twice: identical actor and critic bytes; the critic moved."""
+    """A PPO train_client (fake env) twice: identical actor and critic bytes; the critic moved.
+
+    Its metrics carry no GRPO group counts (PPO has no groups) but ``samples_nonzero_reward``:
+    here (no invalid penalty, answers of even length win) some samples are rewarded, some not."""
     from fake_env import FakeEnv
     from fedagent.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
     p = TrainParams.from_dict(dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2,
                                    max_new_tokens=6, lr=1e-3, mini_batch_size=3, micro_batch_size=2,
-                                   max_prompt_tokens=256, pool_size=4, algorithm="ppo", critic_lr=1e-3))
+                                   max_prompt_tokens=256, pool_size=4, algorithm="ppo", critic_lr=1e-3,
+                                   invalid_penalty=0.0))
     outs = []
     for k in range(2):
-        m = train_client(tiny_pair, tiny_pair, FakeEnv(mode="draw"), round=1, client=0, params=p, threads=1,
+        env = FakeEnv(mode="draw", win_if=lambda text: len(text) % 2 == 0)
+        m = train_client(tiny_pair, tiny_pair, env, round=1, client=0, params=p, threads=1,
                          out_dir=tmp_path / f"u{k}")
         assert m["params"]["algorithm"] == "ppo" and m["ppo"][0]["tokens"] > 0
         outs.append(tmp_path / f"u{k}")
+    assert "groups" not in m and "groups_nonzero_advantage" not in m
+    episodes = [json.loads(line) for line in (outs[0] / "samples.jsonl").read_text().splitlines()]
+    rewarded = [ep["return"] != 0.0 for ep in episodes for t in ep["turns"] if t["response_tokens"]]
+    assert len(rewarded) == m["num_samples"] and 0 < sum(rewarded) < len(rewarded)
+    assert m["samples_nonzero_reward"] == sum(rewarded)
+    # the update records its own critic (whose critic it is, for verify)
+    assert m[CRITIC_RECORD] == critic_digests(outs[0]) and set(m[CRITIC_RECORD]) >= {"config.json", "model.safetensors"}
+    assert json.loads((outs[0] / "metrics.json").read_text())[CRITIC_RECORD] == m[CRITIC_RECORD]
     for f in ("model.safetensors", "critic/model.safetensors"):
         assert sha256_file(outs[0] / f) == sha256_file(outs[1] / f), f
     assert sha256_file(outs[0] / "critic/model.safetensors") != sha256_file(tiny_pair / "critic/model.safetensors")

@@ -109,3 +109,23 @@ def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_pa
     assert f"in {f}" in res.stderr, res.stderr
     # the merged critic no longer follows from the (tampered) delta either
     assert "critic: merged model: tensor 'score.weight'" in res.stderr, res.stderr
+
+
+def test_verify_names_a_critic_swapped_in_from_another_client(ppo_run, tmp_path):
+    """Both clients' critics sit in folders called critic/: whose critic it is comes from the update's
+    metrics.json (critic_sha256), so another client's critic (re-signed) is named, file and owner."""
+    from fedagent.atomic import write_manifest
+
+    rd = ppo_run / "round_002"
+    a, b = (shutil.copytree(c, tmp_path / c.name) for c in sorted((rd / "clients").iterdir()))
+    shutil.rmtree(a / "critic")
+    shutil.copytree(b / "critic", a / "critic")
+    (a / ".snakemake_timestamp").unlink(missing_ok=True)
+    write_manifest(a)
+    prev = ppo_run / "round_001" / "model"
+    res = _fedagent("verify", "--prev", str(prev), "--clients", str(a), str(b), "--aggregate", str(rd / "aggregate"),
+                    "--model", str(rd / "model"), "--prev-server-state", str(prev), *SERVER)
+    assert res.returncode == 1
+    assert (f"verify: FAIL critic: identity: {a / 'critic' / 'model.safetensors'} is not the critic that "
+            f"{a / 'metrics.json'} records") in res.stderr, res.stderr
+    assert f"it is the critic of the update {b} (client {int(b.name)}, round 2)" in res.stderr, res.stderr

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from fedagent.workflow_copy import copy_workflow
+
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "profiles", "envs")
 TEST_CONFIG = Path(__file__).resolve().parent / "workflow_config.yaml"
 RUN = "results/t"
 
 
 def make_workdir(path: Path) -> Path:
     """A fresh checkout-like directory: the workflow files plus the test config as the default."""
-    path.mkdir(parents=True, exist_ok=True)
-    for part in WORKFLOW_PARTS:
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, path / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, path / part)
-    (path / "config").mkdir(exist_ok=True)
-    shutil.copy2(TEST_CONFIG, path / "config" / "config.yaml")
-    return path
+    return copy_workflow(REPO, path, TEST_CONFIG)
 
 
 def clone_workdir(src: Path, dst: Path) -> Path:

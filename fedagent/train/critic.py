@@ -14,6 +14,10 @@ warm-start model (``<model>/critic``), or a fresh head on the base backbone (a l
 the base is a trained fedagent model: its policy is warm, its value baseline would be noise).
 A value head is detected from the tensor names in the safetensors headers (never from
 config.json, which says ``...ForCausalLM`` or ``...ForTokenClassification`` whatever the weights).
+Two namings are accepted: ours (``score.weight`` [1, H], ``score.bias`` [1]) and TRL's
+``AutoModelForCausalLMWithValueHead`` checkpoints (``v_head.summary.weight`` [1, H],
+``v_head.summary.bias`` [1], beside the backbone and usually the policy's ``lm_head``), whose head
+is renamed to ``score.*`` on loading (the LM head dropped) when its shapes fit the backbone.
 
 No torch at import: :func:`has_value_head` runs at plan time (the config check).
 """
@@ -28,6 +32,11 @@ from fedagent.config import MODEL_KEYWORDS, ConfigError, JobKeys
 from fedagent.critic_dir import CRITIC_DIR
 
 HEAD_WEIGHT, HEAD_BIAS = "score.weight", "score.bias"
+# Value-head namings accepted in a critic checkpoint → ours (TRL: AutoModelForCausalLMWithValueHead).
+HEAD_NAMINGS = {"score": (HEAD_WEIGHT, HEAD_BIAS), "trl": ("v_head.summary.weight", "v_head.summary.bias")}
+HEAD_TENSORS = frozenset(n for pair in HEAD_NAMINGS.values() for n in pair)
+NO_HEAD_HINT = "score.weight [1, hidden], or TRL's v_head.summary.weight [1, hidden], in its safetensors"
+HIDDEN_PROBE = "model.embed_tokens.weight"   # [vocab, hidden] of the backbone, when it has that name
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # critic_init values recorded in provenance.json (the reference's names)
 EXPLICIT, SIBLING, FRESH = "explicit", "auto-sibling", "fresh-value-head"
@@ -67,8 +76,27 @@ def safetensors_names(model_dir: Path) -> dict[str, list[int]] | None:
         return None
 
 
+def value_head_naming(names: dict[str, list[int]]) -> str | None:
+    """Which :data:`HEAD_NAMINGS` entry holds a scalar value head (weight [1, H], bias [1] or none,
+    H = the backbone's hidden size when ``model.embed_tokens.weight`` says it), or None.
+
+    Both namings at once is ambiguous: None.
+    """
+    hidden = names.get(HIDDEN_PROBE, [None, None])[-1]
+    found = []
+    for naming, (wn, bn) in HEAD_NAMINGS.items():
+        w, b = names.get(wn), names.get(bn)
+        if w is None and b is None:
+            continue
+        fits = (w is not None and len(w) == 2 and w[0] == 1 and (hidden is None or w[1] == hidden)
+                and (b is None or b == [1]))
+        found.append(naming if fits else None)
+    return found[0] if len(found) == 1 else None
+
+
 def has_value_head(model_dir: Path) -> bool | None:
-    """True if the dir's weights hold a scalar value head (``score.weight`` [1, H], ``score.bias`` [1]).
+    """True if the dir's weights hold a scalar value head (``score.weight`` [1, H], ``score.bias`` [1],
+    or TRL's ``v_head.summary.*`` of those shapes: :func:`value_head_naming`).
 
     False for a plain policy (``lm_head``) or any other head; None when undeterminable (see
     :func:`safetensors_names`), which callers treat as "no".
@@ -76,8 +104,7 @@ def has_value_head(model_dir: Path) -> bool | None:
     names = safetensors_names(model_dir)
     if names is None:
         return None
-    w, b = names.get(HEAD_WEIGHT), names.get(HEAD_BIAS)
-    return bool(w is not None and len(w) == 2 and w[0] == 1 and (b is None or b == [1]))
+    return value_head_naming(names) is not None
 
 
 def resolve_start_critic(source: str, critic_path: str | None) -> tuple[str, Path | None, str]:
@@ -94,14 +121,14 @@ def resolve_start_critic(source: str, critic_path: str | None) -> tuple[str, Pat
             raise ConfigError(f"config key 'train.ppo.critic_path': {critic_path!r} is not a directory")
         if has_value_head(p) is not True:
             raise ConfigError(f"config key 'train.ppo.critic_path': {critic_path!r} holds no value head "
-                              f"({HEAD_WEIGHT} [1, hidden] in its safetensors); omit the key to start a fresh head")
+                              f"({NO_HEAD_HINT}); omit the key to start a fresh head")
         return EXPLICIT, p, f"critic: explicit train.ppo.critic_path {p}"
     if source not in MODEL_KEYWORDS:
         sib = Path(source) / CRITIC_DIR
         if sib.is_dir():
             if has_value_head(sib) is not True:
                 raise ConfigError(f"config key 'model': the critic beside it, {sib}, holds no value head "
-                                  f"({HEAD_WEIGHT}); set train.ppo.critic_path or remove that directory")
+                                  f"({NO_HEAD_HINT}); set train.ppo.critic_path or remove that directory")
             return SIBLING, sib, f"critic: the critic beside the start model, {sib}"
         if (Path(source) / "server.json").is_file():
             bar = "!" * 78
@@ -120,7 +147,8 @@ def backbone_mismatch(actor_dir: Path, critic_dir: Path) -> str | None:
     if actor is None or critic is None:
         return f"cannot read the safetensors headers of {actor_dir if actor is None else critic_dir}"
     back_a = {k: v for k, v in actor.items() if not k.startswith("lm_head.")}
-    back_c = {k: v for k, v in critic.items() if k not in (HEAD_WEIGHT, HEAD_BIAS)}
+    # a TRL checkpoint also carries the policy's lm_head: the critic drops it on loading
+    back_c = {k: v for k, v in critic.items() if k not in HEAD_TENSORS and not k.startswith("lm_head.")}
     if back_a != back_c:
         diff = sorted(set(back_a) ^ set(back_c))
         shapes = [k for k in back_a if k in back_c and back_a[k] != back_c[k]]
@@ -161,14 +189,35 @@ def fresh_critic(actor_dir: Path, seed: int):
 
 
 def load_critic(critic_dir: Path, device: str = "cpu"):
-    """An fp32 critic from an HF dir (safetensors only), eval mode, on ``device``."""
-    import torch
-    from transformers import AutoModelForTokenClassification
+    """An fp32 critic from an HF dir (safetensors only), eval mode, on ``device``.
 
-    if has_value_head(critic_dir) is not True:
-        raise ValueError(f"{critic_dir}: no value head ({HEAD_WEIGHT}) in its safetensors")
-    critic = AutoModelForTokenClassification.from_pretrained(str(critic_dir), dtype=torch.float32,
-                                                             use_safetensors=True, classifier_dropout=0.0)
+    A TRL checkpoint (``v_head.summary.*``) is rebuilt as our token classifier: backbone as is,
+    its head as ``score.*``, the LM head dropped (loaded strictly, so nothing else may differ).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    names = safetensors_names(critic_dir)
+    naming = value_head_naming(names) if names is not None else None
+    if naming is None:
+        raise ValueError(f"{critic_dir}: no value head ({NO_HEAD_HINT})")
+    if naming == "score":
+        critic = AutoModelForTokenClassification.from_pretrained(str(critic_dir), dtype=torch.float32,
+                                                                 use_safetensors=True, classifier_dropout=0.0)
+    else:
+        from safetensors.torch import load_file
+
+        cfg = _token_classifier_config(AutoConfig.from_pretrained(str(critic_dir)))
+        critic = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+        files = sorted({f for f in json.loads((Path(critic_dir) / INDEX_FILE).read_text())["weight_map"].values()}) \
+            if (Path(critic_dir) / INDEX_FILE).is_file() else [SINGLE_FILE]
+        rename = dict(zip(HEAD_NAMINGS[naming], HEAD_NAMINGS["score"]))
+        state = {}
+        for name in files:
+            for k, t in load_file(str(Path(critic_dir) / name)).items():
+                if not k.startswith("lm_head."):
+                    state[rename.get(k, k)] = t.to(torch.float32)
+        critic.load_state_dict(state, strict=True)
     critic.to(device=device, dtype=torch.float32)
     critic.eval()
     return critic

@@ -295,7 +295,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     steps, records, seeds_used = [], [], []
     n_samples = n_tokens = n_prompt_tokens = 0
     returns, wins = [], []
-    groups_total = groups_signal = 0
+    groups_total = groups_signal = samples_rewarded = 0
     for epoch in range(p.epochs):
         seeds = epoch_task_seeds(p, round, client, epoch)
         seeds_used.append(seeds)
@@ -320,11 +320,14 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
             advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
             for s, a in zip(samples, advs):
                 s.advantage = a
-        by_group: dict[int, bool] = {}
-        for s in samples:
-            by_group[s.group] = by_group.get(s.group, False) or s.advantage != 0.0
-        groups_total += len(by_group)
-        groups_signal += sum(by_group.values())
+        if critic is None:   # GRPO: a group carries signal iff its samples' rewards differ
+            by_group: dict[int, bool] = {}
+            for s in samples:
+                by_group[s.group] = by_group.get(s.group, False) or s.advantage != 0.0
+            groups_total += len(by_group)
+            groups_signal += sum(by_group.values())
+        else:                # PPO: no groups; the samples that carry a reward at all
+            samples_rewarded += sum(1 for s in samples if s.reward != 0.0)
         shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
         if samples and critic is not None:
             from fedagent.train.ppo import ppo_epoch
@@ -354,23 +357,28 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         "num_episodes": len(returns),
         "mean_return": (math.fsum(returns) / len(returns)) if returns else 0.0,
         "success_rate": (sum(wins) / len(wins)) if wins else 0.0,
-        # GRPO learns only from groups whose samples differ: the share that carried signal.
-        "groups": groups_total,
-        "groups_nonzero_advantage": groups_signal,
         "invalid_rate": _invalid_rate(records),
         "kl": (math.fsum(s["kl"] for s in steps) / len(steps)) if steps else 0.0,
         "steps": steps, "task_seeds": seeds_used, "params": p.recorded(),
         "threads": threads, "device": p.device, "wall_time_s": round_(time.time() - t0),
     }
-    if critic is not None:
-        metrics["ppo"] = ppo_stats
+    if critic is None:
+        # GRPO learns only from groups whose samples differ: the share that carried signal.
+        metrics.update(groups=groups_total, groups_nonzero_advantage=groups_signal)
+    else:
+        # PPO has no groups (its whitened GAE advantages are almost never 0): the samples whose
+        # reward (the turn's penalized episode return) is non-zero, out of num_samples; with none,
+        # the advantages only chase the critic's own values.
+        metrics.update(ppo=ppo_stats, samples_nonzero_reward=samples_rewarded)
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tok, staging)
         if critic is not None:
-            from fedagent.critic_dir import critic_of
+            from fedagent.critic_dir import CRITIC_RECORD, critic_digests, critic_of
             from fedagent.train.critic import save_critic
 
             save_critic(critic, critic_of(staging))
+            # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
+            metrics[CRITIC_RECORD] = critic_digests(staging)
         clock.mark("saved")
         metrics["timings"] = clock.summary()
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
