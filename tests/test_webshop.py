@@ -229,6 +229,16 @@ def test_prompt_carries_the_formatted_page_byte_for_byte(games, base):
         assert s["admissible_commands"][0] == "click[back to search]"
 
 
+def test_task_is_the_stripped_instruction_and_the_page_still_formats(base):
+    from fedagent.envs.webshop.env import WebShopEnv
+
+    gid = base.task_ids("val")[0]
+    goal = copy.deepcopy(base.goals[gid])
+    goal["instruction_text"] = "  " + goal["instruction_text"] + " "
+    r = WebShopEnv(base.view, {gid: goal}).reset(gid)
+    assert r.task == base.goals[gid]["instruction_text"] and r.observation == "'Search'"
+
+
 def test_format_obs_matches_the_reference_rules():
     task = "find me a red shirt"
     raw = SEP.join(["WebShop", "Instruction:", task, "Back to Search", "x"])
