@@ -68,6 +68,8 @@ class FakeEnv:
 class FakeTaskSource:
     """``n`` fake tasks ``fake-000``…; envs built with an optional per-call delay."""
 
+    prompt_template = "textworld"
+
     def __init__(self, n: int = 10, delay: float = 0.0):
         self.ids = [f"fake-{i:03d}" for i in range(n)]
         self.delay = delay

@@ -28,8 +28,10 @@ class FakeEnv:
     """Deterministic text game with the env client's interface; records every call."""
 
     def __init__(self, tasks: list[str] | None = None, *, mode: str = "index", max_turns: int = 5,
-                 pool_size: int = 64, win_if: Callable[[str], bool] | None = None):
+                 pool_size: int = 64, win_if: Callable[[str], bool] | None = None,
+                 prompt_template: str = "textworld"):
         self.tasks = list(tasks or default_tasks())
+        self.prompt_template = prompt_template     # the prompt family this env names at reset
         self.mode = mode
         self.max_turns = max_turns
         self.pool_size = pool_size
@@ -64,7 +66,8 @@ class FakeEnv:
         self.sessions[session_id] = {"task": task, "turns": 0, "done": False}
         return {"observation": f"You are in room {task[-1]}. There is a chest here.",
                 "task": f"do the right thing in {task}", "admissible_commands": list(COMMANDS),
-                "task_id": task, "task_type": "even" if int(task[-1]) % 2 == 0 else "odd"}
+                "task_id": task, "task_type": "even" if int(task[-1]) % 2 == 0 else "odd",
+                "prompt_template": self.prompt_template}
 
     def step(self, session_id: str, text: str) -> dict:
         s = self.sessions[session_id]

@@ -170,6 +170,7 @@ def test_served_through_the_env_service(games_root, tmp_path):
         client.create("s")
         reset = client.reset("s", 1)                       # index mode: seed 1 → ids[1]
         assert reset["task_id"] == ids[1] and reset["task_type"] == source.task_type(ids[1])
+        _check_alfworld_prompts(reset, client)
         step = None
         for command in _walkthrough(source, ids[1]):
             step = client.step("s", f"<think>plan</think><action>{command}</action>")
@@ -178,3 +179,27 @@ def test_served_through_the_env_service(games_root, tmp_path):
         assert step["won"] and step["done"] and step["reward"] == 10
         client.close("s")
         assert client.health()["pool_free"] == 1
+
+
+def _check_alfworld_prompts(reset: dict, client) -> None:
+    """FACTS §4: the service names the ALFWorld family; the task is the text after "Your task is
+    to: " in the reset observation; the no-history template has no task line; the commands are
+    quoted (``help`` dropped) and joined by a newline and a space."""
+    from fedagent.rollout.prompts import template_of, windowed_prompt
+
+    obs = reset["observation"]
+    assert template_of(reset) == "alfworld"
+    assert reset["task"] == obs.split("Your task is to: ", 1)[1].strip() and reset["task"]
+    assert "help" not in reset["admissible_commands"]
+    actions = "\n ".join(f"'{a}'" for a in reset["admissible_commands"])
+    think = ("Now it's your turn to take an action.\nYou should first reason step-by-step about the current "
+             "situation. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
+             "finished your reasoning, you should choose an admissible action for current step and present it "
+             "within <action> </action> tags.\n")
+    first = windowed_prompt(reset["task"], obs, reset["admissible_commands"], [], template=template_of(reset))
+    assert first == ("\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
+                     f"Your current observation is: {obs}\n"
+                     f"Your admissible actions of the current situation are: [{actions}].\n\n" + think)
+    later = windowed_prompt(reset["task"], "Nothing happens.", ["look"], [(obs, "look")], template=template_of(reset))
+    assert later.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment. "
+                            f"Your task is to: {reset['task']}\nPrior to this step, you have already taken 1 step(s).")

@@ -175,5 +175,35 @@ def test_windowed_generation_prompt_is_the_stored_prompt_cut_to_the_budget(tiny)
     # the cut keeps the end: the answer prefix and the assistant header the model continues from
     full = tok.encode(render_chat(tok, [{"role": "user", "content": windowed_prompt(
         "do the right thing in fake-000", "You are in room 0. There is a chest here.",
-        ["go north", "go south", "take key", "open chest", "look"], [])}]), add_special_tokens=False)
+        ["go north", "go south", "take key", "open chest", "look"], [], template="textworld")}]),
+        add_special_tokens=False)
     assert rec.calls[0][0] == full[-budget:]
+
+
+@pytest.mark.parametrize("mode", ["windowed", "concat"])
+def test_the_env_names_the_prompt_family(tiny, mode):
+    """A WebShop env's episodes are prompted in the WebShop family, in both rollout modes."""
+    from fedagent.rollout.prompts import concat_turn_prompt, windowed_prompt
+
+    model, tok = tiny
+    rec = Recorder()
+    env = FakeEnv(max_turns=2, prompt_template="webshop")
+    trajs = run_episodes(model, tok, env, [0], max_turns=2, max_new_tokens=6, temperature=1.0,
+                         generator=torch.Generator().manual_seed(3), session_prefix="w", max_prompt_tokens=4096,
+                         rollout_mode=mode, sampler=rec)
+    probe = FakeEnv(prompt_template="webshop")
+    probe.create("p")
+    r = probe.reset("p", 0)
+    first = windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [], template="webshop")
+    render = lambda msgs: tok.encode(render_chat(tok, msgs), add_special_tokens=False)   # noqa: E731
+    assert rec.calls[0][0] == render([{"role": "user", "content": first}])
+    s2 = probe.step("p", "<think>" + trajs[0].turns[0].text)            # replay turn 1 (answer prefix + text)
+    if mode == "windowed":
+        second = windowed_prompt(r["task"], s2["observation"], s2["admissible_commands"],
+                                 [(r["observation"], s2["action"])], template="webshop")
+        assert rec.calls[1][0] == render([{"role": "user", "content": second}])
+    else:
+        nxt = concat_turn_prompt(s2["observation"], s2["admissible_commands"], 2, template="webshop")
+        assert nxt.startswith(f"You are now at step 2 and your current observation is: {s2['observation']}.\n")
+        assert rec.calls[1][0][:len(rec.calls[0][0])] == rec.calls[0][0]
+        assert tok.decode(rec.calls[1][0]).endswith(nxt + "<|im_end|>\n<|im_start|>assistant\n<think>")

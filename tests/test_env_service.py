@@ -76,6 +76,22 @@ def test_reset_maps_seed_in_index_mode_and_zeroes_steps():
         assert post(tc, "/step", {"session_id": "a", "text": GOOD.format("look"), "step_id": 0})["turns"] == 1
 
 
+def test_reset_names_the_sources_prompt_family():
+    src, app = make(mode="index")
+    with TestClient(app) as tc:
+        post(tc, "/create", {"session_id": "a"})
+        assert post(tc, "/reset", {"session_id": "a", "seed": 1})["prompt_template"] == "textworld"
+        res = post(tc, "/reset_batch", {"items": [{"session_id": "a", "seed": 2}]})["results"]
+        assert res[0]["prompt_template"] == "textworld"
+    src.prompt_template = "alfworld"
+    with TestClient(build_app(src, "train", src.task_ids("train"), pool_size=1)) as tc:
+        post(tc, "/create", {"session_id": "a"})
+        assert post(tc, "/reset", {"session_id": "a", "seed": 1})["prompt_template"] == "alfworld"
+    src.prompt_template = "tw"
+    with pytest.raises(ValueError, match="prompt_template"):   # a source must name a known family
+        build_app(src, "train", src.task_ids("train"))
+
+
 def test_step_ids_replay_and_conflict(tc):
     post(tc, "/create", {"session_id": "a"})
     post(tc, "/reset", {"session_id": "a", "seed": 1})

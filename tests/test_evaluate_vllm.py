@@ -59,7 +59,8 @@ def test_vllm_sampler_prompts_seeds_stops(tiny):
     env.create("s")
     r = env.reset("s", 0)
     assert prompts[0]["prompt_token_ids"] == encode_prompt(
-        tok, windowed_prompt(r["task"], r["observation"], r["admissible_commands"], []), p_max := 1024)
+        tok, windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [],
+                             template=r["prompt_template"]), p_max := 1024)
     assert p_max == EvalParams().max_prompt_tokens
     assert [q.kw["seed"] for q in params] == [derive_seed(5, "eval_sampling", epoch=0, index=i) % 2**31 for i in range(6)]
     assert all(q.kw["stop_token_ids"] == stops and q.kw["max_tokens"] == 30 and q.kw["temperature"] == 0.4 for q in params)

@@ -70,14 +70,15 @@ def make_loop(tiny, tmp_path, server, env, *, max_prompt_tokens=1024, max_turns=
                              record_file=str(tmp_path / "episodes.jsonl"))
 
 
-def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens):
+def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens, prompt_template="textworld"):
     """Replay the episode on a second fake env, building prompts the local backend's way."""
-    env = FakeEnv(max_turns=3)
+    env = FakeEnv(max_turns=3, prompt_template=prompt_template)
     env.create("x")
     r = env.reset("x", seed)
     obs, history, prompts = r["observation"], [], []
     for text in env_log_answers:
-        prompts.append(encode_prompt(tok, windowed_prompt(r["task"], obs, r["admissible_commands"], history),
+        prompts.append(encode_prompt(tok, windowed_prompt(r["task"], obs, r["admissible_commands"], history,
+                                                                 template=r["prompt_template"]),
                                      max_prompt_tokens))
         s = env.step("x", RESPONSE_PREFIX + text)
         history.append((obs, s["action"]))
@@ -119,6 +120,17 @@ def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
     rec = [json.loads(line) for line in Path(tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert len(rec) == 1 and rec[0]["task_id"] == "fake-002" and rec[0]["won"] and rec[0]["return"] == 10.0
     assert [t["valid"] for t in rec[0]["turns"]] == [False, True, True]
+
+
+@pytest.mark.parametrize("family,marker", [("webshop", "WebShop e\u2011commerce"), ("alfworld", "ALFRED Embodied")])
+def test_prompts_follow_the_family_the_env_names(tiny, tmp_path, family, marker):
+    _, tok = tiny
+    answers = ["x</think><action>go north</action>", "y</think><action>take key</action>"]
+    server, env = FakeServer(tok, answers), FakeEnv(max_turns=3, prompt_template=family)
+    loop = make_loop(tiny, tmp_path, server, env)
+    asyncio.run(loop.run({}, uid="u5", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, 2, 1024, family)
+    assert all(marker in tok.decode(c["prompt_ids"]) for c in server.calls)
 
 
 def test_lost_episode_all_turns_get_zero_and_penalty_per_invalid_turn(tiny, tmp_path):

@@ -191,18 +191,52 @@ def test_pages_actions_and_format_obs(base):
     assert env.step("click[back to search]").observation == "'Search'"
 
 
-def test_prompt_carries_the_formatted_page_byte_for_byte(base):
-    from fedagent.rollout.prompts import windowed_prompt
+def test_prompt_carries_the_formatted_page_byte_for_byte(games, base):
+    """FACTS §10 invariant 6: the prompt is the format_obs rendering byte for byte, in the
+    reference's WebShop template, which the service names with every reset."""
+    from fedagent.rollout.prompts import template_of, windowed_prompt
 
-    env = base.make_env(15)
-    r = env.reset(base.task_ids("val")[1])
-    prompt = windowed_prompt(r.task, r.observation, r.admissible_commands, [])
-    assert f"Your task is to: {r.task}\nYour current observation is: 'Search'\n" in prompt
-    assert "[\n'search[<your query>]',\n'click[search]',\n]" in prompt
-    s = env.step("search[office chair]")
-    prompt = windowed_prompt(r.task, s.observation, s.admissible_commands, [("'Search'", "search[office chair]")])
-    assert f"current observation is: {s.observation}\n" in prompt and "WebShop [SEP]" not in prompt
-    assert "[Observation 1: ''Search'', Action 1: 'search[office chair]']" in prompt
+    served = base.task_ids("val")[:4]
+    app = build_app(make_source("webshop", games, "val", tasks=served), "val", served, mode="index", pool_size=1,
+                    max_turns=15)
+    with TestClient(app) as tc:
+        tc.post("/create", json={"session_id": "s"})
+        r = tc.post("/reset", json={"session_id": "s", "seed": 1}).json()
+        assert template_of(r) == "webshop" and r["task"] == base.goals[served[1]]["instruction_text"]
+        head = "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment."
+        think = ("Now it's your turn to take one action for the current step.\nYou should first reason step-by-step "
+                 "about the current situation, then think carefully which admissible action best advances the "
+                 "shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
+                 "finished your reasoning, you should choose an admissible action for current step and present it "
+                 "within <action> </action> tags.\n")
+        first = windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [], template=template_of(r))
+        assert first == (f"{head} \nYour task is to: {r['task']}.\nYour current observation is: 'Search'.\n"
+                         "Your admissible actions of the current situation are: \n"
+                         "[\n'search[<your query>]',\n'click[search]',\n].\n\n" + think)
+        s = tc.post("/step", json={"session_id": "s", "text": "<think>x</think><action>search[office chair]</action>",
+                                   "step_id": 0}).json()
+        page = s["observation"]
+        assert page.startswith("'Back to Search' [SEP] 'Page 1 (Total results: ") and "WebShop [SEP]" not in page
+        later = windowed_prompt(r["task"], page, s["admissible_commands"], [(r["observation"], s["action"])],
+                                template=template_of(r))
+        actions = "\n".join(f"'{a}'," for a in s["admissible_commands"])
+        assert later == (f"{head}\nYour task is to: {r['task']}.\n"
+                         "Prior to this step, you have already taken 1 step(s). "
+                         "Below are the most recent 1 observations and the corresponding actions you took: "
+                         "[Observation 1: ''Search'', Action 1: 'search[office chair]']\n"
+                         f"You are now at step 2 and your current observation is: {page}.\n"
+                         f"Your admissible actions of the current situation are: \n[\n{actions}\n].\n\n" + think)
+        assert s["admissible_commands"][0] == "click[back to search]"
+
+
+def test_task_is_the_stripped_instruction_and_the_page_still_formats(base):
+    from fedagent.envs.webshop.env import WebShopEnv
+
+    gid = base.task_ids("val")[0]
+    goal = copy.deepcopy(base.goals[gid])
+    goal["instruction_text"] = "  " + goal["instruction_text"] + " "
+    r = WebShopEnv(base.view, {gid: goal}).reset(gid)
+    assert r.task == base.goals[gid]["instruction_text"] and r.observation == "'Search'"
 
 
 def test_format_obs_matches_the_reference_rules():

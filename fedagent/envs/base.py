@@ -47,7 +47,13 @@ class TextEnv(Protocol):
 
 
 class TaskSource(Protocol):
-    """A set of tasks plus a way to build env instances that can play them."""
+    """A set of tasks plus a way to build env instances that can play them.
+
+    ``prompt_template`` names the prompt family the agent sees for these tasks
+    (:data:`fedagent.rollout.prompts.PROMPT_TEMPLATES`); the service sends it with every reset.
+    """
+
+    prompt_template: str
 
     def task_ids(self, split: str) -> Sequence[str]:
         """Canonical (deterministic) task order of ``split``."""

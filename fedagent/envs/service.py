@@ -8,7 +8,8 @@ Protocol (FACTS §4, issue 3):
   concurrent create of the same id waits for that one borrow instead of taking a second env
   (the reference system drained its pool this way).
 - ``POST /reset {session_id, seed}``: seed → task is pure (index: ``tasks[seed % n]``;
-  draw: ``tasks[Random(seed).randrange(n)]``, a local RNG); zeroes the step counter.
+  draw: ``tasks[Random(seed).randrange(n)]``, a local RNG); zeroes the step counter. The answer
+  names the source's ``prompt_template`` (the rollout renders that env's prompt family).
 - ``POST /step {session_id, text, step_id}``: ``text`` is the model's answer, parsed here with
   :func:`fedagent.rollout.parsing.parse_action`; an invalid answer is a no-op turn. step_id
   must be the next expected id; the previous id (same text) replays the cached response;
@@ -53,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedagent.envs.base import StepResult, TaskSource
 from fedagent.envs.client import MAX_BATCH_ITEMS, TOKEN_HEADER
 from fedagent.rollout.parsing import parse_action
+from fedagent.rollout.prompts import PROMPT_TEMPLATES
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 16 * 1024
@@ -131,6 +133,7 @@ class ResetResponse(BaseModel):
     admissible_commands: list[str]
     task_id: str
     task_type: str
+    prompt_template: str       # the prompt family of this env (fedagent.rollout.prompts.PROMPT_TEMPLATES)
 
 
 class StepResponse(BaseModel):
@@ -414,6 +417,10 @@ def build_app(
     if answer_format not in ("think_action", "action"):
         raise ValueError(f"unknown answer_format {answer_format!r} (think_action or action)")
     require_think = answer_format == "think_action"
+    prompt_template = getattr(task_source, "prompt_template", None)
+    if prompt_template not in PROMPT_TEMPLATES:
+        raise ValueError(f"task source {type(task_source).__name__} names no known prompt_template "
+                         f"(one of {PROMPT_TEMPLATES}), got {prompt_template!r}")
     task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
     env_info = dict(getattr(task_source, "info", None) or {})
     tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
@@ -554,7 +561,7 @@ def build_app(
                 r.observation, list(r.admissible_commands), 0.0, False)
             return ResetResponse(observation=r.observation, task=r.task,
                                  admissible_commands=list(r.admissible_commands),
-                                 task_id=r.task_id, task_type=r.task_type)
+                                 task_id=r.task_id, task_type=r.task_type, prompt_template=prompt_template)
 
     @app.post("/reset", response_model=ResetResponse)
     async def reset(req: ResetRequest) -> ResetResponse:

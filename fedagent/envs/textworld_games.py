@@ -178,6 +178,8 @@ def _sha256(path: Path) -> str:
 class TextWorldTaskSource:
     """A verified games directory as a :class:`fedagent.envs.base.TaskSource`."""
 
+    prompt_template = "textworld"   # the generic text-game prompt (fedagent.rollout.prompts)
+
     def __init__(self, games_dir: Path, *, check_hashes: bool = True):
         """Verify ``games_dir``'s manifest and load its games.json."""
         self.games_dir = Path(games_dir)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from fedagent.policy import sample
 from fedagent.rollout.prompts import (HISTORY_LENGTH, concat_turn_prompt, encode_prompt, response_prefix,
-                                      windowed_prompt)
+                                      template_of, windowed_prompt)
 
 ROLLOUT_MODES = ("windowed", "concat")
 
@@ -118,11 +118,13 @@ def run_episodes(
         for sid, seed, r in zip(sids, seeds, _reset_all(env, sids, seeds)):
             trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
             state.append({"task": r.get("task", ""), "obs": r["observation"],
-                          "admissible": list(r.get("admissible_commands", [])), "history": []})
+                          "admissible": list(r.get("admissible_commands", [])), "history": [],
+                          "template": template_of(r)})    # the env names its prompt family
             if concat:
                 st = state[-1]
                 st["chat"] = ConcatChat.start(tokenizer, windowed_prompt(st["task"], st["obs"], st["admissible"], [],
-                                                                        history_length, answer_format),
+                                                                        history_length, answer_format,
+                                                                        template=st["template"]),
                                               answer_format, max_prompt_tokens)
         done = [False] * len(sids)
         for _turn in range(max_turns):
@@ -138,7 +140,8 @@ def run_episodes(
             else:
                 prompts = [
                     encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
-                                                             state[i]["history"], history_length, answer_format),
+                                                             state[i]["history"], history_length, answer_format,
+                                                             template=state[i]["template"]),
                                   max_prompt_tokens, answer_format)
                     for i in active
                 ]
@@ -164,7 +167,7 @@ def run_episodes(
                     st["chat"].extend(tokenizer, prefix=prefix, text=g.text, response_ids=g.response_ids,
                                       finished=g.finished,
                                       next_user=concat_turn_prompt(st["obs"], st["admissible"], tr.n_turns + 1,
-                                                                   answer_format),
+                                                                   answer_format, template=st["template"]),
                                       answer_format=answer_format)
         completed = True
     finally:

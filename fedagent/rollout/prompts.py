@@ -1,10 +1,32 @@
 """The windowed prompt (FACTS §4/§5): one user message per turn, history of the last 2 steps.
 
-Turn 1 uses the no-history template; later turns add "already taken k step(s)" and the
-last ``history_length`` ``[Observation j: '…', Action j: '…']`` entries (the observation
-*before* the action and the action the service projected). Admissible commands are quoted,
-comma-terminated, one per line. Unlike ALFWorld's no-history template, ours keeps the task
-line: a TextWorld reset observation need not restate the goal.
+Each environment has its own template family, named by the env service in every ``/reset``
+answer (``prompt_template``: ``textworld`` | ``webshop`` | ``alfworld``, declared by the task
+source) so the rollout loops (:mod:`fedagent.rollout.episode`, :mod:`fedagent.rollout.concat`,
+the verl agent loop) pick the right one without knowing the env. All share one contract:
+turn 1 (no history) uses the family's no-history template; later turns add "already taken k
+step(s)" and the last ``history_length`` ``[Observation j: '…', Action j: '…']`` entries (the
+observation *before* the action and the action the service projected); then the current
+observation, the admissible actions and the answer instruction.
+
+- ``textworld`` (ours): quoted, comma-terminated actions one per line, a one-line example
+  action; unlike ALFWorld's no-history template ours keeps the task line (a TextWorld reset
+  observation need not restate the goal).
+- ``webshop`` / ``alfworld``: the reference's wording (verl-agent/GiGPO's WEBSHOP_TEMPLATE(_NO_HIS)
+  and ALFWORLD_TEMPLATE(_NO_HIS), ``agent_system/environments/prompts/{webshop,alfworld}.py``
+  in langfengQ/verl-agent, as the reference FedAgent stack renders them in its windowed mode:
+  ``fedagent/envs/legacy_prompts.py`` of sunblaze-ucb/FedAgent), reproduced byte for byte:
+  the leading and trailing newline, the trailing spaces, WebShop's non-breaking hyphen in
+  "e\u2011commerce" and ALFWorld's "observaitons" are all in the source. WebShop: actions quoted
+  and comma-terminated, one per line; a prompt over ``WEBSHOP_MAX_PROMPT_CHARS`` (13000)
+  characters falls back to the no-history template. ALFWorld: actions quoted and joined by
+  ``"\n "`` inside one bracket, ``help`` dropped; its no-history template has no task line.
+  ``history_length <= 0`` always gives the no-history template (as in the reference).
+  ``answer_format: action`` swaps only the instruction block (the reference has no such format).
+
+The observation and history texts arrive already formatted by the env (WebShop's
+``format_obs`` runs inside :class:`fedagent.envs.webshop.env.WebShopEnv` before a page leaves
+it), so the prompt holds the formatted rendering byte for byte (FACTS §10 invariant 6).
 """
 
 from __future__ import annotations
@@ -58,8 +80,196 @@ def response_prefix(answer_format: str = "think_action") -> str:
 
 
 def format_actions(admissible: Sequence[str]) -> str:
-    """Admissible commands, each quoted and comma-terminated, one per line (``help`` dropped)."""
+    """TextWorld: admissible commands, each quoted and comma-terminated, one per line (``help`` dropped)."""
     return "\n".join(f"'{a}'," for a in admissible if a.strip().lower() != "help")
+
+
+def _window(history: Sequence[tuple[str, str]], history_length: int) -> tuple[int, int, str]:
+    """(steps taken k, entries shown, the entries' text) of the last ``history_length`` steps."""
+    k = len(history)
+    window = list(history)[-history_length:] if history_length > 0 else []
+    first = k - len(window) + 1
+    entries = "\n".join(
+        f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']" for j, (obs, act) in enumerate(window)
+    )
+    return k, len(window), entries
+
+
+# ---------------------------------------------------------------- TextWorld (ours)
+class _TextWorld:
+    """The generic text-game prompt (TextWorld games); unchanged since the first rollout."""
+
+    instructions = _INSTRUCTIONS
+
+    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
+        instruction = self.instructions[answer_format]
+        task_line = f" Your task is to: {task}" if task else ""
+        actions = format_actions(admissible)
+        if not history:
+            return (
+                f"{_HEAD}{task_line}\n"
+                f"Your current observation is: {observation}\n"
+                f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
+                f"{instruction}"
+            )
+        k, n, entries = _window(history, history_length)
+        return (
+            f"{_HEAD}{task_line}\n"
+            f"Prior to this step, you have already taken {k} step(s). Below are the most recent "
+            f"{n} observations and the corresponding actions you took:\n{entries}\n"
+            f"You are now at step {k + 1} and your current observation is: {observation}\n"
+            f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
+            f"{instruction}"
+        )
+
+    def concat_turn(self, observation, admissible, step, answer_format) -> str:
+        return (
+            f"You are now at step {step} and your current observation is: {observation}\n"
+            f"Your admissible actions of the current situation are: [\n{format_actions(admissible)}\n].\n\n"
+            f"{self.instructions[answer_format]}"
+        )
+
+
+# ---------------------------------------------------------------- WebShop (the reference's)
+# Wording: verl-agent/GiGPO WEBSHOP_TEMPLATE_NO_HIS / WEBSHOP_TEMPLATE
+# (langfengQ/verl-agent agent_system/environments/prompts/webshop.py), as the reference
+# FedAgent stack renders it (sunblaze-ucb/FedAgent fedagent/envs/legacy_prompts.py,
+# build_webshop_obs). "\u2011" (non-breaking hyphen) and the trailing spaces are in the source.
+WEBSHOP_MAX_PROMPT_CHARS = 13000
+_WS_HEAD = "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment."
+_WS_ACTIONS_LINE = "Your admissible actions of the current situation are: \n"
+_WS_INSTRUCTIONS = {
+    "think_action": (
+        "Now it's your turn to take one action for the current step.\n"
+        "You should first reason step-by-step about the current situation, then think carefully which "
+        "admissible action best advances the shopping goal. This reasoning process MUST be enclosed within "
+        "<think> </think> tags. \n"
+        "Once you've finished your reasoning, you should choose an admissible action for current step and "
+        "present it within <action> </action> tags."
+    ),
+    "action": (   # ours: the reference has no action-only format
+        "Now it's your turn to take one action for the current step.\n"
+        "Answer with exactly one of the admissible actions above within <action> </action> tags, copied as "
+        "written (in search[<your query>], write your search words in place of <your query>)."
+    ),
+}
+
+
+def webshop_actions(admissible: Sequence[str]) -> str:
+    """WebShop: every action quoted and comma-terminated, one per line (the reference drops nothing)."""
+    return "\n".join(f"'{a}'," for a in admissible)
+
+
+class _WebShop:
+    instructions = _WS_INSTRUCTIONS
+
+    def no_history(self, task, observation, admissible, answer_format) -> str:
+        return (
+            f"\n{_WS_HEAD} \n"
+            f"Your task is to: {task}.\n"
+            f"Your current observation is: {observation}.\n"
+            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
+            f"{self.instructions[answer_format]}\n"
+        )
+
+    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
+        if not history or history_length <= 0:
+            return self.no_history(task, observation, admissible, answer_format)
+        k, n, entries = _window(history, history_length)
+        prompt = (
+            f"\n{_WS_HEAD}\n"
+            f"Your task is to: {task}.\n"
+            f"Prior to this step, you have already taken {k} step(s). Below are the most recent {n} "
+            f"observations and the corresponding actions you took: {entries}\n"
+            f"You are now at step {k + 1} and your current observation is: {observation}.\n"
+            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
+            f"{self.instructions[answer_format]}\n"
+        )
+        if len(prompt) > WEBSHOP_MAX_PROMPT_CHARS:     # the reference's guard: drop the history
+            return self.no_history(task, observation, admissible, answer_format)
+        return prompt
+
+    def concat_turn(self, observation, admissible, step, answer_format) -> str:
+        # ours (the reference's concat mode is a different recipe): the template's current-step
+        # lines; no outer newlines, so chat templates that trim messages keep it intact.
+        return (
+            f"You are now at step {step} and your current observation is: {observation}.\n"
+            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
+            f"{self.instructions[answer_format]}"
+        )
+
+
+# ---------------------------------------------------------------- ALFWorld (the reference's)
+# Wording: verl-agent/GiGPO ALFWORLD_TEMPLATE_NO_HIS / ALFWORLD_TEMPLATE
+# (langfengQ/verl-agent agent_system/environments/prompts/alfworld.py; "observaitons" is in the
+# source), rendered as the reference FedAgent stack does (legacy_prompts.build_alfworld_obs):
+# actions "\n ".join-ed inside one bracket, no task line without history.
+_ALF_HEAD = "You are an expert agent operating in the ALFRED Embodied Environment."
+_ALF_INSTRUCTIONS = {
+    "think_action": (
+        "Now it's your turn to take an action.\n"
+        "You should first reason step-by-step about the current situation. This reasoning process MUST be "
+        "enclosed within <think> </think> tags. \n"
+        "Once you've finished your reasoning, you should choose an admissible action for current step and "
+        "present it within <action> </action> tags."
+    ),
+    "action": _ACTION_INSTRUCTION,   # ours: the reference has no action-only format
+}
+
+
+def alfworld_actions(admissible: Sequence[str]) -> str:
+    """ALFWorld: every command quoted, joined by a newline and a space, ``help`` dropped."""
+    return "\n ".join(f"'{a}'" for a in admissible if a != "help")
+
+
+class _Alfworld:
+    instructions = _ALF_INSTRUCTIONS
+
+    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
+        instruction = self.instructions[answer_format]
+        actions = alfworld_actions(admissible)
+        if not history or history_length <= 0:
+            return (
+                f"\n{_ALF_HEAD}\n"
+                f"Your current observation is: {observation}\n"
+                f"Your admissible actions of the current situation are: [{actions}].\n\n"
+                f"{instruction}\n"
+            )
+        k, n, entries = _window(history, history_length)
+        return (
+            f"\n{_ALF_HEAD} Your task is to: {task}\n"
+            f"Prior to this step, you have already taken {k} step(s). Below are the most recent {n} "
+            f"observaitons and the corresponding actions you took: {entries}\n"
+            f"You are now at step {k + 1} and your current observation is: {observation}\n"
+            f"Your admissible actions of the current situation are: [{actions}].\n\n"
+            f"{instruction}\n"
+        )
+
+    def concat_turn(self, observation, admissible, step, answer_format) -> str:
+        return (
+            f"You are now at step {step} and your current observation is: {observation}\n"
+            f"Your admissible actions of the current situation are: [{alfworld_actions(admissible)}].\n\n"
+            f"{self.instructions[answer_format]}"
+        )
+
+
+_TEMPLATES = {"textworld": _TextWorld(), "webshop": _WebShop(), "alfworld": _Alfworld()}
+PROMPT_TEMPLATES = tuple(_TEMPLATES)
+
+
+def check_template(template: str) -> str:
+    """``template`` if it names a prompt family, else a ValueError naming the choices."""
+    if template not in _TEMPLATES:
+        raise ValueError(f"prompt_template must be one of {PROMPT_TEMPLATES}, got {template!r}")
+    return template
+
+
+def template_of(reset_answer: dict) -> str:
+    """The prompt family an env's ``/reset`` answer names (the service always sends it)."""
+    if "prompt_template" not in reset_answer:
+        raise ValueError("the env's reset answer names no prompt_template (an env service older than "
+                         "the per-environment prompts?)")
+    return check_template(str(reset_answer["prompt_template"]))
 
 
 def windowed_prompt(
@@ -69,50 +279,28 @@ def windowed_prompt(
     history: Sequence[tuple[str, str]],
     history_length: int = HISTORY_LENGTH,
     answer_format: str = "think_action",
+    *,
+    template: str,
 ) -> str:
-    """The user-message text for the next turn.
+    """The user-message text for the next turn, in ``template``'s wording.
 
     ``history`` holds every earlier ``(observation_before_action, projected_action)`` pair
     of the episode, oldest first; its length is the number of steps already taken.
+    ``template`` is the env's ``prompt_template`` (:func:`template_of`).
     """
-    instruction = _INSTRUCTIONS[_check_format(answer_format)]
-    task_line = f" Your task is to: {task}" if task else ""
-    actions = format_actions(admissible)
-    if not history:
-        return (
-            f"{_HEAD}{task_line}\n"
-            f"Your current observation is: {observation}\n"
-            f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-            f"{instruction}"
-        )
-    k = len(history)
-    window = list(history)[-history_length:] if history_length > 0 else []
-    first = k - len(window) + 1
-    entries = "\n".join(
-        f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']" for j, (obs, act) in enumerate(window)
-    )
-    return (
-        f"{_HEAD}{task_line}\n"
-        f"Prior to this step, you have already taken {k} step(s). Below are the most recent "
-        f"{len(window)} observations and the corresponding actions you took:\n{entries}\n"
-        f"You are now at step {k + 1} and your current observation is: {observation}\n"
-        f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-        f"{instruction}"
-    )
+    _check_format(answer_format)
+    return _TEMPLATES[check_template(template)].windowed(task, observation, admissible, history, history_length,
+                                                         answer_format)
 
 
 def concat_turn_prompt(observation: str, admissible: Sequence[str], step: int,
-                       answer_format: str = "think_action") -> str:
+                       answer_format: str = "think_action", *, template: str) -> str:
     """The user message of a later turn in concat mode (the chat above it holds the history).
 
     ``step`` is the 1-based number of the step about to be taken.
     """
-    instruction = _INSTRUCTIONS[_check_format(answer_format)]
-    return (
-        f"You are now at step {step} and your current observation is: {observation}\n"
-        f"Your admissible actions of the current situation are: [\n{format_actions(admissible)}\n].\n\n"
-        f"{instruction}"
-    )
+    _check_format(answer_format)
+    return _TEMPLATES[check_template(template)].concat_turn(observation, admissible, step, answer_format)
 
 
 def render_chat(tokenizer, messages: Sequence[dict], answer_format: str = "think_action") -> str:

@@ -30,6 +30,8 @@ def resolve_data_root(path: str | os.PathLike | None = None) -> Path | None:
 class AlfworldTaskSource:
     """The games of some splits under ``root``, in canonical order, checked against manifests."""
 
+    prompt_template = "alfworld"    # the reference's ALFWorld prompt (fedagent.rollout.prompts)
+
     def __init__(self, root: str | os.PathLike, splits: Iterable[str] = ("train", "valid_seen"), *,
                  base_seed: int = data.DEFAULT_ORDER_SEED, manifest_dir: str | os.PathLike | None = None,
                  use_manifest: bool = True):

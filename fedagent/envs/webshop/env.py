@@ -147,7 +147,7 @@ class WebShopEnv:
         self.asin, self.sub, self.options = None, None, {}
         self.turns, self._done = 0, False
         raw, _, _ = self._render()
-        task = task_from_reset_page(raw)
+        task = task_from_reset_page(raw).strip()     # the reference strips the goal text it prompts with
         obs, acts = self._observe()
         self._last = StepResult(obs, 0.0, False, False, acts, 0.0)
         return ResetResult(obs, task, acts, task_id, self.goal["category"])

@@ -43,6 +43,8 @@ class WebShopTaskSource:
             raise ArmError(f"{len(unreachable)} served goal targets are not in the catalogue: {unreachable[:5]}")
         self.info = dict(self.view.info)
 
+    prompt_template = "webshop"     # the reference's WebShop prompt (fedagent.rollout.prompts)
+
     def task_ids(self, split: str) -> list[str]:
         """Goal ids of ``split`` (``train`` or ``val``) in the fixed order."""
         if split not in ("train", "val"):

@@ -5,8 +5,8 @@ verl instantiates :class:`WindowedAgentLoop` from the job's agent-loop YAML
 :func:`fedagent.train.verl.launch.write_agent_loop_yaml`) once per rollout, i.e. per
 (dataset row, session) with ``rollout.n`` sessions per row. ``run`` plays the row's task
 seed: every turn builds the same windowed prompt as the local backend
-(:func:`fedagent.rollout.prompts.windowed_prompt` + :func:`encode_prompt`, left-truncated
-to ``max_prompt_tokens``), asks verl's LLM server for the answer, and sends
+(:func:`fedagent.rollout.prompts.windowed_prompt` in the prompt family the env's reset names
++ :func:`encode_prompt`, left-truncated to ``max_prompt_tokens``), asks verl's LLM server for the answer, and sends
 the answer format's prefilled start + text to the env service (which parses it). It returns a **list** of
 :class:`TurnOutput`, one per turn: verl's v1 (TransferQueue) worker stores each element as
 its own training row under the row's ``uid``, so GRPO's mean/std runs over all per-turn
@@ -30,7 +30,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from fedagent.policy import stop_token_ids_for_dir
-from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, windowed_prompt
+from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, template_of, windowed_prompt
 
 
 class TurnOutput(AgentLoopOutput):
@@ -115,13 +115,15 @@ class WindowedAgentLoop(AgentLoopBase):
             r = await self._env(self.env.reset, sid, seed)
             task_id, task_type = str(r["task_id"]), str(r["task_type"])
             task, obs = r.get("task", ""), r["observation"]
+            template = template_of(r)      # the env names its prompt family (TextWorld/WebShop/ALFWorld)
             admissible = list(r.get("admissible_commands", []))
             history: list[tuple[str, str]] = []
             episode_return, won, score = 0.0, False, 0.0
             t_first = None
             for _ in range(self.max_turns):
                 prompt_ids = encode_prompt(self.tokenizer, windowed_prompt(task, obs, admissible, history,
-                                                                           self.history_length, self.answer_format),
+                                                                           self.history_length, self.answer_format,
+                                                                           template=template),
                                            self.max_prompt_tokens, self.answer_format)
                 out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
                                                          sampling_params=dict(params))
