@@ -299,6 +299,24 @@ def _mini_batch_within_epoch(get):
     return None
 
 
+@cross_rule("train.mini_batch_size",
+            ["train.backend", "train.mini_batch_size", "train.group_size", "train.groups_per_epoch"],
+            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.group_size": 2,
+                       "train.groups_per_epoch": 2, "train.mini_batch_size": 3})
+def _verl_mini_batch_is_whole_groups(get):
+    # verl 0.9.1's v1 trainer updates on mini-batches of ppo_mini_batch_size × rollout.n rows and
+    # wants ppo_mini_batch_size <= train_batch_size (prompts): only whole groups of one step's tasks
+    # give it the row count the local backend would use (docs/architecture.md, train.verl).
+    if get("train.backend") != "verl":
+        return None
+    m, n, g = get("train.mini_batch_size"), get("train.group_size"), get("train.groups_per_epoch")
+    if m % n or m > n * g:
+        return (f"{m} with train.backend=verl: verl's mini-batch is a whole number of groups (train.group_size="
+                f"{n}) of one step's train.groups_per_epoch={g} tasks, so it must be a multiple of {n} and at most "
+                f"{n * g}; otherwise verl would update on different mini-batches than train.mini_batch_size says")
+    return None
+
+
 @cross_rule("env.pool_size", ["env.pool_size", "train.group_size"],
             violation={"train.group_size": 4, "env.pool_size": 3})
 def _pool_holds_a_group(get):

@@ -27,7 +27,9 @@ from fedagent.train.verl import launch
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
 VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_anchor": "train.ref_anchor",
                                           "kl_coef": "train.kl_coef", "fedprox_mu": "train.fedprox_mu",
-                                          "rollout_mode": "rollout.mode", "algorithm": "train.algorithm"})
+                                          "rollout_mode": "rollout.mode", "algorithm": "train.algorithm",
+                                          "mini_batch_size": "train.mini_batch_size", "group_size": "train.group_size",
+                                          "groups_per_epoch": "train.groups_per_epoch"})
 
 
 def check_job_keys(values: dict) -> None:
