@@ -1,0 +1,26 @@
+"""Session-wide test settings: TextWorld games made once per session (tests/tw_make_cache.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    # Every fedagent games job of the session (in-process or under Snakemake, which inherits this
+    # environment) runs tw-make through the cache: each distinct game is generated once for real.
+    if "FEDAGENT_TW_MAKE" not in os.environ:
+        _CACHE.append(tempfile.mkdtemp(prefix="fa-tw-make-cache-"))
+        os.environ["FEDAGENT_TEST_TW_CACHE"] = _CACHE[0]
+        os.environ["FEDAGENT_TW_MAKE"] = shlex.join([sys.executable, str(Path(__file__).parent / "tw_make_cache.py")])
+
+
+def pytest_unconfigure(config):
+    for d in _CACHE:
+        shutil.rmtree(d, ignore_errors=True)
