@@ -1,4 +1,5 @@
-"""Session-wide test settings: TextWorld games made once per session (tests/tw_make_cache.py)."""
+"""Session-wide test settings: TextWorld games made once per session (tests/tw_make_cache.py), and one
+shared 1-round reference run of the test config."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 _CACHE: list[str] = []
 
@@ -24,3 +27,13 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     for d in _CACHE:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Path:
+    """One uninterrupted run of the test config with ``rounds: 1`` (a finished work dir), made once
+    per session: the reliability tests start from copies of it, test_slurm compares with it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "reliability"))
+    from kill_driver import build_reference
+
+    return build_reference(tmp_path_factory.mktemp("reliability"))
