@@ -35,9 +35,10 @@ def test_games_json_layout():
     assert not list(d.rglob("*.ni"))
 
 
-def test_same_seed_same_bytes_other_seed_differs(tmp_path):
+def test_same_seed_same_bytes_other_seed_differs(tmp_path, monkeypatch):
     """Same seed → byte-identical games.json and game files; another seed → other games."""
     d = tw_games_dir()
+    monkeypatch.delenv("FEDAGENT_TW_MAKE", raising=False)   # the real tw-make here, not the session's cache
     again = tmp_path / "again"
     generate_games(again, base_seed=7, n_train=2, n_val=1, jobs=2, quarantine_root=tmp_path / "_f")
     assert (again / "games.json").read_bytes() == (d / "games.json").read_bytes()

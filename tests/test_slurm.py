@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_helpers import REPO, RUN, executed_jobs, make_workdir, snakemake_cmd, snakemake_env
+from workflow_helpers import REPO, RUN, executed_jobs, make_workdir, snakemake_env
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.slurm]
 
@@ -70,19 +70,12 @@ def digests(work: Path) -> dict[str, str]:
     return {p.relative_to(run).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
-def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, tmp_path):
-    # The local reference run goes on beside the Slurm run (which mostly waits on the queue).
-    local = make_workdir(tmp_path / "local")
-    local_run = subprocess.Popen(snakemake_cmd("--config", "rounds=1"), cwd=local, env=snakemake_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
+def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, reference_run, tmp_path):
+    # The local run to compare with: the session's 1-round run of the test config under
+    # profiles/local (tests/conftest.py), the same config as `--config rounds=1` here.
     work = make_workdir(tmp_path / "slurm")
     before = slurm_jobs()
-    try:
-        proc = run_slurm_profile(work, "--config", "rounds=1")
-    finally:
-        local_out = local_run.communicate(timeout=900)[0]
-    assert local_run.returncode == 0, local_out[-6000:]
+    proc = run_slurm_profile(work, "--config", "rounds=1")
     log = proc.stdout + proc.stderr
     submitted = [j for j in slurm_jobs() if j not in before]
 
@@ -103,7 +96,7 @@ def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, tmp_pa
     # Each submission is one line of the driver's log; the group's two jobs share one.
     assert log.count("has been submitted with SLURM jobid") == 7
 
-    local_digests, slurm_digests = digests(local), digests(work)
+    local_digests, slurm_digests = digests(reference_run), digests(work)
     assert "round_001/model/model.safetensors" in slurm_digests and "round_001/eval.json" in slurm_digests
     assert slurm_digests == local_digests
 

@@ -31,9 +31,17 @@ def _spawn(model_dir: Path, out: Path, strategy: str) -> None:
 
     import verl_fsdp_worker
 
+    # For the spawned workers only: left in this process's environment, it reached every later
+    # subprocess, e.g. `nproc` in scripts/slurm-local.sh (test_slurm's node then had 1 CPU and the
+    # 2-thread jobs pended forever when that test ran after this one).
+    old = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    out.mkdir(parents=True)
-    mp.spawn(verl_fsdp_worker.run, args=(2, str(model_dir), str(out), strategy), nprocs=2, join=True)
+    try:
+        out.mkdir(parents=True)
+        mp.spawn(verl_fsdp_worker.run, args=(2, str(model_dir), str(out), strategy), nprocs=2, join=True)
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,11 @@ def id_list_sha256(train: Sequence[str], val: Sequence[str]) -> str:
 
 
 def _tw_make() -> list[str]:
+    # FEDAGENT_TW_MAKE (a command line) replaces tw-make: the test suite points it at
+    # tests/tw_make_cache.py, which runs the real tw-make once per argument list and session.
+    override = os.environ.get("FEDAGENT_TW_MAKE")
+    if override:
+        return shlex.split(override)
     # Prefer the tw-make next to this interpreter (the venv's), so PATH does not matter.
     local = Path(sys.executable).parent / "tw-make"
     if local.exists():

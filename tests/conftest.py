@@ -1,0 +1,39 @@
+"""Session-wide test settings: TextWorld games made once per session (tests/tw_make_cache.py), and one
+shared 1-round reference run of the test config."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    # Every fedagent games job of the session (in-process or under Snakemake, which inherits this
+    # environment) runs tw-make through the cache: each distinct game is generated once for real.
+    if "FEDAGENT_TW_MAKE" not in os.environ:
+        _CACHE.append(tempfile.mkdtemp(prefix="fa-tw-make-cache-"))
+        os.environ["FEDAGENT_TEST_TW_CACHE"] = _CACHE[0]
+        os.environ["FEDAGENT_TW_MAKE"] = shlex.join([sys.executable, str(Path(__file__).parent / "tw_make_cache.py")])
+
+
+def pytest_unconfigure(config):
+    for d in _CACHE:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Path:
+    """One uninterrupted run of the test config with ``rounds: 1`` (a finished work dir), made once
+    per session: the reliability tests start from copies of it, test_slurm compares with it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "reliability"))
+    from kill_driver import build_reference
+
+    return build_reference(tmp_path_factory.mktemp("reliability"))
