@@ -18,7 +18,7 @@
 # set, `--resources gpu=N` caps concurrent GPU jobs), MEM_UTIL (vLLM's share of the GPU per job,
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
 # default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
-# EVAL_BACKEND (local | vllm, default local), KV_GB (a fixed vLLM KV cache per engine, GiB: jobs
+# EVAL_BACKEND (local | vllm, default local), KV_GB (default 4: a fixed vLLM KV cache per engine, GiB; jobs
 # that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
 # EXTRA (more `--config` items).
 set -euo pipefail
@@ -66,8 +66,8 @@ model: smollm2
 train:
   backend: verl
   ref_anchor: round            # verl's KL reference is the model a job starts from
-  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-null}}
-eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-null}}}
+  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}
+eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()
   [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS")
