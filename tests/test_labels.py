@@ -42,6 +42,19 @@ def test_reference_trajectories_schema_last_wins(tmp_path):
         load_labels(bad)
 
 
+def _labels_in_two_processes(tmp_path, args: list[str]) -> list:
+    """``fedagent labels ARGS`` in two processes with different hash seeds; their output paths."""
+    import os
+
+    outs = []
+    for name, hashseed in (("a", "1"), ("b", "2")):
+        out = tmp_path / name / "labels.json"
+        subprocess.run([sys.executable, "-m", "fedagent.cli", "labels", *args, "--out", str(out)], check=True,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": hashseed})
+        outs.append(out)
+    return outs
+
+
 @pytest.mark.slow
 def test_random_reference_policy_is_seeded_and_wins_some(tmp_path):
     from fedagent.envs.textworld_games import generate_games
@@ -53,13 +66,7 @@ def test_random_reference_policy_is_seeded_and_wins_some(tmp_path):
     generate_games(games, base_seed=42, n_train=3, n_val=1, jobs=2, world_size=1, nb_objects=2, quest_length=1)
     params = json.dumps({"base_seed": 42, "temperature": 1.0, "max_turns": 2, "max_new_tokens": 8,
                          "max_prompt_tokens": 256, "pool_size": 2})
-    outs = []
-    for name, hashseed in (("a", "1"), ("b", "2")):
-        out = tmp_path / name / "labels.json"
-        env = {**__import__("os").environ, "PYTHONHASHSEED": hashseed}
-        subprocess.run([sys.executable, "-m", "fedagent.cli", "labels", "--policy", "random", "--games", str(games),
-                        "--params", params, "--out", str(out)], check=True, capture_output=True, text=True, env=env)
-        outs.append(out)
+    outs = _labels_in_two_processes(tmp_path, ["--policy", "random", "--games", str(games), "--params", params])
     data = json.loads(outs[0].read_text())
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert data["n"] == 3 and 1 <= data["easy"] < 3     # a random walker wins some of these in 2 turns
@@ -100,14 +107,8 @@ def test_noisy_expert_plays_the_plan_at_p1_and_loses_long_plans_under_noise(alfw
 def test_expert_labels_cli_is_deterministic_across_processes_and_says_what_it_is(alfworld_catalogue, tmp_path):
     params = json.dumps({"base_seed": 42, "temperature": 1.0, "max_turns": 12, "max_new_tokens": 8,
                          "max_prompt_tokens": 256, "pool_size": 1})
-    outs = []
-    for name, hashseed in (("a", "1"), ("b", "2")):
-        out = tmp_path / name / "labels.json"
-        env = {**__import__("os").environ, "PYTHONHASHSEED": hashseed}
-        subprocess.run([sys.executable, "-m", "fedagent.cli", "labels", "--policy", "expert", "--expert-p", "0.7",
-                        "--games", str(alfworld_catalogue), "--params", params, "--out", str(out)],
-                       check=True, capture_output=True, text=True, env=env)
-        outs.append(out)
+    outs = _labels_in_two_processes(tmp_path, ["--policy", "expert", "--expert-p", "0.7",
+                                               "--games", str(alfworld_catalogue), "--params", params])
     assert outs[0].read_bytes() == outs[1].read_bytes()
     data = json.loads(outs[0].read_text())
     assert data["policy"] == "expert" and data["expert_p"] == 0.7 and "noisy planner" in data["reference"]
