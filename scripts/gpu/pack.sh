@@ -10,6 +10,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: pack.sh OUTDIR [PIECE_MB]}; piece=${2:-60}
+mkdir -p "$out"; out=$(cd "$out" && pwd)   # absolute: the split below runs in a temp dir
 py=${PYTHON:-python3}
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheelhouse" "$out/proj"
