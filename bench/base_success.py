@@ -59,7 +59,7 @@ def main(argv=None) -> int:
             from fedagent.static_sampler import StaticSampler
 
             sampler = StaticSampler(model, tok, batch_size=batch, max_prompt_tokens=args.max_prompt_tokens,
-                                    max_new_tokens=ntok, compile=False)
+                                    max_new_tokens=ntok, mode="eager")
         t0 = time.time()
         with env_service(args.games, "train", tasks, Path(tempfile.mkdtemp()), mode="index", pool_size=batch,
                          max_turns=args.max_turns, answer_format=fmt) as env:

@@ -4,8 +4,9 @@
 
 Generation (batch 64, prompt 256 random token ids, exactly 64 new tokens, temperature 1.0, bf16):
   hf_eager   transformers ``generate`` with its dynamic cache (the baseline)
-  local      fedagent's GPU path: :class:`fedagent.static_sampler.StaticSampler` (static cache,
-             compiled decode step)
+  local      fedagent's GPU path: :class:`fedagent.static_sampler.StaticSampler` (static cache),
+             one row per sampler mode in ``--local-modes``: ``compile`` (torch.compile'd decode
+             step in CUDA graphs) and ``graph`` (the eager step recorded in one CUDA graph)
   vllm       ``vllm.LLM.generate`` on token-id prompts, in a subprocess whose PYTHONPATH starts
              with ``--vllm-pythonpath`` (vLLM lives in its own install)
 Each column: one warm-up call, then the median of ``--reps`` timed calls; the ratios are
@@ -61,12 +62,12 @@ def bench_hf(model, prompts, reps):
     return _timed(call, reps)
 
 
-def bench_local(model, tok, prompts, reps):
+def bench_local(model, tok, prompts, reps, mode="compile"):
     import torch
 
     from fedagent.static_sampler import StaticSampler
 
-    s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW, compile=True,
+    s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW, mode=mode,
                       sync_every=NEW + 1)
     s.stops = torch.tensor([-1], device="cuda")          # exactly NEW tokens per row, like the others
     gen = torch.Generator().manual_seed(1)
@@ -125,7 +126,7 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
     raise RuntimeError(f"vLLM child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
-def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128):
+def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
     eager: the step as the local backend runs it by default (bf16 autocast over fp32 masters,
@@ -166,6 +167,17 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128):
     _sync()
     first = time.time() - t0
     t = _timed(step, reps)
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                step()
+            _sync()
+        print(f"--- training mode {mode}: top CUDA kernels over 2 steps", flush=True)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70),
+              flush=True)
     tokens = B * seq
     # FLOPs actually computed (forward + backward = 3 × forward, 2 per multiply-add):
     # - the decoder's weight matrices on every token: 6 · (N − embedding) · T;
@@ -194,9 +206,13 @@ def generation(args, out) -> None:
     gen_tokens = B * NEW
     t_hf = bench_hf(model, prompts, args.reps)
     out["hf_eager_tok_s"] = gen_tokens / t_hf
-    t_local, first = bench_local(model, tok, prompts, args.reps)
-    out["local_tok_s"] = gen_tokens / t_local
-    out["local_first_call_s"] = first
+    for mode in args.local_modes:
+        t_local, first = bench_local(model, tok, prompts, args.reps, mode)
+        # "local_tok_s" is the default mode's (the first listed) row; every mode has its own key.
+        out[f"local_{mode}_tok_s"] = gen_tokens / t_local
+        out[f"local_{mode}_first_call_s"] = first
+        out.setdefault("local_tok_s", gen_tokens / t_local)
+        out.setdefault("local_mode", mode)
     print(json.dumps(out), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -207,6 +223,8 @@ def generation(args, out) -> None:
             out["vllm_tok_s"] = gen_tokens / v["median_s"]
             out["vllm_engine_start_s"] = v["engine_start_s"]
             out["local_over_vllm"] = out["local_tok_s"] / out["vllm_tok_s"]
+            for mode in args.local_modes:
+                out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
     out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
 
 
@@ -220,6 +238,10 @@ def main(argv=None) -> int:
     ap.add_argument("--train-modes", nargs="+", default=["eager", "fused", "compiled"],
                     choices=["eager", "fused", "compiled"], help="training step variants to time")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
+    ap.add_argument("--local-modes", nargs="+", default=["graph", "compile"], choices=["graph", "compile"],
+                    help="StaticSampler modes to time (the first is reported as local_tok_s)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing each training mode, print its top CUDA kernels (torch.profiler)")
     args = ap.parse_args(argv)
 
     import torch
@@ -231,14 +253,17 @@ def main(argv=None) -> int:
         generation(args, out)
     out["train"] = {}
     for m in args.train_modes:
-        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m)
+        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, profile=args.profile)
         torch.cuda.empty_cache()
     print(json.dumps(out, indent=1))
     if not args.skip_generation:
         print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
         print(f"  hf_eager {out['hf_eager_tok_s']:10.0f} tok/s")
-        print(f"  local    {out['local_tok_s']:10.0f} tok/s  ({out['local_over_hf_eager']:.2f}x hf_eager"
-              + (f", {out['local_over_vllm']:.2f}x vllm" if "vllm_tok_s" in out else "") + ")")
+        for mode in args.local_modes:
+            tps = out[f"local_{mode}_tok_s"]
+            print(f"  local {mode:7s} {tps:8.0f} tok/s  ({tps / out['hf_eager_tok_s']:.2f}x hf_eager"
+                  + (f", {tps / out['vllm_tok_s']:.2f}x vllm" if "vllm_tok_s" in out else "")
+                  + f"; first call {out[f'local_{mode}_first_call_s']:.1f} s)")
         if "vllm_tok_s" in out:
             print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
     for tr in out["train"].values():

@@ -40,7 +40,7 @@ class EvalParams:
     rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
     history: int = 2                      # rollout.history
     device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
-    compile: bool = True
+    sampler: str = "compile"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -185,9 +185,9 @@ def run(args: argparse.Namespace) -> int:
             model = model.to(torch.bfloat16)
             sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
                                     max_prompt_tokens=params.max_prompt_tokens,
-                                    max_new_tokens=params.max_new_tokens, compile=params.compile)
+                                    max_new_tokens=params.max_new_tokens, mode=params.sampler)
         clock.mark("model_loaded")
-        if backend == "local" and params.device == "cuda" and params.compile:
+        if backend == "local" and params.device == "cuda" and params.sampler != "eager":
             sampler.warmup(params.temperature)
             clock.mark("sampler_warm")
         env = pending.ready()

@@ -9,9 +9,12 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
 - one :class:`transformers.StaticCache` of ``max_prompt_tokens + max_new_tokens`` slots is
   reset in place and reused by every call, with one 2-D attention mask of that full length
   (the causal mask hides the slots not yet written, so the mask is constant while decoding);
-- the one-token decode step is ``torch.compile``'d (``mode="reduce-overhead"``: CUDA graphs),
-  so a step is one graph replay; compiled once per job, and the compiled artefacts land in
-  the inductor cache dir (``TORCHINDUCTOR_CACHE_DIR``) that a run's jobs share;
+- the one-token decode step is one CUDA graph replay, made one of two ways (``mode``):
+  ``"compile"``: ``torch.compile`` (``mode="reduce-overhead"``: fused kernels in CUDA graphs),
+  compiled once per job (Dynamo traces in every process; the inductor artefacts land in the
+  cache dir ``TORCHINDUCTOR_CACHE_DIR`` that a run's jobs share); ``"graph"``: the eager
+  step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
+  kernels, a capture of well under a second); ``"eager"`` runs the step as it is;
 - sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
   generator seeded from the caller's (derived) seed: the one random kernel runs outside the
   graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
@@ -22,7 +25,7 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
 - :meth:`StaticSampler.warmup` runs the compiled shapes once before the job needs them (the
   train job calls it while its env service starts), without touching the sampling stream.
 
-The same code runs on the CPU with ``compile=False`` (the tests check it against the CPU
+The same code runs on the CPU with ``mode="eager"`` (the tests check it against the CPU
 sampler's greedy output on a tiny model).
 """
 
@@ -40,9 +43,11 @@ class StaticSampler:
     """A callable with :func:`fedagent.policy.sample`'s signature, bound to one model and shape."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 compile: bool = True, sync_every: int = 8):
+                 mode: str = "compile", sync_every: int = 8):
         from transformers import StaticCache
 
+        if mode not in MODES:
+            raise ValueError(f"sampler mode {mode!r}: expected one of {', '.join(MODES)}")
         if batch_size < 1 or max_prompt_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_prompt_tokens and max_new_tokens must be >= 1")
         self.model = model
@@ -54,8 +59,14 @@ class StaticSampler:
         self.cache = StaticCache(config=model.config, max_cache_len=self.width + self.max_new_tokens)
         self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
         self.pad_id = int(tokenizer.pad_token_id)
+        if mode == "graph" and self.device.type != "cuda":
+            raise ValueError("sampler mode 'graph' needs a CUDA device")
+        self.mode = mode
+        compile = mode == "compile"
         self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
-                        if compile else self._decode_step)
+                        if compile else self._graph_step if mode == "graph" else self._decode_step)
+        self._graphs: dict[bool, tuple] = {}     # mode "graph": greedy? -> (graph, inputs, outputs)
+        self._slots = torch.arange(self.width + self.max_new_tokens, device=self.device)
         # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
         self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False) if compile else _pick
         self._cache_positions = torch.arange(self.width, self.width + self.max_new_tokens, device=self.device)
@@ -76,6 +87,52 @@ class StaticSampler:
         out = self.model(input_ids=tok[:, None], position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                          use_cache=True, **extra)
         return _pick(out.logits[:, -1, :], noise, inv_t)
+
+    @torch.no_grad()
+    def _graph_step(self, tok, pos, cache_pos, mask, noise, inv_t):
+        """``_decode_step`` as one replay of a recorded CUDA graph (``mode="graph"``).
+
+        The graph reads its inputs from static buffers (filled here by device copies, no host
+        sync) and writes its outputs to static tensors. One graph per kind of call (sampling or
+        greedy), recorded on the first such call after three eager runs on a side stream (as
+        :class:`torch.cuda.CUDAGraph` asks). The KV write position is the static cache's own
+        device counter, advanced in place by every replay; the attention mask is built inside
+        the graph from the call's 2-D mask and the slot being written (``cache_pos``), so no
+        host-side mask logic runs per token.
+        """
+        greedy = noise is None
+        if greedy not in self._graphs:
+            st = {"tok": tok.clone(), "pos": pos.clone(), "slot": cache_pos.clone(), "mask": mask.clone(),
+                  "noise": None if greedy else noise.clone(), "inv_t": None if greedy else inv_t.clone()}
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            # The eager runs advance the cache's write counters: put them back. (The KV slots they
+            # write are at and after the current one, which the real steps overwrite before any
+            # query may attend them.)
+            counters = [(layer, layer.cumulative_length.clone()) for layer in self.cache.layers
+                        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self._masked_step(st)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            for layer, n in counters:
+                layer.cumulative_length.copy_(n)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._masked_step(st)
+            self._graphs[greedy] = (graph, st, out)
+        graph, st, out = self._graphs[greedy]
+        st["tok"].copy_(tok), st["pos"].copy_(pos), st["slot"].copy_(cache_pos), st["mask"].copy_(mask)
+        if not greedy:
+            st["noise"].copy_(noise), st["inv_t"].copy_(inv_t)
+        graph.replay()
+        return out
+
+    def _masked_step(self, st):
+        # Query at slot s attends the call's prompt/generated slots up to s; 4-D masks pass
+        # through transformers' mask creation as they are.
+        allowed = st["mask"].bool() & (self._slots <= st["slot"])[None, :]
+        return self._decode_step(st["tok"], st["pos"], st["slot"], allowed[:, None, None, :], st["noise"], st["inv_t"])
 
     def _generator(self, generator: torch.Generator | None):
         if generator is None:
@@ -216,6 +273,9 @@ class StaticSampler:
             self._warming = False
             self.calls, self.first_token_time, self.tokens = calls, first, tokens
         return time.time() - t0
+
+
+MODES = ("compile", "graph", "eager")
 
 
 def _pick(logits, noise, inv_t):

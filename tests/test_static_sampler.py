@@ -27,7 +27,7 @@ def test_greedy_tokens_equal_the_cpu_sampler_at_any_batch_fill(policy):
     model, tok = policy
     ps = _prompts(tok)
     ref = sample(model, tok, ps, 10, 0.0, None)
-    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, compile=False)
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
     for k in (3, 1, 2):          # padded rows and a reused (reset) cache change nothing
         got = s(model, tok, ps[:k], 10, 0.0, None)
         assert [g.response_ids for g in got] == [g.response_ids for g in ref[:k]]
@@ -39,10 +39,10 @@ def test_greedy_tokens_equal_the_cpu_sampler_at_any_batch_fill(policy):
 def test_sampling_is_seeded_by_the_callers_generator_only(policy):
     model, tok = policy
     ps = _prompts(tok)
-    s = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    s = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager")
     before = torch.get_rng_state()
     a = s(model, tok, ps, 8, 1.0, torch_generator(5, "t"))
-    s2 = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    s2 = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager")
     b = s2(model, tok, ps, 8, 1.0, torch_generator(5, "t"))
     assert [g.response_ids for g in a] == [g.response_ids for g in b]
     assert torch.equal(before, torch.get_rng_state())
@@ -50,7 +50,7 @@ def test_sampling_is_seeded_by_the_callers_generator_only(policy):
 
 def test_shape_limits_are_errors(policy):
     model, tok = policy
-    s = StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, compile=False)
+    s = StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="eager")
     with pytest.raises(ValueError, match="batch size"):
         s(model, tok, _prompts(tok), 4, 0.0, None)
     with pytest.raises(ValueError, match="max_prompt_tokens"):
@@ -68,7 +68,7 @@ def test_non_finite_logits_are_a_clear_error_not_a_device_assert(policy, tmp_pat
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.get_output_embeddings().weight[5, 0] = float("nan")
-    s = StaticSampler(broken, tok, batch_size=2, max_prompt_tokens=64, max_new_tokens=4, compile=False)
+    s = StaticSampler(broken, tok, batch_size=2, max_prompt_tokens=64, max_new_tokens=4, mode="eager")
     with pytest.raises(FloatingPointError, match="non-finite logits"):
         s(broken, tok, _prompts(tok)[:2], 4, 1.0, torch_generator(1, "t"))
 
@@ -99,11 +99,45 @@ def test_gumbel_pick_draws_from_the_tempered_softmax():
 def test_warmup_leaves_the_sampled_stream_unchanged(policy):
     model, tok = policy
     ps = _prompts(tok)
-    plain = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
-    warmed = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, compile=False)
+    plain = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager")
+    warmed = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager")
     warmed.warmup(1.0)
     assert warmed.calls == 0 and warmed.first_token_time is None and warmed.tokens == 0
     for call in range(2):
         a = plain(model, tok, ps, 8, 1.0, torch_generator(5, "t", index=call))
         b = warmed(model, tok, ps, 8, 1.0, torch_generator(5, "t", index=call))
         assert [g.response_ids for g in a] == [g.response_ids for g in b]
+
+
+def _masked_eager(s):
+    """What mode "graph" records, run eagerly on the CPU: the step through the static-buffer
+    dict and the in-graph 4-D mask (built from the 2-D mask and the slot being written)."""
+    def step(tok, pos, cache_pos, mask, noise, inv_t):
+        return s._masked_step({"tok": tok, "pos": pos, "slot": cache_pos, "mask": mask, "noise": noise, "inv_t": inv_t})
+    s._decode = step
+    return s
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graph_modes_masked_step_samples_what_the_plain_step_does(policy, temperature):
+    model, tok = policy
+    ps = _prompts(tok)
+    plain = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
+    masked = _masked_eager(StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10,
+                                         mode="eager"))
+    for call, k in enumerate((3, 1, 2)):       # padded rows, reused cache
+        gen = (lambda: torch_generator(5, "t", index=call)) if temperature else (lambda: None)
+        a = plain(model, tok, ps[:k], 10, temperature, gen())
+        b = masked(model, tok, ps[:k], 10, temperature, gen())
+        assert [g.response_ids for g in a] == [g.response_ids for g in b]
+    if not temperature:
+        ref = sample(model, tok, ps, 10, 0.0, None)
+        assert [g.response_ids for g in masked(model, tok, ps, 10, 0.0, None)] == [g.response_ids for g in ref]
+
+
+def test_sampler_modes_are_checked(policy):
+    model, tok = policy
+    with pytest.raises(ValueError, match="sampler mode 'fast'"):
+        StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="fast")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="graph")

@@ -118,10 +118,10 @@ PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_class
 
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 def job_params(section, drop):
-    """A train/eval section's job knobs: ``compile``/``compile_train`` only matter (and only count) on cuda."""
+    """A train/eval section's job knobs: ``sampler``/``compile_train`` only matter (and only count) on cuda."""
     d = {k: v for k, v in config[section].items() if k not in drop}
     if d.get("device", "cpu") == "cpu":
-        d.pop("compile", None)
+        d.pop("sampler", None)
         d.pop("compile_train", None)
     return d
 

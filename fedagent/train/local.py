@@ -57,7 +57,7 @@ class TrainParams:
     history: int = 2                      # rollout.history: windowed prompt's past steps
     fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
-    compile: bool = True                  # cuda: compiled static-cache decode step
+    sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
     algorithm: str = "grpo"               # grpo | ppo
@@ -262,7 +262,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         rollout_model = copy.deepcopy(model).to(torch.bfloat16)
         rollout_model.requires_grad_(False)
         sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
-                                max_new_tokens=p.max_new_tokens, compile=p.compile)
+                                max_new_tokens=p.max_new_tokens, mode=p.sampler)
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
@@ -275,7 +275,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         critic = load_critic(critic_of(model_dir), device=p.device)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
     clock.mark("model_loaded")
-    if sampler is not None and p.compile:
+    if sampler is not None and p.sampler != "eager":
         sampler.warmup(p.temperature)   # compile + CUDA graphs now, not at the first rollout
         clock.mark("sampler_warm")
     if p.device == "cuda" and p.compile_train:

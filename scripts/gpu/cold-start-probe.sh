@@ -4,7 +4,8 @@
 # on 8 training games; its round-1 train jobs one after the other (--jobs 1), so the first pays
 # the inductor compile and the second finds the cache warm, then both again with every cache
 # warm. Brings back the jobs' timings.
-#   scripts/gpu/cold-start-probe.sh OUT
+#   [SAMPLER=graph|compile|eager] scripts/gpu/cold-start-probe.sh OUT
+# SAMPLER: train.sampler and eval.sampler for the jobs (default: the preset's).
 set -euo pipefail
 OUT=${1:?usage: cold-start-probe.sh OUT}
 mkdir -p "$OUT"
@@ -15,6 +16,31 @@ rounds: 1
 env: {train_games: 8, val_games: 4}
 eval: {n: 4}
 YAML
+if [ -n "${SAMPLER:-}" ]; then
+  printf 'train: {sampler: %s}\neval: {n: 4, sampler: %s}\n' "$SAMPLER" "$SAMPLER" >> /tmp/fa-cold.yaml
+fi
+# Where the imports' time goes: is the interpreter compiling bytecode it cannot cache (a
+# read-only site-packages without __pycache__)? Three runs as the jobs run, then three with a
+# writable bytecode cache (PYTHONPYCACHEPREFIX), then the slowest imports (-X importtime).
+python3 - <<'PY' | tee "$OUT/site.txt"
+import os, importlib.util
+for name in ("torch", "transformers", "textworld", "fastapi"):
+    spec = importlib.util.find_spec(name)
+    d = os.path.dirname(spec.origin)
+    pyc = os.path.join(d, "__pycache__")
+    print(name, d, "writable" if os.access(d, os.W_OK) else "read-only",
+          f"__pycache__ files: {len(os.listdir(pyc)) if os.path.isdir(pyc) else 0}")
+PY
+for prefix in "" /tmp/fa-gpu/pycache; do
+  for i in 1 2 3; do
+    PYTHONPYCACHEPREFIX=$prefix python3 -c "import time; t=time.time(); import torch; a=time.time(); \
+from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_config; import transformers.models.llama.modeling_llama; \
+b=time.time(); import fedagent.train.local; print(f'prefix={\"$prefix\" or None} torch {a-t:.2f} transformers {b-a:.2f} rest {time.time()-b:.2f}')" \
+      | tee -a "$OUT/imports_pyc.txt"
+  done
+done
+python3 -X importtime -c "import torch, transformers.models.llama.modeling_llama, fedagent.train.local" 2> "$OUT/importtime.txt" || true
+sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -40 > "$OUT/importtime_top.txt"
 # Imports alone (the job's first seconds), three times.
 for i in 1 2 3; do
   python3 -c "import time; t=time.time(); import torch, transformers, fedagent.train.local; \
