@@ -39,8 +39,8 @@ b=time.time(); import fedagent.train.local; print(f'prefix={\"$prefix\" or None}
       | tee -a "$OUT/imports_pyc.txt"
   done
 done
-python3 -X importtime -c "import torch, transformers.models.llama.modeling_llama, fedagent.train.local" 2> "$OUT/importtime.txt" || true
-sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -40 > "$OUT/importtime_top.txt"
+[ -z "${SKIP_IMPORT_PROBE:-}" ] && python3 -X importtime -c "import torch, transformers.models.llama.modeling_llama, fedagent.train.local" 2> "$OUT/importtime.txt" || true
+(sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -40 > "$OUT/importtime_top.txt") || true
 # Imports alone (the job's first seconds), three times.
 for i in 1 2 3; do
   python3 -c "import time; t=time.time(); import torch, transformers, fedagent.train.local; \
