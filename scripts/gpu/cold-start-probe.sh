@@ -4,8 +4,9 @@
 # on 8 training games; its round-1 train jobs one after the other (--jobs 1), so the first pays
 # the inductor compile and the second finds the cache warm, then both again with every cache
 # warm. Brings back the jobs' timings.
-#   [SAMPLER=graph|compile|eager] scripts/gpu/cold-start-probe.sh OUT
-# SAMPLER: train.sampler and eval.sampler for the jobs (default: the preset's).
+#   [SAMPLER=graph|compile|eager] [SKIP_IMPORT_PROBE=1] scripts/gpu/cold-start-probe.sh OUT
+# SAMPLER: train.sampler and eval.sampler for the jobs (default: the preset's). SKIP_IMPORT_PROBE:
+# leave out the bytecode-cache and -X importtime probes (≈ 100 s on the H200 node).
 set -euo pipefail
 OUT=${1:?usage: cold-start-probe.sh OUT}
 mkdir -p "$OUT"
@@ -14,11 +15,9 @@ cat > /tmp/fa-cold.yaml <<YAML
 run: gpu-cold
 rounds: 1
 env: {train_games: 8, val_games: 4}
-eval: {n: 4}
+eval: {n: 4${SAMPLER:+, sampler: $SAMPLER}}
+${SAMPLER:+train: {sampler: $SAMPLER\}}
 YAML
-if [ -n "${SAMPLER:-}" ]; then
-  printf 'train: {sampler: %s}\neval: {n: 4, sampler: %s}\n' "$SAMPLER" "$SAMPLER" >> /tmp/fa-cold.yaml
-fi
 # Where the imports' time goes: is the interpreter compiling bytecode it cannot cache (a
 # read-only site-packages without __pycache__)? Three runs as the jobs run, then three with a
 # writable bytecode cache (PYTHONPYCACHEPREFIX), then the slowest imports (-X importtime).
@@ -31,16 +30,19 @@ for name in ("torch", "transformers", "textworld", "fastapi"):
     print(name, d, "writable" if os.access(d, os.W_OK) else "read-only",
           f"__pycache__ files: {len(os.listdir(pyc)) if os.path.isdir(pyc) else 0}")
 PY
-for prefix in "" /tmp/fa-gpu/pycache; do
-  for i in 1 2 3; do
-    PYTHONPYCACHEPREFIX=$prefix python3 -c "import time; t=time.time(); import torch; a=time.time(); \
+if [ -z "${SKIP_IMPORT_PROBE:-}" ]; then
+  for prefix in "" /tmp/fa-gpu/pycache; do
+    for i in 1 2 3; do
+      PYTHONPYCACHEPREFIX=$prefix python3 -c "import time; t=time.time(); import torch; a=time.time(); \
 from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_config; import transformers.models.llama.modeling_llama; \
 b=time.time(); import fedagent.train.local; print(f'prefix={\"$prefix\" or None} torch {a-t:.2f} transformers {b-a:.2f} rest {time.time()-b:.2f}')" \
-      | tee -a "$OUT/imports_pyc.txt"
+        | tee -a "$OUT/imports_pyc.txt"
+    done
   done
-done
-[ -z "${SKIP_IMPORT_PROBE:-}" ] && python3 -X importtime -c "import torch, transformers.models.llama.modeling_llama, fedagent.train.local" 2> "$OUT/importtime.txt" || true
-(sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -40 > "$OUT/importtime_top.txt") || true
+  python3 -X importtime -c "import torch, transformers.models.llama.modeling_llama, fedagent.train.local" \
+    2> "$OUT/importtime.txt" || true
+  (sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -40 > "$OUT/importtime_top.txt") || true
+fi
 # Imports alone (the job's first seconds), three times.
 for i in 1 2 3; do
   python3 -c "import time; t=time.time(); import torch, transformers, fedagent.train.local; \
