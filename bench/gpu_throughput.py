@@ -13,8 +13,9 @@ Each column: one warm-up call, then the median of ``--reps`` timed calls; the ra
 against vLLM and HF eager of the same run.
 
 Training (batch 64 x 512 tokens, the local backend's update: fp32 master weights, bf16 autocast,
-log-probs of the last 128 tokens, AdamW), in three variants (``--train-modes``: eager with the
-default AdamW, fused AdamW, fused + ``train.compile_train``): tokens/s and MFU = the FLOPs the
+log-probs of the last 128 tokens, AdamW), in the variants ``--train-modes`` names (default: eager
+with the default AdamW, fused AdamW, fused + ``train.compile_train``; two candidates the backend
+does not use yet, see :func:`bench_train`): tokens/s and MFU = the FLOPs the
 step computes (decoder weights on every token, the LM head on the 128 trained tokens, causal
 attention; see :func:`bench_train`) / time / peak, with peak = ``--peak-tflops`` (bf16 dense;
 the H200 datasheet's 989 by default). The naive 6·N·T figure is printed beside it.
@@ -132,7 +133,10 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     eager: the step as the local backend runs it by default (bf16 autocast over fp32 masters,
     eager modules) with torch's default (foreach) AdamW; fused: the same with the fused AdamW the
     GPU backend uses; compiled: fused + ``train.compile_train`` (the policy's forward/backward
-    through torch.compile with dynamic shapes, as the backend compiles it).
+    through torch.compile with dynamic shapes, as the backend compiles it). Candidates not in the
+    backend yet: compiled_rightpad (compiled, rows padded on the right with no attention mask:
+    ``response_logprobs(right_pad=True)``, plain causal attention), graphs_rightpad (right-padded,
+    compiled with static shapes and CUDA graphs, ``mode="reduce-overhead"``: no launch overhead).
     """
     import time
 
@@ -152,13 +156,16 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
                            advantage=1.0) for r in rows]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager" else {}))
-    if mode == "compiled":
+    right_pad = mode.endswith("_rightpad")
+    if mode in ("compiled", "compiled_rightpad"):
         model.base_model.compile(dynamic=True)
+    elif mode == "graphs_rightpad":
+        model.base_model.compile(mode="reduce-overhead", dynamic=False)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with _autocast(model):
-            logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
+            logp, _ = grpo.response_logprobs(model, samples, temperature=1.0, right_pad=right_pad)
         loss = -(logp.mean())
         loss.backward()
         opt.step()
@@ -236,7 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--train-modes", nargs="+", default=["eager", "fused", "compiled"],
-                    choices=["eager", "fused", "compiled"], help="training step variants to time")
+                    choices=["eager", "fused", "compiled", "compiled_rightpad", "graphs_rightpad"],
+                    help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["graph", "compile"], choices=["graph", "compile"],
                     help="StaticSampler modes to time (the first is reported as local_tok_s)")

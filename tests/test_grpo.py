@@ -94,17 +94,22 @@ def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
     assert torch.equal(grpo.k3_kl(a, b), torch.zeros(7))
 
 
-def test_response_logprobs_match_an_unpadded_forward(tiny_dir):
+@pytest.mark.parametrize("right_pad", [False, True])
+def test_response_logprobs_match_an_unpadded_forward_whichever_side_is_padded(tiny_dir, right_pad):
     model, _ = load_policy(tiny_dir, threads=1)
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0), grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0)]
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+               grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0),
+               # observation glue inside the response: context, not a target
+               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
     with torch.no_grad():
-        got, ent = grpo.response_logprobs(model, samples, temperature=1.0, with_entropy=True)
+        got, ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True, right_pad=right_pad)
         want = []
         for s in samples:
             full = torch.tensor([s.prompt_ids + s.response_ids])
-            lp = torch.log_softmax(model(input_ids=full).logits[0].float(), -1)
+            lp = torch.log_softmax(model(input_ids=full).logits[0].float() / 0.7, -1)
             n = len(s.prompt_ids)
-            want += [lp[n - 1 + k, t] for k, t in enumerate(s.response_ids)]
+            want += [lp[n - 1 + k, t] for k, t in enumerate(s.response_ids)
+                     if s.response_mask is None or s.response_mask[k]]
     assert torch.allclose(got, torch.stack(want), atol=1e-5)
     assert ent.shape == got.shape and (ent > 0).all()
 

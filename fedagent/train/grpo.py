@@ -111,7 +111,8 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     return [(float(r) - stats[int(g)][0]) / (stats[int(g)][1] + eps) for r, g in zip(rewards, groups)]
 
 
-def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, with_entropy: bool = False):
+def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, with_entropy: bool = False,
+                      right_pad: bool = False):
     """Per-token log-probs (and entropies) of each sample's response under ``model``.
 
     ``temperature`` (required, > 0): the sampling temperature; the log-probs and entropies are
@@ -121,6 +122,12 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
     vocabulary never materializes logits for prompt tokens. Returns flat tensors over all
     trained response tokens (``response_mask`` 1, or all) in sample order (entropy is
     ``None`` unless asked).
+
+    ``right_pad``: pad on the right instead, with no attention mask at all. Under causal
+    attention no real token can see a pad that comes after it, so the log-probs are the same
+    math; attention then runs as plain causal (the flash kernels' fast path) instead of with an
+    explicit mask, which compiled forwards cannot drop. Off by default: the CPU path keeps its
+    bytes (different kernels round differently).
     """
     if not temperature > 0:
         raise ValueError(f"log-probs need a sampling temperature > 0, got {temperature}")
@@ -128,19 +135,28 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
 
     device = next(model.parameters()).device
     seqs = [s.prompt_ids + s.response_ids for s in samples]
-    ids, mask, pos = _left_pad(seqs, pad_id=0)
-    width = ids.shape[1]
+    if right_pad:
+        width = max(len(q) for q in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, :len(q)] = torch.tensor(q, dtype=torch.long)
+        mask, pos = None, torch.arange(width).expand(len(seqs), width)
+    else:
+        ids, mask, pos = _left_pad(seqs, pad_id=0)
+        width = ids.shape[1]
     rows, cols, targets = [], [], []
     for i, s in enumerate(samples):
         n = len(s.response_ids)
-        for k, j in enumerate(range(width - n, width)):
+        end = len(seqs[i]) if right_pad else width
+        for k, j in enumerate(range(end - n, end)):
             if s.response_mask is not None and not s.response_mask[k]:
                 continue   # observation glue: context, not a target
             rows.append(i)
             cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
     if device.type != "cpu":
-        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+        ids, pos = ids.to(device), pos.to(device)
+        mask = mask.to(device) if mask is not None else None
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
     logits = model.get_output_embeddings()(h).float() / float(temperature)
