@@ -178,13 +178,16 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(2):
                 step()
             _sync()
+        table = prof.key_averages()
         print(f"--- training mode {mode}: top CUDA kernels over 2 steps", flush=True)
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70),
-              flush=True)
+        print(table.table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70), flush=True)
+        # Where the host's time goes while the GPU waits (launches, syncs, Python-side index building).
+        print(f"--- training mode {mode}: top host operators over 2 steps", flush=True)
+        print(table.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=70), flush=True)
     tokens = B * seq
     # FLOPs actually computed (forward + backward = 3 × forward, 2 per multiply-add):
     # - the decoder's weight matrices on every token: 6 · (N − embedding) · T;
