@@ -37,6 +37,8 @@ def workflow_train_params(config_path: Path, **overrides) -> TrainParams:
     return TrainParams.from_dict(d)
 
 
+UNI = ("distributed_executor_backend", "uni")
+
 CASES = {
     "default": (REPO / "config" / "config.yaml", {}, VerlSettings()),
     "workflow-test": (REPO / "tests" / "workflow_config.yaml", {}, VerlSettings(gpus=2)),
@@ -44,6 +46,9 @@ CASES = {
                                                         "train.groups_per_epoch": 4}, VerlSettings(enforce_eager=True)),
     "extra": (REPO / "config" / "config.yaml", {}, VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",))),
     "kv-cache": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=1.5)),
+    # scripts/gpu/verl-round.sh VLLM_EXECUTOR=uni: a second vLLM engine key beside the KV size.
+    "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(
+        kv_cache_gb=4, extra_overrides=(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.{UNI[0]}={UNI[1]}",))),
 }
 
 
@@ -79,6 +84,8 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert not any("port" in o.split("=")[0].lower() for o in ov)
     kv = r.engine_kwargs.vllm.get("kv_cache_memory_bytes")
     assert kv == (None if s.kv_cache_gb is None else int(s.kv_cache_gb * 2**30))
+    uni = any(UNI[0] in o for o in s.extra_overrides)
+    assert r.engine_kwargs.vllm.get(UNI[0]) == (UNI[1] if uni else None)
 
 
 def test_a_misspelled_key_fails_composition(tmp_path):

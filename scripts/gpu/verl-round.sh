@@ -20,6 +20,8 @@
 # default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
 # EVAL_BACKEND (local | vllm, default local), KV_GB (default 4: a fixed vLLM KV cache per engine, GiB; jobs
 # that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
+# VLLM_EXECUTOR (mp | uni, default mp as verl sets it: uni runs each job's vLLM worker inside its
+# engine process, one process start fewer per job — a start-up candidate, docs/gpu.md),
 # EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT]}
@@ -66,7 +68,8 @@ model: smollm2
 train:
   backend: verl
   ref_anchor: round            # verl's KL reference is the model a job starts from
-  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}
+  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
+         extra_overrides: [$( [ "${VLLM_EXECUTOR:-mp}" = mp ] || echo "\"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=${VLLM_EXECUTOR}\"" )]}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()
