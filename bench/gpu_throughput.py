@@ -249,8 +249,9 @@ def main(argv=None) -> int:
                     choices=["eager", "fused", "compiled", "compiled_rightpad", "graphs_rightpad"],
                     help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
-    ap.add_argument("--local-modes", nargs="+", default=["graph", "compile"], choices=["graph", "compile"],
-                    help="StaticSampler modes to time (the first is reported as local_tok_s)")
+    ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],
+                    help="StaticSampler modes to time (the first, by default the backend's default, is "
+                         "reported as local_tok_s)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing each training mode, print its top CUDA kernels (torch.profiler)")
     args = ap.parse_args(argv)

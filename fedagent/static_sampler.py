@@ -61,14 +61,15 @@ class StaticSampler:
         self.pad_id = int(tokenizer.pad_token_id)
         if mode == "graph" and self.device.type != "cuda":
             raise ValueError("sampler mode 'graph' needs a CUDA device")
-        self.mode = mode
-        compile = mode == "compile"
-        self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
-                        if compile else self._graph_step if mode == "graph" else self._decode_step)
+        if mode == "compile":
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
+            # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
+            self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False)
+        else:
+            self._decode = self._graph_step if mode == "graph" else self._decode_step
+            self._pick_first = _pick
         self._graphs: dict[bool, tuple] = {}     # mode "graph": greedy? -> (graph, inputs, outputs)
         self._slots = torch.arange(self.width + self.max_new_tokens, device=self.device)
-        # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
-        self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False) if compile else _pick
         self._cache_positions = torch.arange(self.width, self.width + self.max_new_tokens, device=self.device)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect
