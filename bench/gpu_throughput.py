@@ -13,9 +13,9 @@ Each column: one warm-up call, then the median of ``--reps`` timed calls; the ra
 against vLLM and HF eager of the same run.
 
 Training (batch 64 x 512 tokens, the local backend's update: fp32 master weights, bf16 autocast,
-log-probs of the last 128 tokens, AdamW), in the variants ``--train-modes`` names (default: eager
-with the default AdamW, fused AdamW, fused + ``train.compile_train``; two candidates the backend
-does not use yet, see :func:`bench_train`): tokens/s and MFU = the FLOPs the
+log-probs of the last 128 tokens, AdamW), in the variants ``--train-modes`` names (default: the
+earlier left-padded step, the GPU default, ``train.compile_train``; see :func:`bench_train`):
+tokens/s and MFU = the FLOPs the
 step computes (decoder weights on every token, the LM head on the 128 trained tokens, causal
 attention; see :func:`bench_train`) / time / peak, with peak = ``--peak-tflops`` (bf16 dense;
 the H200 datasheet's 989 by default). The naive 6·N·T figure is printed beside it.
@@ -130,13 +130,12 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
 def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
-    eager: the step as the local backend runs it by default (bf16 autocast over fp32 masters,
-    eager modules) with torch's default (foreach) AdamW; fused: the same with the fused AdamW the
-    GPU backend uses; compiled: fused + ``train.compile_train`` (the policy's forward/backward
-    through torch.compile with dynamic shapes, as the backend compiles it). Candidates not in the
-    backend yet: compiled_rightpad (compiled, rows padded on the right with no attention mask:
-    ``response_logprobs(right_pad=True)``, plain causal attention), graphs_rightpad (right-padded,
-    compiled with static shapes and CUDA graphs, ``mode="reduce-overhead"``: no launch overhead).
+    The step is the backend's own (:func:`fedagent.train.local._logprobs`, bf16 autocast over
+    fp32 masters, the clipped-ratio loss, AdamW). eager_leftpad: left-padded rows with an
+    attention mask and torch's default (foreach) AdamW — the GPU path before right padding;
+    eager: what ``train.device: cuda`` runs by default (right-padded rows, no mask, the batch in
+    one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
+    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`).
     """
     import time
 
@@ -144,7 +143,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     from fedagent.policy import load_policy
     from fedagent.train import grpo
-    from fedagent.train.local import _autocast
+    from fedagent.train.local import _autocast, _logprobs, compile_for_training
 
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
     model.train()
@@ -155,18 +154,20 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     rows = torch.randint(100, cfg.vocab_size - 100, (B, seq), generator=g).tolist()
     samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
                            advantage=1.0) for r in rows]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager" else {}))
-    right_pad = mode.endswith("_rightpad")
-    if mode in ("compiled", "compiled_rightpad"):
-        model.base_model.compile(dynamic=True)
-    elif mode == "graphs_rightpad":
-        model.base_model.compile(mode="reduce-overhead", dynamic=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
+    if mode == "compiled":
+        compile_for_training(model)
+    adv = torch.ones(B * resp, device="cuda")
 
     def step():
         opt.zero_grad(set_to_none=True)
         with _autocast(model):
-            logp, _ = grpo.response_logprobs(model, samples, temperature=1.0, right_pad=right_pad)
-        loss = -(logp.mean())
+            if mode == "eager_leftpad":
+                logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
+            else:
+                logp, _ = _logprobs(model, samples, 1.0, B)
+        terms, _ = grpo.grpo_token_terms(logp, logp.detach(), None, adv, clip=0.2, kl_coef=0.0)
+        loss = terms.sum() / terms.numel()
         loss.backward()
         opt.step()
     t0 = time.time()
@@ -245,8 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--train-modes", nargs="+", default=["eager", "fused", "compiled"],
-                    choices=["eager", "fused", "compiled", "compiled_rightpad", "graphs_rightpad"],
+    ap.add_argument("--train-modes", nargs="+", default=["eager_leftpad", "eager", "compiled"],
+                    choices=["eager_leftpad", "eager", "compiled"],
                     help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],

@@ -114,6 +114,51 @@ def test_response_logprobs_match_an_unpadded_forward_whichever_side_is_padded(ti
     assert ent.shape == got.shape and (ent > 0).all()
 
 
+def test_response_logprobs_padded_to_a_static_shape_are_the_same(tiny_dir):
+    """train.compile_train pads each micro-batch to (micro_batch_size, width rounded up): the
+    extra rows and columns must add no target and change no log-prob."""
+    model, _ = load_policy(tiny_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    shape = grpo.static_pad_shape(len(samples), 9, rows_to=4, width_step=8)
+    assert shape == (4, 16)
+    with torch.no_grad():
+        want, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True)
+        got, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=shape)
+    assert got.shape == want.shape == (6,)
+    assert torch.allclose(got, want, atol=1e-6)
+    with pytest.raises(ValueError, match="smaller than the batch"):
+        grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=(1, 16))
+
+
+def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir, tmp_path):
+    """train.compile_train's path on the CPU (Dynamo with the eager backend: the same padding,
+    target padding, slicing and mask-free causal attention, without inductor or CUDA graphs)."""
+    import json
+
+    from fedagent.policy import save_policy
+    from fedagent.train.local import CAUSAL_SDPA, causal_attention_without_mask
+
+    model, tok = load_policy(tiny_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    with torch.no_grad():
+        want, want_ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True)
+    causal_attention_without_mask(model)
+    model._fedagent_forward = torch.compile(grpo.forward_logprobs, backend="eager", dynamic=False)
+    shape = grpo.static_pad_shape(2, 9, rows_to=4, width_step=8, n_targets=6, target_step=16)
+    assert shape == (4, 16, 16)
+    with torch.no_grad():
+        got, ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True, right_pad=True,
+                                          pad_shape=shape)
+    assert got.shape == want.shape == (6,)
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(ent, want_ent, atol=1e-5)
+    # the registered attention name is the process's, not the model's: never saved with it
+    save_policy(model, tok, tmp_path / "m")
+    assert CAUSAL_SDPA not in (tmp_path / "m" / "config.json").read_text()
+    assert json.loads((tmp_path / "m" / "config.json").read_text()).get("attn_implementation") in (None, "sdpa")
+
+
 def _pair_logps(model, samples):
     with torch.no_grad():
         lp, _ = grpo.response_logprobs(model, samples, temperature=1.0)

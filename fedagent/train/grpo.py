@@ -112,7 +112,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
 
 
 def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, with_entropy: bool = False,
-                      right_pad: bool = False):
+                      right_pad: bool = False, pad_shape: tuple[int, ...] | None = None):
     """Per-token log-probs (and entropies) of each sample's response under ``model``.
 
     ``temperature`` (required, > 0): the sampling temperature; the log-probs and entropies are
@@ -126,46 +126,124 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
     ``right_pad``: pad on the right instead, with no attention mask at all. Under causal
     attention no real token can see a pad that comes after it, so the log-probs are the same
     math; attention then runs as plain causal (the flash kernels' fast path) instead of with an
-    explicit mask, which compiled forwards cannot drop. Off by default: the CPU path keeps its
-    bytes (different kernels round differently).
+    explicit mask, which compiled forwards cannot drop. The batch is built on the host in a few
+    tensor ops and reaches the device in one pinned, non-blocking copy (no stream sync before
+    the forward). ``pad_shape`` (right_pad only): pad the id matrix to exactly (rows, width),
+    at least the batch's own, so that a compiled forward sees a handful of static shapes
+    (:func:`static_pad_shape`); the padded rows and columns carry no target. Off by default:
+    the CPU path keeps its bytes (different kernels round differently).
     """
     if not temperature > 0:
         raise ValueError(f"log-probs need a sampling temperature > 0, got {temperature}")
-    from fedagent.policy import _left_pad
-
     device = next(model.parameters()).device
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     if right_pad:
-        width = max(len(q) for q in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, q in enumerate(seqs):
-            ids[i, :len(q)] = torch.tensor(q, dtype=torch.long)
-        mask, pos = None, torch.arange(width).expand(len(seqs), width)
+        ids, pos, rows, cols, targets = _right_padded(samples, seqs, pad_shape, device)
+        mask = None
     else:
-        ids, mask, pos = _left_pad(seqs, pad_id=0)
-        width = ids.shape[1]
+        if pad_shape is not None:
+            raise ValueError("pad_shape needs right_pad=True")
+        ids, mask, pos, rows, cols, targets = _left_padded(samples, seqs, device)
+    compiled = getattr(model, "_fedagent_forward", None)
+    if compiled is None:
+        return forward_logprobs(model, ids, mask, pos, rows, cols, targets, float(temperature), with_entropy)
+    # train.compile_train: the CUDA-graphed forward (static shapes: the target list is padded
+    # too, with row 0 / column 0 / token 0 entries whose log-probs are dropped). Mark a new step
+    # so the graph trees may reuse the last replay's buffers; what is kept is cloned out of them.
+    n = rows.numel()
+    if pad_shape is not None and len(pad_shape) > 2 and pad_shape[2] > n:
+        extra = pad_shape[2] - n
+        zeros = torch.zeros(extra, dtype=rows.dtype, device=rows.device)
+        rows, cols, targets = torch.cat([rows, zeros]), torch.cat([cols, zeros]), torch.cat([targets, zeros])
+    torch.compiler.cudagraph_mark_step_begin()
+    logp, entropy = compiled(model, ids, mask, pos, rows, cols, targets, float(temperature), with_entropy)
+    return logp[:n].clone(), (entropy[:n].clone() if entropy is not None else None)
+
+
+def forward_logprobs(model, ids, mask, pos, rows, cols, targets, temperature: float, with_entropy: bool):
+    """The forward of :func:`response_logprobs` on a built batch: the decoder, the LM head on the
+    hidden states at (rows, cols) only, log-softmax at ``temperature``, the targets' log-probs
+    (and the entropies). ``train.compile_train`` compiles exactly this function."""
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+    h = hidden[rows, cols]
+    logits = model.get_output_embeddings()(h).float() / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(1, targets[:, None]).squeeze(1)
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def _left_padded(samples, seqs, device):
+    """The left-padded batch and the (row, column, target) of every trained token (CPU path)."""
+    from fedagent.policy import _left_pad
+
+    ids, mask, pos = _left_pad(seqs, pad_id=0)
+    width = ids.shape[1]
     rows, cols, targets = [], [], []
     for i, s in enumerate(samples):
         n = len(s.response_ids)
-        end = len(seqs[i]) if right_pad else width
-        for k, j in enumerate(range(end - n, end)):
+        for k, j in enumerate(range(width - n, width)):
             if s.response_mask is not None and not s.response_mask[k]:
                 continue   # observation glue: context, not a target
             rows.append(i)
             cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
     if device.type != "cpu":
-        ids, pos = ids.to(device), pos.to(device)
-        mask = mask.to(device) if mask is not None else None
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
-    h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    logits = model.get_output_embeddings()(h).float() / float(temperature)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
-    entropy = None
-    if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+        ids, pos, mask = ids.to(device), pos.to(device), mask.to(device)
+    return (ids, mask, pos, torch.tensor(rows, device=device), torch.tensor(cols, device=device),
+            torch.tensor(targets, device=device))
+
+
+def _right_padded(samples, seqs, pad_shape, device):
+    """Right-padded ids, positions and trained-token indices, built with tensor ops on the host.
+
+    Row i holds ``seqs[i]`` from column 0; its trained tokens are the response positions
+    ``j`` (``response_mask`` 1), predicted by the hidden state at ``j − 1``.
+    """
+    lens = torch.tensor([len(q) for q in seqs], dtype=torch.long)
+    n_rows, width = len(seqs), int(lens.max())
+    if pad_shape is not None:
+        if pad_shape[0] < n_rows or pad_shape[1] < width or (len(pad_shape) > 2 and pad_shape[2] < sum(
+                s.trained_count() for s in samples)):
+            raise ValueError(f"pad_shape {tuple(pad_shape)} is smaller than the batch ({n_rows}, {width})")
+        n_rows, width = int(pad_shape[0]), int(pad_shape[1])
+    flat = torch.tensor([t for q in seqs for t in q], dtype=torch.long)
+    row_of = torch.repeat_interleave(torch.arange(len(seqs)), lens)
+    starts = torch.cumsum(lens, 0) - lens
+    col_of = torch.arange(flat.numel()) - torch.repeat_interleave(starts, lens)
+    ids = torch.zeros((n_rows, width), dtype=torch.long)
+    ids[row_of, col_of] = flat
+    resp = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
+    r_row = torch.repeat_interleave(torch.arange(len(seqs)), resp)
+    r_k = torch.arange(int(resp.sum())) - torch.repeat_interleave(torch.cumsum(resp, 0) - resp, resp)
+    r_col = lens[r_row] - resp[r_row] + r_k            # the response token's column
+    if any(s.response_mask is not None for s in samples):
+        keep = torch.tensor([m for s in samples
+                             for m in (s.response_mask if s.response_mask is not None
+                                       else [1] * len(s.response_ids))], dtype=torch.bool)
+        r_row, r_col = r_row[keep], r_col[keep]
+    targets = ids[r_row, r_col]
+    pos = torch.arange(width).expand(n_rows, width)
+    if device.type == "cpu":
+        return ids, pos, r_row, r_col - 1, targets
+    # One pinned buffer, one non-blocking copy: a pageable copy would wait for the stream.
+    n = r_row.numel()
+    pack = torch.cat([ids.reshape(-1), r_row, r_col - 1, targets]).pin_memory().to(device, non_blocking=True)
+    ids_d = pack[:n_rows * width].view(n_rows, width)
+    tail = pack[n_rows * width:]
+    pos_d = torch.arange(width, device=device).expand(n_rows, width)
+    return ids_d, pos_d, tail[:n], tail[n:2 * n], tail[2 * n:]
+
+
+def static_pad_shape(n_rows: int, width: int, rows_to: int, width_step: int = 64, n_targets: int | None = None,
+                     target_step: int = 512) -> tuple[int, ...]:
+    """The static shape a compiled training forward pads a micro-batch to: ``rows_to`` rows (the
+    micro-batch size), the width rounded up to a multiple of ``width_step`` and, given
+    ``n_targets``, the trained-token count rounded up to a multiple of ``target_step``."""
+    shape = (max(n_rows, rows_to), -(-width // width_step) * width_step)
+    return shape if n_targets is None else shape + (-(-n_targets // target_step) * target_step,)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
