@@ -116,3 +116,19 @@ def test_tiny_model_cli_is_deterministic(tmp_path):
     model, tok = load_policy(tmp_path / "a", threads=1)
     assert tok.chat_template and tok.decode(tok.encode("<think>go</think><action>take key</action>")) == \
         "<think>go</think><action>take key</action>"
+
+
+def test_load_policy_refuses_a_model_whose_bytes_differ_from_its_manifest(tmp_path):
+    """The manifest is checked while the weights load (in a thread): a flipped byte still stops the
+    load, naming the file, before the caller gets a model."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(build_tiny_model(tmp_path / "m", seed=11), bad)
+    f = bad / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 0x01                       # a tensor byte: safetensors still parses the file
+    f.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="model.safetensors"):
+        load_policy(bad, threads=1)
+    load_policy(bad, threads=1, verify=False)   # the file itself loads: only the manifest refuses it
