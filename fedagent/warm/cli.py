@@ -132,7 +132,9 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
     guard = Guard(path, import_env, [os.path.abspath(p) for p in args.watch_extra])
     info = {"pid": os.getpid(), "socket": path, "inode": os.stat(path).st_ino, "preload": groups,
             "preload_s": round(time.time() - t0, 3), "watched_files": len(guard.files),
-            "executable": sys.executable}
+            # OS threads the imports started (numpy/scipy OpenBLAS pools: fork-safe by their own
+            # atfork handlers); Python threads are refused above.
+            "native_threads": len(os.listdir("/proc/self/task")), "executable": sys.executable}
     line = (f"warm-server ready: pid {info['pid']} socket {path} preloaded {','.join(groups)} in "
             f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)")
     if args.ready_file is not None:
