@@ -276,6 +276,14 @@ def test_a_forked_job_applies_its_own_thread_counts():
     assert before and set(before) == {2} and set(after) == {1} and torch_threads == 1
 
 
+def test_a_job_ends_like_an_interpreter_even_with_an_idle_executor():
+    """A job that leaves a ThreadPoolExecutor running must still exit (a bare join would wait forever)."""
+    code = ("import concurrent.futures, os, time; from fedagent.warm.child import _shutdown; "
+            "ex = concurrent.futures.ThreadPoolExecutor(2); ex.submit(time.sleep, 0.1); _shutdown(); print('done')")
+    res = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == "done\n", res.stderr
+
+
 def test_job_start_comes_from_the_environment_when_set(monkeypatch):
     monkeypatch.delenv(JOB_START_ENV, raising=False)
     own = process_start_time()

@@ -5,8 +5,12 @@ put back first: the job's own fds 0/1/2, cwd, environment, argv and ``sys.path[0
 signal handlers; the job's thread counts (:mod:`fedagent.warm.threads`); no inherited ``atexit``
 handlers (they are the server's: one that removed a directory the server's imports made would
 break every later job); a fresh ``tempfile`` directory lookup (``TMPDIR`` is per job); a fresh
-seed for numpy's legacy global RNG (fork copies it; Python's ``random`` reseeds itself). At the end it does what interpreter shutdown would (join
-non-daemon threads, run the job's own ``atexit`` handlers, flush) and leaves with ``os._exit``.
+seed for numpy's legacy global RNG (fork copies it; Python's ``random`` reseeds itself).
+
+At the end it does what interpreter shutdown would (join non-daemon threads, run the job's own
+``atexit`` handlers, flush) and leaves with ``os._exit``. ``atexit._clear``/``_run_exitfuncs``
+and ``threading._shutdown`` are CPython's own shutdown steps (private names, present in 3.11
+and 3.12).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def _become_job(request: dict, fds: list[int], env: dict[str, str]) -> None:
     for fd in fds:
         if fd > 2:
             os.close(fd)
-    sys.stdout.reconfigure(line_buffering=os.isatty(1))    # as a fresh interpreter would buffer
+    if sys.stdout is not None:
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))    # as a fresh interpreter would buffer
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
@@ -74,10 +79,10 @@ def _run(argv: list[str]) -> int:
 
 
 def _shutdown() -> None:
-    """What interpreter shutdown does before the process ends, for the job's own state."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    """What interpreter shutdown does before the process ends, for the job's own state: wake and
+    join non-daemon threads (``threading._shutdown`` also stops idle ThreadPoolExecutor workers,
+    which a bare join would wait on forever), then the job's ``atexit`` handlers."""
+    threading._shutdown()
     atexit._run_exitfuncs()
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
