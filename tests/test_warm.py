@@ -196,6 +196,60 @@ def test_a_killed_client_takes_its_job_down(server, tmp_path):
     assert f"client of pid {pid} " in log.read_text()
 
 
+def test_a_client_that_loses_its_server_kills_its_job(tmp_path):
+    with warm_server("") as (sock, _log, server_pid):
+        client, pid = _start_service(sock, tw_games_dir(), tmp_path)
+        os.kill(server_pid, signal.SIGKILL)      # the job is now nobody's child but init's
+        out, _ = client.communicate(timeout=30)
+        assert client.returncode == 2 and f"while job pid {pid} ran" in out.decode()
+        _wait_for(lambda: not _alive(pid), 5, f"job {pid} of the lost server to be killed")
+
+
+def test_the_client_kills_the_job_when_its_server_vanishes_mid_job(tmp_path):
+    """Against a stand-in server that names a job (a `sleep` leading its own group), then hangs up."""
+    import socket
+    import threading
+
+    from fedagent.warm import protocol
+
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    d = Path(tempfile.mkdtemp(prefix="fa-w"))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(d / "s"))
+    listener.listen(1)
+
+    def serve_once():
+        conn, _ = listener.accept()
+        with conn:
+            reader = protocol.Reader()
+            while reader.message() is None:
+                reader.feed(conn)
+            for fd in reader.take_fds():
+                os.close(fd)
+            conn.sendall(protocol.encode({"pid": job.pid}))
+
+    t = threading.Thread(target=serve_once, daemon=True)
+    t.start()
+    try:
+        res = subprocess.run([*FEDAGENT, "eval", "--help"], env=_env(**{SOCKET_ENV: str(d / "s")}),
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 2 and f"while job pid {job.pid} ran" in res.stderr
+        assert job.wait(5) == -signal.SIGKILL
+    finally:
+        job.kill()
+        listener.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_server_will_not_fork_with_a_second_python_thread():
+    code = ("import threading, time; from fedagent.warm.preload import fork_problem; print(fork_problem()); "
+            "threading.Thread(target=time.sleep, args=(5,), name='straggler', daemon=True).start(); "
+            "print(fork_problem())")
+    res = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
+    first, second = res.stdout.splitlines()
+    assert first == "None" and "straggler" in second, res.stderr
+
+
 def test_the_light_client_imports_neither_torch_nor_numpy(server):
     sock, _log, _pid = server
     code = ("import json, sys; import fedagent.cli as c; rc = c.main(['serve-env', '--help']); "
