@@ -3,12 +3,18 @@
 Each command lives in its own module as ``add_args(parser)`` + ``run(args) -> int``;
 this file only maps command names to modules, imported lazily so ``fedagent --help``
 and light commands stay fast.
+
+With ``FEDAGENT_WARM_SOCKET`` set, the heavy job commands (``train-client``, ``eval``,
+``serve-env``) are not run here: this process stays a light client (no torch, no numpy) and
+a node-local warm server (``fedagent warm-server``, :mod:`fedagent.warm`) forks the job from
+a process that has the heavy modules imported already.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command name -> (module, one-line help)
@@ -34,7 +40,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedagent.report", "summary.csv and curves.png"),
     "status": ("fedagent.status", "where a run stands, read from its output files only"),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
+    "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
 }
+
+WARM_SOCKET_ENV = "FEDAGENT_WARM_SOCKET"
+# The commands worth forking from pre-imported modules (seconds of torch/transformers imports each).
+WARM_COMMANDS = ("train-client", "eval", "serve-env")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: dispatch ``fedagent <command> ...`` to the command's module."""
+    """Entry point: hand a heavy job to the warm server named by ``FEDAGENT_WARM_SOCKET``, else
+    :func:`dispatch` it here. There is no silent fallback: a set socket nobody answers on is an error."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    socket_path = os.environ.get(WARM_SOCKET_ENV)
+    if socket_path and argv and argv[0] in WARM_COMMANDS:
+        from fedagent.warm.client import delegate
+
+        return delegate(argv, socket_path)
+    return dispatch(argv)
+
+
+def dispatch(argv: list[str]) -> int:
+    """Run ``fedagent <command> ...`` in this process (also what a warm server's forked job calls)."""
+    argv = list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
         if argv and argv[0] not in ("-h", "--help"):

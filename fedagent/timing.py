@@ -17,6 +17,14 @@ the decode step is compiled and captured; ``env_ready``: the env service answere
 check. ``cold_start_s`` =
 process start → first sampled token (where the sampler reports it; else → the start of the
 first rollout).
+
+A job forked by the warm server (:mod:`fedagent.warm`) is not a fresh process: the user's job
+started when its light client did. The server sets ``FEDAGENT_JOB_START`` (the client's own
+process start, epoch seconds) in the forked job's environment, and :func:`process_start_time`
+returns it when set, so cold start still counts from the moment the job was started — the
+imports the warm server did once are simply not paid. Processes the job starts inherit it (their
+clocks start at the job's start too); the warm client reads its own start with
+:func:`proc_start_time`, never the inherited value.
 """
 
 from __future__ import annotations
@@ -26,7 +34,19 @@ import os
 import time
 
 
+JOB_START_ENV = "FEDAGENT_JOB_START"
+
+
 def process_start_time() -> float:
+    """When this job started: ``FEDAGENT_JOB_START`` if set (a job forked by the warm server),
+    else :func:`proc_start_time`."""
+    value = os.environ.get(JOB_START_ENV)
+    if value:
+        return float(value)
+    return proc_start_time()
+
+
+def proc_start_time() -> float:
     """Wall-clock time this process started (Linux), else the time this module was imported."""
     try:
         with open("/proc/self/stat") as fh:

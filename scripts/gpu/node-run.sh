@@ -4,10 +4,23 @@
 # Stops Snakemake cleanly after SECONDS (default 540: under one device call), so a later call
 # resumes the same run from its files. Packs results (no weights, no games), logs and
 # benchmarks into $OUT/run.tgz when OUT is set.
+# WARM=1: the jobs are forked from a warm server (fedagent warm-server, all groups preloaded,
+# socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too.
 set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
+if [ "${WARM:-0}" = 1 ]; then
+  warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
+  export FEDAGENT_WARM_SOCKET="$warm_dir/s"
+  stop_warm() {
+    fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --stop >/dev/null 2>&1 || true
+    if [ -n "${OUT:-}" ]; then cp "$warm_dir/s.log" "$OUT/warm-server.log" 2>/dev/null || true; fi
+    rm -rf "$warm_dir"
+  }
+  trap stop_warm EXIT
+  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env --detach || exit 1
+fi
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
 rc=$?
@@ -18,4 +31,4 @@ if [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
   cp "results/$run/summary.csv" "$OUT/" 2>/dev/null; cp "results/$run/curves.png" "$OUT/" 2>/dev/null
   cp "results/$run/round_"*/timings.csv "$OUT/" 2>/dev/null | tail -1
 fi
-exit $rc
+exit $rc   # (WARM=1: the EXIT trap stops the warm server)
