@@ -101,7 +101,7 @@ def run_episodes(
         from fedagent.rollout.concat import ConcatChat
     sample_fn = sample if sampler is None else sampler
     prefix = response_prefix(answer_format)
-    sids = [f"{session_prefix}-{i}" for i in range(len(seeds))]
+    sids = session_ids(session_prefix, len(seeds))
     trajs: list[Trajectory] = []
     created: list[str] = []
     completed = False
@@ -230,5 +230,21 @@ def run_episodes_batched(model, tokenizer, env, seeds: Sequence[int], *, batch_s
     out: list[Trajectory] = []
     for k in range(0, len(seeds), batch_size):
         out.extend(run_episodes(model, tokenizer, env, list(seeds[k:k + batch_size]),
-                                session_prefix=f"{session_prefix}-b{k // batch_size}", **kwargs))
+                                session_prefix=batch_prefix(session_prefix, k // batch_size), **kwargs))
     return out
+
+
+def batch_prefix(session_prefix: str, batch: int) -> str:
+    """The session prefix of batch ``batch`` of :func:`run_episodes_batched`."""
+    return f"{session_prefix}-b{batch}"
+
+
+def first_batch(seeds: Sequence[int], batch_size: int, session_prefix: str) -> tuple[list[str], list[int]]:
+    """The session ids and seeds that :func:`run_episodes_batched` creates and resets first."""
+    head = [int(s) for s in seeds[:batch_size]]
+    return session_ids(batch_prefix(session_prefix, 0), len(head)), head
+
+
+def session_ids(session_prefix: str, n: int) -> list[str]:
+    """The session ids :func:`run_episodes` gives ``n`` seeds."""
+    return [f"{session_prefix}-{i}" for i in range(n)]

@@ -45,6 +45,16 @@ class Sample:
         """How many response tokens carry a loss (log-probs come only for these)."""
         return len(self.response_ids) if self.response_mask is None else sum(self.response_mask)
 
+    def ids_tensor(self) -> torch.Tensor:
+        """prompt + response ids as one int64 CPU tensor, made once per sample (an epoch scores a
+        sample two or three times: behaviour, reference, update; the GPU path's batch is a concat
+        of these instead of a Python loop over every token while the GPU waits)."""
+        t = self.__dict__.get("_ids")
+        if t is None or t.numel() != len(self.prompt_ids) + len(self.response_ids):
+            t = torch.tensor(self.prompt_ids + self.response_ids, dtype=torch.long)
+            self.__dict__["_ids"] = t
+        return t
+
 
 def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty: float) -> list[Sample]:
     """One sample per turn: the episode's return, minus ``invalid_penalty`` on invalid turns."""
@@ -209,7 +219,7 @@ def _right_padded(samples, seqs, pad_shape, device):
                 s.trained_count() for s in samples)):
             raise ValueError(f"pad_shape {tuple(pad_shape)} is smaller than the batch ({n_rows}, {width})")
         n_rows, width = int(pad_shape[0]), int(pad_shape[1])
-    flat = torch.tensor([t for q in seqs for t in q], dtype=torch.long)
+    flat = torch.cat([s.ids_tensor() for s in samples])
     row_of = torch.repeat_interleave(torch.arange(len(seqs)), lens)
     starts = torch.cumsum(lens, 0) - lens
     col_of = torch.arange(flat.numel()) - torch.repeat_interleave(starts, lens)

@@ -301,6 +301,14 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     clock.mark("job_ready")
     t0 = time.time()
     p = params
+    if hasattr(env, "ready"):
+        # The first rollout batch is known now: its sessions are created and reset (game files
+        # loaded) by the service while this thread loads the model and warms the sampler.
+        from fedagent.rollout.episode import first_batch
+        from fedagent.rollout.prefetch import PrefetchedEnv
+
+        seeds0 = [s for s in epoch_task_seeds(p, round, client, 0) for _ in range(p.group_size)]
+        env = PrefetchedEnv(env, *first_batch(seeds0, p.pool_size, _session_prefix(round, client, 0)))
     model, tok = load_policy(model_dir, threads, verify=verify, device=p.device)
     clock.mark("weights_loaded")
     ref_model = None
@@ -365,7 +373,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         with clock.phase("rollout"):
             trajs = run_episodes_batched(
                 rollout_model, tok, env, rollout_seeds, batch_size=p.pool_size,
-                session_prefix=f"r{round}-c{client}-e{epoch}", max_turns=p.max_turns,
+                session_prefix=_session_prefix(round, client, epoch), max_turns=p.max_turns,
                 max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
                 max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format, sampler=sampler,
                 rollout_mode=p.rollout_mode, history_length=p.history)
@@ -445,6 +453,11 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                                 "task_seeds": seeds_used}, backend="local",
                          **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}))
     return metrics
+
+
+def _session_prefix(round: int, client: int, epoch: int) -> str:
+    """The env session ids' prefix of one local epoch's rollout."""
+    return f"r{round}-c{client}-e{epoch}"
 
 
 def _invalid_rate(records: list[dict]) -> float:

@@ -1,0 +1,91 @@
+"""The first rollout batch prefetched while a train job starts (fedagent.rollout.prefetch)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+
+from fake_env import FakeEnv, Pending, build_tiny_model
+from fedagent.rollout.prefetch import PrefetchedEnv
+from fedagent.train.local import TrainParams, train_client
+
+PARAMS = {"epochs": 2, "groups_per_epoch": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 4,
+          "mini_batch_size": 4, "micro_batch_size": 2, "pool_size": 3, "lr": 1e-3, "max_prompt_tokens": 256}
+
+
+class BatchFake(FakeEnv):
+    """FakeEnv with the env client's batch calls; logs every call and the thread it came from."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def _log(self, name, arg):
+        self.calls.append((name, arg, threading.current_thread().name))
+
+    def create_many(self, sids):
+        self._log("create_many", tuple(sids))
+        return [self.create(s) for s in sids]
+
+    def reset_many(self, pairs):
+        self._log("reset_many", tuple(pairs))
+        return [self.reset(s, seed) for s, seed in pairs]
+
+    def step_many(self, pairs):
+        self._log("step_many", len(pairs))
+        return [self.step(s, t) for s, t in pairs]
+
+    def close_many(self, sids):
+        self._log("close_many", tuple(sids))
+        return [self.close(s) for s in sids]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=5)
+
+
+def _digest(d):
+    return hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_prefetched_first_batch_changes_no_byte_and_no_call(tiny_dir, tmp_path):
+    """Same update, and the service sees the same calls in the same order; only the first batch's
+    create and reset come from the prefetch thread (3 rollouts of 4 per epoch fit one pool of 3:
+    the epoch has two batches, only the first is prefetched)."""
+    p = TrainParams.from_dict(PARAMS)
+    plain, pre = BatchFake(mode="draw"), BatchFake(mode="draw")
+    train_client(tiny_dir, tiny_dir, plain, round=1, client=0, params=p, threads=1, out_dir=tmp_path / "a")
+    train_client(tiny_dir, tiny_dir, Pending(pre), round=1, client=0, params=p, threads=1, out_dir=tmp_path / "b")
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    assert [c[:2] for c in plain.calls] == [c[:2] for c in pre.calls]
+    threads = [(c[0], c[2]) for c in pre.calls if c[2] != "MainThread"]
+    assert threads == [("create_many", "env-prefetch"), ("reset_many", "env-prefetch")]
+    assert pre.calls[0][1] == ("r1-c0-e0-b0-0", "r1-c0-e0-b0-1", "r1-c0-e0-b0-2")
+
+
+def test_a_batch_other_than_the_prefetched_one_gets_its_envs_back_first():
+    """Were the rollout to ask for other sessions, the prefetched ones are closed before the new
+    create (a full pool would otherwise wait for ever), and the stale resets are never served."""
+    env = BatchFake(mode="draw")
+    served = PrefetchedEnv(Pending(env), ["x-0", "x-1"], [7, 8]).ready()
+    served.create_many(["y-0"])
+    assert [c[:2] for c in env.calls][-2:] == [("close_many", ("x-0", "x-1")), ("create_many", ("y-0",))]
+    out = served.reset_many([("x-0", 7), ("x-1", 8)])
+    assert env.calls[-1][0] == "reset_many" and len(out) == 2
+
+
+def test_the_prefetch_error_reaches_the_job():
+    class Broken:
+        def ready(self):
+            raise RuntimeError("service never came up")
+
+    with pytest.raises(RuntimeError, match="never came up"):
+        PrefetchedEnv(Broken(), ["s-0"], [1]).ready()
+
+
+def test_an_env_without_batch_calls_is_passed_through():
+    env = FakeEnv(mode="draw")
+    assert PrefetchedEnv(Pending(env), ["s-0"], [1]).ready() is env
