@@ -89,3 +89,36 @@ def test_the_prefetch_error_reaches_the_job():
 def test_an_env_without_batch_calls_is_passed_through():
     env = FakeEnv(mode="draw")
     assert PrefetchedEnv(Pending(env), ["s-0"], [1]).ready() is env
+
+
+def test_reference_read_in_the_background_is_the_model_a_reload_gives(tmp_path):
+    """Rounds ≥ 2: the reference (another model) is read in a thread and filled into a copy of the
+    policy module; its log-probs equal those of the model loaded the old way, and a reference whose
+    bytes do not match its manifest stops the job."""
+    import shutil
+
+    import torch
+
+    from fedagent.policy import load_policy
+    from fedagent.train import grpo, local
+
+    start = build_tiny_model(tmp_path / "start", seed=5)
+    ref_dir = build_tiny_model(tmp_path / "ref", seed=6)
+    policy, _ = load_policy(start, threads=1)
+    ref = __import__("copy").deepcopy(policy)
+    local._fill(ref, local._read_tensors_async(ref_dir, True).result(), ref_dir)
+    want, _ = load_policy(ref_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7], [8, 9], 1.0, 0)]
+    with torch.no_grad():
+        a = grpo.response_logprobs(ref, samples, temperature=1.0)[0]
+        b = grpo.response_logprobs(want, samples, temperature=1.0)[0]
+        c = grpo.response_logprobs(policy, samples, temperature=1.0)[0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert ref.get_output_embeddings().weight is ref.get_input_embeddings().weight
+    bad = tmp_path / "bad"
+    shutil.copytree(ref_dir, bad)
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    data[-3] ^= 1
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(Exception, match="model.safetensors"):
+        local._read_tensors_async(bad, True).result()

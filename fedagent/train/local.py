@@ -301,6 +301,12 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     clock.mark("job_ready")
     t0 = time.time()
     p = params
+    ref_state = None
+    if ref_model_dir is not None and p.kl_coef and not same_weights(model_dir, ref_model_dir):
+        # Another model (rounds ≥ 2: the base model): its tensors are read (and its manifest
+        # checked) in a thread while the policy loads; it becomes a copy of the policy module
+        # filled with them.
+        ref_state = _read_tensors_async(Path(ref_model_dir), verify)
     if hasattr(env, "ready"):
         # The first rollout batch is known now: its sessions are created and reset (game files
         # loaded) by the service while this thread loads the model and warms the sampler.
@@ -314,10 +320,11 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     ref_model = None
     same_ref = False
     if ref_model_dir is not None and p.kl_coef:
-        same_ref = same_weights(model_dir, ref_model_dir)
-        # Same weights (round 1, or ref_anchor=round): copy in memory instead of reloading.
-        ref_model = (copy.deepcopy(model) if same_ref
-                     else load_policy(ref_model_dir, threads, verify=verify, device=p.device)[0])
+        same_ref = ref_state is None
+        # Same weights (round 1, or ref_anchor=round): a copy in memory instead of a reload.
+        ref_model = copy.deepcopy(model)
+        if ref_state is not None:
+            _fill(ref_model, ref_state.result(), Path(ref_model_dir))
         ref_model.requires_grad_(False)
     rollout_model, sampler = model, None
     if p.device == "cuda":
@@ -453,6 +460,44 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                                 "task_seeds": seeds_used}, backend="local",
                          **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}))
     return metrics
+
+
+def _read_tensors_async(model_dir: Path, verify: bool):
+    """A future of ``model_dir``'s weights as CPU tensors (safetensors), manifest checked first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read():
+        from safetensors.torch import load_file
+
+        if verify:
+            from fedagent.atomic import verify_manifest
+
+            verify_manifest(model_dir)
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ref-load")
+    future = pool.submit(read)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _fill(model, state: dict, source: Path) -> None:
+    """Load ``state`` into ``model`` (same architecture); every parameter must come from it,
+    except weights tied to one that does (the LM head to the embedding)."""
+    result = model.load_state_dict(state, strict=False)
+    tied = {k for k in result.missing_keys if k == "lm_head.weight" and model.config.tie_word_embeddings}
+    missing = sorted(set(result.missing_keys) - tied)
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{source}: reference weights do not fit the policy (missing {missing[:3]}, "
+                         f"unexpected {sorted(result.unexpected_keys)[:3]})")
+    if tied and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+        raise ValueError(f"{source}: the policy copy lost its tied LM head; cannot fill it from the embedding")
 
 
 def _session_prefix(round: int, client: int, epoch: int) -> str:
