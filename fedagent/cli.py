@@ -5,7 +5,7 @@ this file only maps command names to modules, imported lazily so ``fedagent --he
 and light commands stay fast.
 
 With ``FEDAGENT_WARM_SOCKET`` set, the heavy job commands (``train-client``, ``eval``,
-``serve-env``) are not run here: this process stays a light client (no torch, no numpy) and
+``serve-env``, ``aggregate``, ``merge``) are not run here: this process stays a light client (no torch, no numpy) and
 a node-local warm server (``fedagent warm-server``, :mod:`fedagent.warm`) forks the job from
 a process that has the heavy modules imported already.
 """
@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 WARM_SOCKET_ENV = "FEDAGENT_WARM_SOCKET"
 # The commands worth forking from pre-imported modules (seconds of torch/transformers imports each).
-WARM_COMMANDS = ("train-client", "eval", "serve-env")
+WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge")
 
 
 def build_parser() -> argparse.ArgumentParser:

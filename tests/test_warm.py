@@ -142,6 +142,33 @@ def test_train_client_through_the_warm_server_is_byte_identical(server, job_inpu
     print("job_ready (imports done) after process start, s:", marks)
 
 
+def test_aggregate_and_merge_through_the_warm_server_are_byte_identical(tmp_path):
+    """The server's side of a round forks too (preload group "server"): same delta, same model."""
+    models = {}
+    for seed in (1, 2, 3):
+        res = subprocess.run([*FEDAGENT, "tiny-model", "--seed", str(seed), "--out", str(tmp_path / f"m{seed}")],
+                             env=_env(), capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        models[seed] = tmp_path / f"m{seed}"
+    job_env = _env(**SNAKEMAKE_THREADS)
+    outs = {}
+    with warm_server("server") as (sock, log, _pid):
+        for name, extra in (("fresh", {}), ("warm", {SOCKET_ENV: sock})):
+            d = tmp_path / name
+            for cmd in (["aggregate", "--prev", str(models[1]), "--clients", str(models[2]), str(models[3]),
+                         "--out", str(d / "agg")],
+                        ["merge", "--prev", str(models[1]), "--aggregate", str(d / "agg"), "--prev-server-state",
+                         "none", "--round", "1", "--out", str(d / "model")]):
+                res = subprocess.run([*FEDAGENT, *cmd], env={**job_env, **extra}, cwd=tmp_path, capture_output=True,
+                                     text=True, timeout=120)
+                assert res.returncode == 0, res.stderr + log.read_text()
+            outs[name] = d
+        forks = [line for line in log.read_text().splitlines() if " forked pid " in line]
+    assert any("fedagent aggregate" in line for line in forks) and any("fedagent merge" in line for line in forks)
+    for rel in ("agg/delta.safetensors", "model/model.safetensors"):
+        assert _sha(outs["fresh"] / rel) == _sha(outs["warm"] / rel), rel
+
+
 def test_exit_codes_and_output_are_those_of_a_fresh_process(server, tmp_path):
     sock, _log, _pid = server
     cases = (["serve-env", "--help"],                                      # stdout, exit 0

@@ -1,6 +1,6 @@
 """``fedagent warm-server``: start (foreground or ``--detach``), ``--ping`` or ``--stop`` a warm server.
 
-    fedagent warm-server --socket S --detach          # preload train,eval,env; returns once ready
+    fedagent warm-server --socket S --detach          # preload train,eval,env,server; returns once ready
     FEDAGENT_WARM_SOCKET=S snakemake --profile profiles/local ...
     fedagent warm-server --socket S --stop            # kills running jobs' groups first
 
@@ -29,7 +29,7 @@ UDS_MAX = 107                   # Linux sun_path is 108 bytes with its terminati
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fedagent warm-server``."""
     parser.add_argument("--socket", required=True, type=Path, help="the server's Unix socket")
-    parser.add_argument("--preload", default="train,eval,env",
+    parser.add_argument("--preload", default="train,eval,env,server",
                         help="comma-separated module groups to import once: train, eval, env")
     parser.add_argument("--detach", action="store_true", help="run as a daemon; return once it is ready")
     parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once serving")

@@ -34,6 +34,9 @@ PRELOADS: dict[str, tuple[str, ...]] = {
             "fedagent.envs.textworld_env", "textworld", "fastapi", "pydantic.v1", "uvicorn", "uvicorn.config",
             "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.asyncio", "uvicorn.protocols.http.auto",
             "uvicorn.protocols.websockets.auto"),
+    # the server's side of a round: `fedagent aggregate` and `fedagent merge` (torch + safetensors).
+    "server": ("fedagent.aggregate", "torch", "safetensors.torch", "fedagent.merge", "fedagent.server_opt",
+               "fedagent.hf_dir", "fedagent.atomic", "fedagent.provenance"),
 }
 
 # Environment read when the interpreter starts or a library is imported (the loader, libgomp,

@@ -19,7 +19,7 @@ if [ "${WARM:-0}" = 1 ]; then
     rm -rf "$warm_dir"
   }
   trap stop_warm EXIT
-  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env --detach || exit 1
+  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server --detach || exit 1
 fi
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
