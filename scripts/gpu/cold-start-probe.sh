@@ -4,13 +4,14 @@
 # on 8 training games; its round-1 train jobs one after the other (--jobs 1), so the first pays
 # the inductor compile and the second finds the cache warm, then both again with every cache
 # warm. Brings back the jobs' timings.
-#   [SAMPLER=graph|compile|eager] [SKIP_IMPORT_PROBE=1] scripts/gpu/cold-start-probe.sh OUT
+#   [SAMPLER=graph|compile|eager] [SKIP_IMPORT_PROBE=1] [WARM=1] scripts/gpu/cold-start-probe.sh OUT
 # SAMPLER: train.sampler and eval.sampler for the jobs (default: the preset's). SKIP_IMPORT_PROBE:
 # leave out the bytecode-cache and -X importtime probes (≈ 100 s on the H200 node).
 set -euo pipefail
 OUT=${1:?usage: cold-start-probe.sh OUT}
 mkdir -p "$OUT"
 source scripts/gpu/node-env.sh
+source scripts/gpu/warm.sh    # WARM=1: every job forked from a warm server (as node-run.sh)
 cat > /tmp/fa-cold.yaml <<YAML
 run: gpu-cold
 rounds: 1

@@ -10,17 +10,7 @@ set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
-if [ "${WARM:-0}" = 1 ]; then
-  warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
-  export FEDAGENT_WARM_SOCKET="$warm_dir/s"
-  stop_warm() {
-    fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --stop >/dev/null 2>&1 || true
-    if [ -n "${OUT:-}" ]; then cp "$warm_dir/s.log" "$OUT/warm-server.log" 2>/dev/null || true; fi
-    rm -rf "$warm_dir"
-  }
-  trap stop_warm EXIT
-  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server --detach || exit 1
-fi
+source scripts/gpu/warm.sh
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
 rc=$?
@@ -29,6 +19,7 @@ if [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
   tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude="results/$run/plan/games" \
     --exclude='*/tokenizer.json' "results/$run"
   cp "results/$run/summary.csv" "$OUT/" 2>/dev/null; cp "results/$run/curves.png" "$OUT/" 2>/dev/null
-  cp "results/$run/round_"*/timings.csv "$OUT/" 2>/dev/null | tail -1
+  last=$(ls -d "results/$run"/round_* 2>/dev/null | tail -1)   # its timings.csv has every round's row
+  [ -n "$last" ] && cp "$last/timings.csv" "$OUT/" 2>/dev/null
 fi
 exit $rc   # (WARM=1: the EXIT trap stops the warm server)

@@ -1,0 +1,14 @@
+# Sourced by the GPU node scripts (after node-env.sh): with WARM=1, start a warm fork server
+# (fedagent warm-server, every preload group, socket under /tmp), export FEDAGENT_WARM_SOCKET for
+# Snakemake's jobs, and stop it when the script exits (its log goes to $OUT/warm-server.log).
+if [ "${WARM:-0}" = 1 ]; then
+  warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
+  export FEDAGENT_WARM_SOCKET="$warm_dir/s"
+  stop_warm() {
+    fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --stop >/dev/null 2>&1 || true
+    if [ -n "${OUT:-}" ]; then cp "$warm_dir/s.log" "$OUT/warm-server.log" 2>/dev/null || true; fi
+    rm -rf "$warm_dir"
+  }
+  trap stop_warm EXIT
+  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server --detach || exit 1
+fi
