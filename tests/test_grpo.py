@@ -127,6 +127,9 @@ def test_response_logprobs_padded_to_a_static_shape_are_the_same(tiny_dir):
         got, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=shape)
     assert got.shape == want.shape == (6,)
     assert torch.allclose(got, want, atol=1e-6)
+    with torch.no_grad():   # the trained-token list padded too (what compile_train's buckets add)
+        got3, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=shape + (16,))
+    assert got3.shape == (6,) and torch.allclose(got3, want, atol=1e-6)
     with pytest.raises(ValueError, match="smaller than the batch"):
         grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=(1, 16))
 

@@ -115,6 +115,17 @@ def test_reference_read_in_the_background_is_the_model_a_reload_gives(tmp_path):
         c = grpo.response_logprobs(policy, samples, temperature=1.0)[0]
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert ref.get_output_embeddings().weight is ref.get_input_embeddings().weight
+    # A merged round's model dir also holds server_state.safetensors (the server optimizer's
+    # state): only the model's own weight files are read.
+    merged = tmp_path / "merged"
+    shutil.copytree(ref_dir, merged)
+    from safetensors.torch import save_file
+
+    save_file({"exp_avg.model.norm.weight": torch.zeros(3)}, str(merged / "server_state.safetensors"))
+    ref2 = __import__("copy").deepcopy(policy)
+    local._fill(ref2, local._read_tensors_async(merged, False).result(), merged)
+    with torch.no_grad():
+        assert torch.equal(grpo.response_logprobs(ref2, samples, temperature=1.0)[0], b)
     bad = tmp_path / "bad"
     shutil.copytree(ref_dir, bad)
     data = bytearray((bad / "model.safetensors").read_bytes())

@@ -146,27 +146,24 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
     if not temperature > 0:
         raise ValueError(f"log-probs need a sampling temperature > 0, got {temperature}")
     device = next(model.parameters()).device
-    seqs = [s.prompt_ids + s.response_ids for s in samples]
+    n = sum(s.trained_count() for s in samples)
     if right_pad:
-        ids, pos, rows, cols, targets = _right_padded(samples, seqs, pad_shape, device)
+        ids, pos, rows, cols, targets = _right_padded(samples, pad_shape, device)
         mask = None
     else:
         if pad_shape is not None:
             raise ValueError("pad_shape needs right_pad=True")
-        ids, mask, pos, rows, cols, targets = _left_padded(samples, seqs, device)
+        ids, mask, pos, rows, cols, targets = _left_padded(samples, device)
     compiled = getattr(model, "_fedagent_forward", None)
-    if compiled is None:
+    if compiled is None and rows.numel() == n:
         return forward_logprobs(model, ids, mask, pos, rows, cols, targets, float(temperature), with_entropy)
-    # train.compile_train: the CUDA-graphed forward (static shapes: the target list is padded
-    # too, with row 0 / column 0 / token 0 entries whose log-probs are dropped). Mark a new step
-    # so the graph trees may reuse the last replay's buffers; what is kept is cloned out of them.
-    n = rows.numel()
-    if pad_shape is not None and len(pad_shape) > 2 and pad_shape[2] > n:
-        extra = pad_shape[2] - n
-        zeros = torch.zeros(extra, dtype=rows.dtype, device=rows.device)
-        rows, cols, targets = torch.cat([rows, zeros]), torch.cat([cols, zeros]), torch.cat([targets, zeros])
-    torch.compiler.cudagraph_mark_step_begin()
-    logp, entropy = compiled(model, ids, mask, pos, rows, cols, targets, float(temperature), with_entropy)
+    if compiled is not None:
+        # train.compile_train: the CUDA-graphed forward. Mark a new step so the graph trees may
+        # reuse the last replay's buffers; what is kept is cloned out of them below.
+        torch.compiler.cudagraph_mark_step_begin()
+    logp, entropy = (compiled or forward_logprobs)(model, ids, mask, pos, rows, cols, targets, float(temperature),
+                                                   with_entropy)
+    # The padded targets (row 0 / column 0 / token 0 entries, after the real ones) are dropped.
     return logp[:n].clone(), (entropy[:n].clone() if entropy is not None else None)
 
 
@@ -185,11 +182,11 @@ def forward_logprobs(model, ids, mask, pos, rows, cols, targets, temperature: fl
     return logp, entropy
 
 
-def _left_padded(samples, seqs, device):
+def _left_padded(samples, device):
     """The left-padded batch and the (row, column, target) of every trained token (CPU path)."""
     from fedagent.policy import _left_pad
 
-    ids, mask, pos = _left_pad(seqs, pad_id=0)
+    ids, mask, pos = _left_pad([s.prompt_ids + s.response_ids for s in samples], pad_id=0)
     width = ids.shape[1]
     rows, cols, targets = [], [], []
     for i, s in enumerate(samples):
@@ -206,27 +203,30 @@ def _left_padded(samples, seqs, device):
             torch.tensor(targets, device=device))
 
 
-def _right_padded(samples, seqs, pad_shape, device):
+def _right_padded(samples, pad_shape, device):
     """Right-padded ids, positions and trained-token indices, built with tensor ops on the host.
 
-    Row i holds ``seqs[i]`` from column 0; its trained tokens are the response positions
-    ``j`` (``response_mask`` 1), predicted by the hidden state at ``j − 1``.
+    Row i holds sample i's prompt + response from column 0; its trained tokens are the response
+    positions ``j`` (``response_mask`` 1), predicted by the hidden state at ``j − 1``. With a
+    third ``pad_shape`` entry the (row, column, target) lists are padded with zeros after the
+    real entries, to that length.
     """
-    lens = torch.tensor([len(q) for q in seqs], dtype=torch.long)
-    n_rows, width = len(seqs), int(lens.max())
+    lens = torch.tensor([len(s.prompt_ids) + len(s.response_ids) for s in samples], dtype=torch.long)
+    n_rows, width = len(samples), int(lens.max())
+    n_targets = sum(s.trained_count() for s in samples)
     if pad_shape is not None:
-        if pad_shape[0] < n_rows or pad_shape[1] < width or (len(pad_shape) > 2 and pad_shape[2] < sum(
-                s.trained_count() for s in samples)):
-            raise ValueError(f"pad_shape {tuple(pad_shape)} is smaller than the batch ({n_rows}, {width})")
+        if pad_shape[0] < n_rows or pad_shape[1] < width or (len(pad_shape) > 2 and pad_shape[2] < n_targets):
+            raise ValueError(f"pad_shape {tuple(pad_shape)} is smaller than the batch "
+                             f"({n_rows}, {width}, {n_targets} targets)")
         n_rows, width = int(pad_shape[0]), int(pad_shape[1])
     flat = torch.cat([s.ids_tensor() for s in samples])
-    row_of = torch.repeat_interleave(torch.arange(len(seqs)), lens)
+    row_of = torch.repeat_interleave(torch.arange(len(samples)), lens)
     starts = torch.cumsum(lens, 0) - lens
     col_of = torch.arange(flat.numel()) - torch.repeat_interleave(starts, lens)
     ids = torch.zeros((n_rows, width), dtype=torch.long)
     ids[row_of, col_of] = flat
     resp = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
-    r_row = torch.repeat_interleave(torch.arange(len(seqs)), resp)
+    r_row = torch.repeat_interleave(torch.arange(len(samples)), resp)
     r_k = torch.arange(int(resp.sum())) - torch.repeat_interleave(torch.cumsum(resp, 0) - resp, resp)
     r_col = lens[r_row] - resp[r_row] + r_k            # the response token's column
     if any(s.response_mask is not None for s in samples):
@@ -235,16 +235,19 @@ def _right_padded(samples, seqs, pad_shape, device):
                                        else [1] * len(s.response_ids))], dtype=torch.bool)
         r_row, r_col = r_row[keep], r_col[keep]
     targets = ids[r_row, r_col]
+    r_col = r_col - 1
+    if pad_shape is not None and len(pad_shape) > 2:
+        pad = torch.zeros(int(pad_shape[2]) - n_targets, dtype=torch.long)
+        r_row, r_col, targets = torch.cat([r_row, pad]), torch.cat([r_col, pad]), torch.cat([targets, pad])
     pos = torch.arange(width).expand(n_rows, width)
     if device.type == "cpu":
-        return ids, pos, r_row, r_col - 1, targets
+        return ids, pos, r_row, r_col, targets
     # One pinned buffer, one non-blocking copy: a pageable copy would wait for the stream.
-    n = r_row.numel()
-    pack = torch.cat([ids.reshape(-1), r_row, r_col - 1, targets]).pin_memory().to(device, non_blocking=True)
-    ids_d = pack[:n_rows * width].view(n_rows, width)
+    m = r_row.numel()
+    pack = torch.cat([ids.reshape(-1), r_row, r_col, targets]).pin_memory().to(device, non_blocking=True)
     tail = pack[n_rows * width:]
-    pos_d = torch.arange(width, device=device).expand(n_rows, width)
-    return ids_d, pos_d, tail[:n], tail[n:2 * n], tail[2 * n:]
+    return (pack[:n_rows * width].view(n_rows, width), torch.arange(width, device=device).expand(n_rows, width),
+            tail[:m], tail[m:2 * m], tail[2 * m:])
 
 
 def static_pad_shape(n_rows: int, width: int, rows_to: int, width_step: int = 64, n_targets: int | None = None,

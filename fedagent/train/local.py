@@ -469,15 +469,14 @@ def _read_tensors_async(model_dir: Path, verify: bool):
     def read():
         from safetensors.torch import load_file
 
+        from fedagent.hf_dir import weight_files
+
         if verify:
             from fedagent.atomic import verify_manifest
 
             verify_manifest(model_dir)
-        files = sorted(model_dir.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
         state = {}
-        for f in files:
+        for f in weight_files(model_dir):     # the model's own files (not a merge's server_state)
             state.update(load_file(str(f)))
         return state
 

@@ -30,7 +30,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fedagent warm-server``."""
     parser.add_argument("--socket", required=True, type=Path, help="the server's Unix socket")
     parser.add_argument("--preload", default="train,eval,env,server",
-                        help="comma-separated module groups to import once: train, eval, env")
+                        help="comma-separated module groups to import once: train, eval, env, server")
     parser.add_argument("--detach", action="store_true", help="run as a daemon; return once it is ready")
     parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once serving")
     parser.add_argument("--log", type=Path, default=None, help="--detach: the server's log (default SOCKET.log)")
