@@ -18,7 +18,8 @@ earlier left-padded step, the GPU default, ``train.compile_train``; see :func:`b
 tokens/s and MFU = the FLOPs the
 step computes (decoder weights on every token, the LM head on the 128 trained tokens, causal
 attention; see :func:`bench_train`) / time / peak, with peak = ``--peak-tflops`` (bf16 dense;
-the H200 datasheet's 989 by default). The naive 6·N·T figure is printed beside it.
+the H200 datasheet's 989 by default), over steps run back to back as the training loop runs
+them, and again with a sync after every step. The naive 6·N·T figure is printed beside it.
 """
 
 from __future__ import annotations
@@ -130,9 +131,13 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
 def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
-    The step is the backend's own (:func:`fedagent.train.local._logprobs`, bf16 autocast over
-    fp32 masters, the clipped-ratio loss, AdamW). eager_leftpad: left-padded rows with an
-    attention mask and torch's default (foreach) AdamW — the GPU path before right padding;
+    The step is the backend's own optimizer step (:func:`fedagent.train.local.update_step`: bf16
+    autocast over fp32 masters, the clipped-ratio loss, gradient clipping, fused AdamW that skips
+    a non-finite step on the device). Timed two ways: ``step_s``/``mfu``: ``max(reps, 10)`` steps
+    back to back with one sync at the end, as ``grpo_epoch`` runs them (no host sync per step);
+    ``*_synced``: the median of ``reps`` steps each followed by a sync (the host's work before a
+    step's first kernel is then exposed). eager_leftpad: the older step kept as a baseline
+    (left-padded rows with an attention mask, no clipping, torch's default foreach AdamW);
     eager: what ``train.device: cuda`` runs by default (right-padded rows, no mask, the batch in
     one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
     through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`).
@@ -143,7 +148,8 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     from fedagent.policy import load_policy
     from fedagent.train import grpo
-    from fedagent.train.local import _autocast, _logprobs, compile_for_training
+    from fedagent.train.local import (TrainParams, _autocast, _logprobs_nograd, _token_starts, compile_for_training,
+                                      deferred_steps, update_step)
 
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
     model.train()
@@ -157,24 +163,40 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
     if mode == "compiled":
         compile_for_training(model)
-    adv = torch.ones(B * resp, device="cuda")
+    adv = torch.ones(B * resp, device=next(model.parameters()).device)
+    p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
+    params = [q for q in model.parameters() if q.requires_grad]
+    with _autocast(model):
+        old = _logprobs_nograd(model, samples, B, 1.0)
+    starts, mb, deferred = _token_starts(samples), list(range(B)), deferred_steps(opt)
 
     def step():
-        opt.zero_grad(set_to_none=True)
-        with _autocast(model):
-            if mode == "eager_leftpad":
+        if mode == "eager_leftpad":      # the step before right padding and update_step (kept as the baseline)
+            opt.zero_grad(set_to_none=True)
+            with _autocast(model):
                 logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
-            else:
-                logp, _ = _logprobs(model, samples, 1.0, B)
-        terms, _ = grpo.grpo_token_terms(logp, logp.detach(), None, adv, clip=0.2, kl_coef=0.0)
-        loss = terms.sum() / terms.numel()
-        loss.backward()
-        opt.step()
+            terms, _ = grpo.grpo_token_terms(logp, logp.detach(), None, adv, clip=0.2, kl_coef=0.0)
+            loss = terms.sum() / terms.numel()
+            loss.backward()
+            opt.step()
+            return
+        # The backend's own optimizer step (what grpo_epoch runs per mini-batch).
+        update_step(model, opt, samples, mb, old, None, adv, starts, p, params, deferred=deferred)
     t0 = time.time()
     step()
     _sync()
     first = time.time() - t0
     t = _timed(step, reps)
+    # Back to back, one sync at the end: how grpo_epoch runs its steps (no host sync per step with
+    # the fused optimizer), so the host builds step k+1 while the GPU still runs step k.
+    n_back = max(reps, 10)
+    step()
+    _sync()
+    t1 = time.perf_counter()
+    for _ in range(n_back):
+        step()
+    _sync()
+    t_back = (time.perf_counter() - t1) / n_back
     if profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
@@ -198,9 +220,12 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
     flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
              + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
-    return {"mode": mode, "step_s": t, "first_step_s": first, "tokens_per_s": tokens / t,
-            "tflops": flops / t / 1e12, "mfu": flops / t / (peak_tflops * 1e12), "params": n_params,
-            "flops_per_step": flops, "naive_6NT_mfu": 6 * n_params * tokens / t / (peak_tflops * 1e12)}
+    return {"mode": mode, "step_s": t_back, "first_step_s": first, "tokens_per_s": tokens / t_back,
+            "tflops": flops / t_back / 1e12, "mfu": flops / t_back / (peak_tflops * 1e12),
+            "back_to_back_steps": n_back,
+            "step_s_synced": t, "tokens_per_s_synced": tokens / t, "mfu_synced": flops / t / (peak_tflops * 1e12),
+            "params": n_params, "flops_per_step": flops,
+            "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12)}
 
 
 def generation(args, out) -> None:
@@ -280,9 +305,10 @@ def main(argv=None) -> int:
         if "vllm_tok_s" in out:
             print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
     for tr in out["train"].values():
-        print(f"training B{B}x512 {tr['mode']:9s}: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, "
-              f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} (first step {tr['first_step_s']:.1f} s; "
-              f"naive 6NT {tr['naive_6NT_mfu']:.3f})")
+        print(f"training B{B}x512 {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, "
+              f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "
+              f"(synced after every step: {tr['tokens_per_s_synced']:.0f} tok/s, MFU {tr['mfu_synced']:.3f}; "
+              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

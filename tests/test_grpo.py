@@ -356,3 +356,44 @@ def test_a_non_finite_gradient_stops_the_epoch_before_the_weights_change(tiny_di
         grpo_epoch(model, None, opt, samples, TrainParams(mini_batch_size=2, kl_coef=0.0), python_rng(0, "t"), 0)
     assert all(torch.equal(a, b) or (torch.isinf(a) & torch.isinf(b)).any() for a, b in
                zip(before, model.parameters()))
+
+
+def _two_step_samples():
+    return [grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
+            grpo.Sample([5, 6], [50, 51, 52], 0.0, 0, advantage=-1.0),
+            grpo.Sample([8, 9, 10, 11], [60], 0.0, 1, advantage=0.5),
+            grpo.Sample([8, 9], [61, 62], 1.0, 1, advantage=-0.5)]
+
+
+def test_a_fused_optimizer_defers_the_stats_without_changing_them(tiny_dir):
+    # The GPU path's fused AdamW: no host sync per step; the records and the weights are the
+    # same as when each step's norm is read before stepping (defaults["fused"] off: that path).
+    out = []
+    for deferred in (True, False):
+        model, _ = load_policy(tiny_dir, threads=1)
+        ref, _ = load_policy(tiny_dir, threads=1)
+        with torch.no_grad():
+            next(ref.parameters()).mul_(1.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        opt.defaults["fused"] = deferred
+        p = TrainParams(mini_batch_size=2, micro_batch_size=1, kl_coef=0.1)
+        steps = grpo_epoch(model, ref, opt, _two_step_samples(), p, python_rng(0, "t"), 0)
+        out.append((steps, torch.cat([q.detach().flatten() for q in model.parameters()])))
+    assert len(out[0][0]) == 2 and out[0][0] == out[1][0]
+    assert torch.equal(out[0][1], out[1][1])
+
+
+def test_a_fused_optimizer_skips_a_non_finite_step_and_names_it(tiny_dir):
+    # Deferred check: the fused step sees found_inf and leaves the weights alone; the epoch
+    # still raises, naming the step.
+    model, _ = load_policy(tiny_dir, threads=1)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[45, 0] = float("inf")
+    before = [q.detach().clone() for q in model.parameters()]
+    samples = [grpo.Sample([5, 6, 7], [45, 41], 1.0, 0, advantage=1.0),
+               grpo.Sample([5, 6], [50, 51], 0.0, 0, advantage=-1.0)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0, fused=True)
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient norm \(nan\) in epoch 0, optimizer step 0"):
+        grpo_epoch(model, None, opt, samples, TrainParams(mini_batch_size=2, kl_coef=0.0), python_rng(0, "t"), 0)
+    assert all(torch.equal(a, b) or (torch.isinf(a) & torch.isinf(b)).any() for a, b in
+               zip(before, model.parameters()))

@@ -208,6 +208,101 @@ def _token_slices(samples) -> list[slice]:
     return out
 
 
+def _token_starts(samples) -> list[int]:
+    """Each sample's first trained token in the flat sample-order tensors."""
+    out, k = [], 0
+    for s in samples:
+        out.append(k)
+        k += s.trained_count()
+    return out
+
+
+def _token_index(starts, samples, micro, device) -> torch.Tensor:
+    """The flat indices of ``micro``'s trained tokens, in its order (one non-blocking copy)."""
+    idx = torch.cat([torch.arange(starts[i], starts[i] + samples[i].trained_count()) for i in micro])
+    if device.type == "cpu":
+        return idx
+    return idx.pin_memory().to(device, non_blocking=True)
+
+
+def _record_steps(pending: list, steps: list, epoch: int) -> None:
+    """Bring the pending optimizer steps' stats to the host (one copy), append their records to
+    ``steps`` and empty ``pending``; a non-finite gradient norm raises, naming the first such
+    step. The sums are the host's, in micro-batch order, as if each value had been read at once."""
+    if not pending:
+        return
+    flat = torch.cat([t for *_, st, norm in pending for t in (norm.reshape(1), st.reshape(-1))]).double().tolist()
+    k = 0
+    for n_samples, n_tok, st, _norm in pending:
+        grad_norm, k = flat[k], k + 1
+        acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
+        for _ in range(st.shape[0]):
+            loss, pg, kl, ent, clipped = flat[k:k + 5]
+            k += 5
+            acc["loss"] += loss
+            acc["pg"] += pg / n_tok
+            acc["kl"] += kl / n_tok
+            acc["entropy"] += ent / n_tok
+            acc["clipfrac"] += clipped / n_tok
+        if not math.isfinite(grad_norm):
+            # clip_grad_norm_ turns an inf norm into NaN updates (inf * 0): stop, naming the step,
+            # instead of writing NaN weights that the next rollout or aggregate trips over.
+            pending.clear()
+            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) in epoch {epoch}, "
+                                     f"optimizer step {len(steps)} (loss {acc['loss']:.6g})")
+        steps.append({"epoch": epoch, "samples": n_samples, "tokens": n_tok, "grad_norm": grad_norm,
+                      **{name: round(v, 8) for name, v in acc.items()}})
+    pending.clear()
+
+
+def deferred_steps(optimizer) -> bool:
+    """Whether ``optimizer`` can skip a non-finite step on the device (a fused one: GradScaler's
+    ``found_inf``), so that :func:`update_step` never waits for the host."""
+    return bool(getattr(optimizer, "defaults", {}).get("fused"))
+
+
+def update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p: TrainParams, params,
+                prox_anchor=None, deferred: bool = False, check=None) -> tuple:
+    """One optimizer step on the mini-batch ``mb`` (sample indices), its micro-batches' gradients
+    accumulated: the token-mean clipped-ratio loss (+ KL, − entropy), FedProx's term, clipping,
+    the step. ``old``/``ref``/``token_adv``: flat per-token tensors in sample order (``starts``:
+    :func:`_token_starts`). Returns the step's pending record ``(samples, tokens, stats, norm)``
+    with the stats still on the device. ``deferred``: the optimizer skips a non-finite step
+    itself (:func:`deferred_steps`); else ``check(record)`` runs before the step (it reads the
+    norm on the host and raises on a non-finite one)."""
+    n_tok = sum(samples[i].trained_count() for i in mb)
+    optimizer.zero_grad(set_to_none=True)
+    stats = []
+    for micro in _chunks(mb, p.micro_batch_size):
+        batch = [samples[i] for i in micro]
+        with _autocast(model):
+            logp, ent = _logprobs(model, batch, p.temperature, p.micro_batch_size, with_entropy=True)
+        idx = _token_index(starts, samples, micro, logp.device)
+        terms, st = grpo.grpo_token_terms(
+            logp, old[idx], ref[idx] if ref is not None else None, token_adv[idx], clip=p.clip,
+            kl_coef=p.kl_coef, entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
+        # Sum over tokens / mini-batch token count = token-mean over the whole mini-batch.
+        loss = terms.sum() / n_tok
+        loss.backward()
+        stats.append(torch.stack([loss.detach(), st["pg"].sum(), st["kl"].sum(), st["entropy"].sum(),
+                                  st["clipped"].sum()]))
+    if prox_anchor is not None:
+        fedprox.add_proximal_grad(model, prox_anchor, p.fedprox_mu)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
+    record = (len(mb), n_tok, torch.stack(stats), grad_norm)
+    if deferred:
+        optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    else:
+        if check is not None:
+            check(record)
+        optimizer.step()
+    return record
+
+
 def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng, epoch: int,
                ref_is_policy: bool = False, prox_anchor: dict | None = None,
                token_adv: torch.Tensor | None = None, after_step=None) -> list[dict]:
@@ -234,47 +329,32 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
     else:
         with _autocast(model):
             ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size, p.temperature)
-    slices = _token_slices(samples)
+    # Per trained token, its index in the flat (sample-order) behaviour/reference/advantage
+    # tensors: a micro-batch gathers its rows with one index instead of a cat of many slices.
+    starts = _token_starts(samples)
+    device = next(model.parameters()).device
+    if token_adv is None:
+        token_adv = grpo.token_advantages(samples)
+    token_adv = token_adv.to(device)
     order = list(range(len(samples)))
     shuffle_rng.shuffle(order)
     params = [q for q in model.parameters() if q.requires_grad]
-    steps = []
+    # A fused optimizer (the GPU path's AdamW) skips a non-finite step on the device
+    # (``found_inf``, GradScaler's mechanism: weights and moments untouched), so no step has to
+    # wait for its gradient norm on the host: the stats of the whole pass come back in one copy
+    # at the end (or before PPO's critic step, which syncs anyway) and the first non-finite step
+    # is named then. Other optimizers (the CPU path) check each step's norm before stepping.
+    deferred = deferred_steps(optimizer)
+    steps, pending = [], []
     for mb in _chunks(order, p.mini_batch_size):
-        n_tok = sum(samples[i].trained_count() for i in mb)
-        optimizer.zero_grad(set_to_none=True)
-        acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
-        for micro in _chunks(mb, p.micro_batch_size):
-            batch = [samples[i] for i in micro]
-            with _autocast(model):
-                logp, ent = _logprobs(model, batch, p.temperature, p.micro_batch_size, with_entropy=True)
-            old_b = torch.cat([old[slices[i]] for i in micro])
-            ref_b = torch.cat([ref[slices[i]] for i in micro]) if ref is not None else None
-            adv = (grpo.token_advantages(batch, device=logp.device) if token_adv is None
-                   else torch.cat([token_adv[slices[i]] for i in micro]).to(logp.device))
-            terms, st = grpo.grpo_token_terms(
-                logp, old_b, ref_b, adv, clip=p.clip, kl_coef=p.kl_coef,
-                entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
-            # Sum over tokens / mini-batch token count = token-mean over the whole mini-batch.
-            loss = terms.sum() / n_tok
-            loss.backward()
-            acc["loss"] += float(loss.detach())
-            acc["pg"] += float(st["pg"].sum()) / n_tok
-            acc["kl"] += float(st["kl"].sum()) / n_tok
-            acc["entropy"] += float(st["entropy"].sum()) / n_tok
-            acc["clipfrac"] += float(st["clipped"].sum()) / n_tok
-        if prox_anchor is not None:
-            fedprox.add_proximal_grad(model, prox_anchor, p.fedprox_mu)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
-        if not math.isfinite(float(grad_norm)):
-            # clip_grad_norm_ turns an inf norm into NaN updates (inf * 0): stop here, naming the
-            # step, instead of writing NaN weights that the next rollout or aggregate trips over.
-            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}) in epoch {epoch}, "
-                                     f"optimizer step {len(steps)} (loss {acc['loss']:.6g})")
-        optimizer.step()
-        steps.append({"epoch": epoch, "samples": len(mb), "tokens": n_tok,
-                      "grad_norm": float(grad_norm), **{k: round(v, 8) for k, v in acc.items()}})
+        record = update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p, params, prox_anchor,
+                             deferred, check=lambda r: _record_steps([r], steps, epoch))
+        if deferred:
+            pending.append(record)
         if after_step is not None:
+            _record_steps(pending, steps, epoch)
             steps[-1].update(after_step(mb))
+    _record_steps(pending, steps, epoch)
     return steps
 
 
