@@ -267,9 +267,13 @@ class StaticSampler:
         gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
         self._warming = True
         try:
-            # Two calls: CUDA graph trees record on the second run of a compiled function.
-            for _ in range(2):
-                self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
+            if self._decode == self._graph_step:
+                # One call of two tokens: the prefill, then one decode step, recorded on its first run.
+                self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
+            else:
+                # Two calls: CUDA graph trees record on the second run of a compiled function.
+                for _ in range(2):
+                    self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
         finally:
             self._warming = False
             self.calls, self.first_token_time, self.tokens = calls, first, tokens

@@ -152,15 +152,22 @@ def _logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Te
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def compile_for_training(model) -> None:
+# ``mode="reduce-overhead"`` (CUDA graphs) plus coordinate-descent tuning of the generated Triton
+# kernels' launch configs (norms, activations, rotary embedding, the log-softmax: the memory-bound
+# part of a small model's step); the tuned configs land in the inductor cache with the kernels.
+COMPILE_TRAIN_OPTIONS = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+
+
+def compile_for_training(model, options: dict | None = None) -> None:
     """``train.compile_train``: the policy's log-prob forward (decoder, LM head on the trained
     positions, log-softmax: :func:`fedagent.train.grpo.forward_logprobs`) through torch.compile
-    with static shapes and CUDA graphs (``mode="reduce-overhead"``): fused kernels and no
-    per-kernel launch cost. Each shape bucket of :func:`_logprobs` is compiled and captured once,
+    with static shapes and CUDA graphs (:data:`COMPILE_TRAIN_OPTIONS`; ``options`` replaces them):
+    fused kernels and no per-kernel launch cost. Each shape bucket of :func:`_logprobs` is compiled and captured once,
     at its first use. Attention runs as plain causal SDPA with no mask at all
     (:func:`causal_attention_without_mask`: the batches are right-padded)."""
     causal_attention_without_mask(model)
-    model._fedagent_forward = torch.compile(grpo.forward_logprobs, mode="reduce-overhead", dynamic=False)
+    model._fedagent_forward = torch.compile(grpo.forward_logprobs, dynamic=False,
+                                            options=COMPILE_TRAIN_OPTIONS if options is None else options)
 
 
 CAUSAL_SDPA = "fedagent_causal_sdpa"

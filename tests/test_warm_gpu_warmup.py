@@ -1,0 +1,48 @@
+"""The standby's GPU warm-up (fedagent.warm.gpu_warmup), run on the CPU: what it warms and that a job
+after it starts from the RNG state a freshly forked process has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedagent.base_model_tiny import write_tiny_model
+from fedagent.config_show import effective_config
+from fedagent.warm.gpu_warmup import Shapes, shapes_from_config, warm_up
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "m"
+    write_tiny_model(out, seed=4)
+    return out
+
+
+def test_the_gpu_preset_warms_its_train_and_eval_shapes():
+    config, _ = effective_config(REPO / "config" / "config.yaml",
+                                 [REPO / "config" / "experiments" / "gpu-textworld.yaml"], [])
+    s = shapes_from_config(config)
+    assert s.model_dir == Path("results") / "gpu-textworld" / "round_000" / "model"
+    assert s.train == {"pool": 64, "width": 512, "new_tokens": 16, "micro": 32, "sampler": "graph"}
+    assert s.eval["batch"] == 64 and s.eval["width"] == 512 and s.eval["new_tokens"] == 16
+
+
+def test_a_cpu_run_warms_nothing_on_cuda():
+    config, _ = effective_config(REPO / "config" / "config.yaml", [], [])
+    s = shapes_from_config(config)
+    assert s.train is None and s.eval is None
+
+
+def test_the_warm_up_leaves_the_rng_state_as_it_found_it(tiny_dir):
+    # Its 1-layer model is initialized from torch's global generator: a job forked after it must
+    # see the same global RNG state as one forked without it.
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    parts = warm_up(Shapes(Path(tiny_dir), {"pool": 4, "width": 24, "new_tokens": 3, "micro": 2, "sampler": "eager"},
+                           {"batch": 4, "width": 24, "new_tokens": 3, "sampler": "eager"}), device="cpu")
+    assert set(parts) == {"model", "train", "eval"}
+    assert torch.equal(torch.get_rng_state(), before)
