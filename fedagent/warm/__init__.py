@@ -13,5 +13,7 @@ group), but forked from that pre-imported parent instead of started from scratch
   that refuses a job the pre-imported code or environment would run differently from a fresh one.
 - :mod:`fedagent.warm.server`: the single-threaded selector loop (forks; never threads).
 - :mod:`fedagent.warm.child`: what a forked job does before and after running the command.
-- :mod:`fedagent.warm.cli`: ``fedagent warm-server --socket PATH [--detach | --stop | --ping]``.
+- :mod:`fedagent.warm.standby`: ``--standby N``: children forked ahead of their job that start CUDA
+  first; a ``train-client``/``eval`` job runs in a ready one (the CUDA start off its clock).
+- :mod:`fedagent.warm.cli`: ``fedagent warm-server --socket PATH [--standby N] [--detach | --stop | --ping]``.
 """

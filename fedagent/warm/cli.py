@@ -3,6 +3,7 @@
     fedagent warm-server --socket S --detach          # preload train,eval,env,server; returns once ready
     FEDAGENT_WARM_SOCKET=S snakemake --profile profiles/local ...
     fedagent warm-server --socket S --stop            # kills running jobs' groups first
+    fedagent warm-server --socket S --detach --standby 2   # + 2 processes that start CUDA before their job
 
 The socket is ``AF_UNIX``, mode 0600. Starting refuses a path where a server answers (or that is
 not a socket) and removes a stale socket file nobody answers on.
@@ -21,7 +22,8 @@ import traceback
 from pathlib import Path
 
 from fedagent.atomic import atomic_write_json
-from fedagent.warm import client
+from fedagent.cli import WARM_COMMANDS
+from fedagent.warm import client, standby
 
 UDS_MAX = 107                   # Linux sun_path is 108 bytes with its terminating NUL
 
@@ -34,11 +36,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true", help="run as a daemon; return once it is ready")
     parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once serving")
     parser.add_argument("--log", type=Path, default=None, help="--detach: the server's log (default SOCKET.log)")
+    parser.add_argument("--standby", type=int, default=0, metavar="N",
+                        help="keep N standby processes that start CUDA before a job asks: train-client and eval "
+                             "jobs run in one (the CUDA start off their clock); 0 (default): none")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--stop", action="store_true", help="stop the server at --socket (its running jobs first)")
     what.add_argument("--ping", action="store_true", help="print the server's state as JSON")
     # Tests only: more files under the stale-code guard (the real check, on files a test may touch).
     parser.add_argument("--watch-extra", action="append", default=[], help=argparse.SUPPRESS)
+    # Tests only: a CPU standby kind (fedagent.warm.standby.KINDS) and another set of standby commands.
+    parser.add_argument("--standby-kind", choices=standby.KINDS, default="cuda", help=argparse.SUPPRESS)
+    parser.add_argument("--standby-commands", default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +54,14 @@ def run(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.socket)
     if args.ping or args.stop:
         return _ask(path, {"op": "stop" if args.stop else "ping"})
+    if args.standby < 0:
+        return _fail(f"--standby {args.standby}: a count of standby processes, 0 or more")
+    commands = (sorted(standby.STANDBY_COMMANDS) if args.standby_commands is None
+                else [c for c in args.standby_commands.split(",") if c])
+    unknown = [c for c in commands if c not in WARM_COMMANDS]
+    if unknown:
+        return _fail(f"--standby-commands: {', '.join(unknown)} not among the warm commands ({', '.join(WARM_COMMANDS)})")
+    args.standby_commands = commands
     if len(path.encode()) > UDS_MAX:
         return _fail(f"--socket {path}: longer than the {UDS_MAX}-byte Unix socket limit; use a path under /tmp")
     why = _occupied(path)
@@ -128,15 +144,22 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
     problem = fork_problem() or _platform_problem()
     if problem is not None:
         return _fail(f"cannot serve: {problem}")
+    if args.standby:                               # asked in a forked child: this process starts no CUDA
+        why = standby.probe(args.standby_kind, () if notify_fd is None else (notify_fd,))
+        if why is not None:
+            return _fail(f"--standby {args.standby}: {why}: start the warm server without --standby")
     listener = _bind(path)
     guard = Guard(path, import_env, [os.path.abspath(p) for p in args.watch_extra])
     info = {"pid": os.getpid(), "socket": path, "inode": os.stat(path).st_ino, "preload": groups,
             "preload_s": round(time.time() - t0, 3), "watched_files": len(guard.files),
             # OS threads the imports started (numpy/scipy OpenBLAS pools: fork-safe by their own
             # atfork handlers); Python threads are refused above.
-            "native_threads": len(os.listdir("/proc/self/task")), "executable": sys.executable}
+            "native_threads": len(os.listdir("/proc/self/task")), "executable": sys.executable,
+            "standby": args.standby, "standby_kind": args.standby_kind, "standby_commands": args.standby_commands}
     line = (f"warm-server ready: pid {info['pid']} socket {path} preloaded {','.join(groups)} in "
-            f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)")
+            f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)"
+            + (f", {args.standby} standby ({args.standby_kind}) for {','.join(args.standby_commands)}"
+               if args.standby else ""))
     if args.ready_file is not None:
         atomic_write_json(args.ready_file, info)
     if notify_fd is None:
@@ -146,7 +169,7 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         os.write(notify_fd, line.encode())
         os.close(notify_fd)
     try:
-        return WarmServer(listener, guard, info).serve()
+        return WarmServer(listener, guard, info, args.standby, args.standby_kind, args.standby_commands).serve()
     finally:
         listener.close()
         if args.ready_file is not None:

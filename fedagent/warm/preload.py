@@ -7,6 +7,8 @@ fresh process: a fedagent source file changed since the preload, another interpr
 package, or an environment variable that is read when the interpreter starts or a module is
 imported (``PYTHON*``, ``OMP_*``, ``MKL_*``, ...: a forked job would silently run with the server's).
 Per-job thread counts are the exception: :mod:`fedagent.warm.threads` applies them in the job.
+:meth:`Guard.standby_mismatch` is the stricter test for a standby (:mod:`fedagent.warm.standby`),
+whose CUDA already started under the server's environment: the CUDA variables must match too.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ PRELOADS: dict[str, tuple[str, ...]] = {
 _STARTUP_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_",
                      "TRANSFORMERS_", "HF_", "TOKENIZERS_")
 _STARTUP_KEYS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+# Read when CUDA starts or a cuBLAS/cuDNN handle or the caching allocator is made (CUDA_VISIBLE_DEVICES,
+# CUDA_DEVICE_ORDER, CUDA_MODULE_LOADING, CUBLAS_WORKSPACE_CONFIG, NVIDIA_VISIBLE_DEVICES, NCCL_*, and
+# the start-up set above: PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF, ...): a standby did all of that
+# under the server's values (fedagent.warm.standby).
+_CUDA_PREFIXES = ("CUDA_", "NVIDIA_", "CUBLAS", "CUDNN_", "NCCL_")
 
 
 def parse_groups(text: str) -> list[str]:
@@ -81,6 +88,11 @@ def fork_problem() -> str | None:
 def read_at_startup(key: str) -> bool:
     """Whether ``key`` is read when the interpreter starts or a module is imported."""
     return key.startswith(_STARTUP_PREFIXES) or key in _STARTUP_KEYS
+
+
+def read_at_cuda_start(key: str) -> bool:
+    """Whether ``key`` is read when CUDA (or one of its libraries, or torch's use of them) starts."""
+    return key.startswith(_CUDA_PREFIXES) or read_at_startup(key)
 
 
 def module_files(package_dir: str) -> dict[str, tuple[int, int]]:
@@ -150,3 +162,13 @@ class Guard:
                         "starts or a module is imported, so a forked job would run with the server's: "
                         "start the warm server from the job's environment")
         return threads.refusal(env, dict(os.environ))
+
+    def standby_mismatch(self, request_env: dict[str, str]) -> str | None:
+        """Why a job with this environment must not run in a standby (whose CUDA started under the
+        server's environment), or None. Thread counts are applied in the job, as in a fresh fork."""
+        env = self.job_env(request_env)
+        for key in sorted(set(env) | set(os.environ)):
+            if key not in threads.KEYS and read_at_cuda_start(key) and env.get(key) != os.environ.get(key):
+                return (f"environment variable {key} is {env.get(key)!r} for this job but "
+                        f"{os.environ.get(key)!r} in the warm server, whose standbys started CUDA with it")
+        return None

@@ -1,6 +1,8 @@
 # Sourced by the GPU node scripts (after node-env.sh): with WARM=1, start a warm fork server
 # (fedagent warm-server, every preload group, socket under /tmp), export FEDAGENT_WARM_SOCKET for
 # Snakemake's jobs, and stop it when the script exits (its log goes to $OUT/warm-server.log).
+# WARM_STANDBY (default 2): standby processes that start CUDA before a train-client/eval job asks
+# (fedagent warm-server --standby N; 0: none, every job forked plainly).
 if [ "${WARM:-0}" = 1 ]; then
   warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
   export FEDAGENT_WARM_SOCKET="$warm_dir/s"
@@ -10,5 +12,6 @@ if [ "${WARM:-0}" = 1 ]; then
     rm -rf "$warm_dir"
   }
   trap stop_warm EXIT
-  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server --detach || exit 1
+  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server \
+    --standby "${WARM_STANDBY:-2}" --detach || exit 1
 fi
