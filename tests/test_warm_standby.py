@@ -183,3 +183,44 @@ def test_cuda_standbys_without_a_gpu_fail_at_start_in_one_line(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "--standby 1" in res.stderr and "CUDA device" in res.stderr
     assert not sock.exists() and not (tmp_path / "ready.json").exists()
+
+
+def test_a_standby_config_warms_the_runs_calls_once_its_model_exists(tmp_path):
+    # --standby-config: the standby waits (still preparing: jobs fork plainly) until the run's base
+    # model dir is complete, then runs the warm-up (kind touch: the same calls on the CPU) and only
+    # then reports ready.
+    import yaml
+
+    from fedagent.base_model_tiny import write_tiny_model
+
+    results = tmp_path / "results"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "run": "sb", "results_dir": str(results), "model": "tiny", "env": {"pool_size": 4},
+        "train": {"device": "cuda", "sampler": "eager", "max_prompt_tokens": 64, "max_new_tokens": 4,
+                  "mini_batch_size": 2, "micro_batch_size": 2},
+        "eval": {"device": "cuda", "sampler": "eager", "batch": 4, "max_prompt_tokens": 64, "max_new_tokens": 4}}))
+    marks = tmp_path / "marks"
+    with _touch_server(marks, "--standby", "1", "--standby-config", str(cfg)) as (sock, log, _pid):
+        time.sleep(2.0)
+        [sb] = _ping(sock)["standbys"]
+        assert sb["state"] == "preparing" and not list(marks.glob("standby-*.json"))
+        write_tiny_model(results / "sb" / "round_000" / "model", seed=3)
+        _ready(sock)
+        text = log.read_text()
+        assert f"standby warm-up on a 1-layer model of {results / 'sb' / 'round_000' / 'model'}: model " in text
+        assert "train " in text and "eval " in text, text
+
+
+def test_a_standby_config_needs_standbys_and_a_gpu_job(tmp_path):
+    cpu = tmp_path / "cpu.yaml"
+    cpu.write_text("run: x\n")
+    for extra, why in ((["--standby-config", str(cpu)], "--standby-config needs --standby N"),
+                       (["--standby", "1", "--standby-kind", "touch", "--standby-config", str(cpu)],
+                        "neither train nor eval runs on cuda"),
+                       (["--standby", "1", "--standby-kind", "touch", "--standby-config", str(tmp_path / "no.yaml")],
+                        "no.yaml does not exist")):
+        res = subprocess.run([*FEDAGENT, "warm-server", "--socket", str(tmp_path / "s"), *extra], env=_env(),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and why in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr

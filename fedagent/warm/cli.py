@@ -39,6 +39,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby", type=int, default=0, metavar="N",
                         help="keep N standby processes that start CUDA before a job asks: train-client and eval "
                              "jobs run in one (the CUDA start off their clock); 0 (default): none")
+    parser.add_argument("--standby-config", action="append", type=Path, default=[], metavar="FILE",
+                        help="with --standby: the run's config files (as snakemake --configfile, over "
+                             "config/config.yaml of the current directory); each standby then also runs the "
+                             "run's GPU train and eval calls once on a 1-layer model of its architecture, at its "
+                             "shapes (fedagent.warm.gpu_warmup), once results/<run>/round_000/model exists")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--stop", action="store_true", help="stop the server at --socket (its running jobs first)")
     what.add_argument("--ping", action="store_true", help="print the server's state as JSON")
@@ -62,6 +67,24 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         return _fail(f"--standby-commands: {', '.join(unknown)} not among the warm commands ({', '.join(WARM_COMMANDS)})")
     args.standby_commands = commands
+    args.standby_warmup = None
+    if args.standby_config:
+        if not args.standby:
+            return _fail("--standby-config needs --standby N (N >= 1)")
+        from fedagent.config import ConfigError
+        from fedagent.config_show import WORKFLOW_CONFIG, effective_config
+        from fedagent.warm.gpu_warmup import shapes_from_config
+
+        base = WORKFLOW_CONFIG if WORKFLOW_CONFIG.is_file() else None
+        try:
+            config, _ = effective_config(base, list(args.standby_config), [])
+        except ConfigError as err:
+            return _fail(f"--standby-config: {err}")
+        args.standby_warmup = shapes_from_config(config)
+        if args.standby_warmup.train is None and args.standby_warmup.eval is None:
+            return _fail(f"--standby-config {' '.join(map(str, args.standby_config))}: neither train nor eval "
+                         "runs on cuda with the local backend: nothing to warm")
+        args.standby_warmup = args.standby_warmup.absolute()
     if len(path.encode()) > UDS_MAX:
         return _fail(f"--socket {path}: longer than the {UDS_MAX}-byte Unix socket limit; use a path under /tmp")
     why = _occupied(path)
@@ -155,7 +178,8 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
             # OS threads the imports started (numpy/scipy OpenBLAS pools: fork-safe by their own
             # atfork handlers); Python threads are refused above.
             "native_threads": len(os.listdir("/proc/self/task")), "executable": sys.executable,
-            "standby": args.standby, "standby_kind": args.standby_kind, "standby_commands": args.standby_commands}
+            "standby": args.standby, "standby_kind": args.standby_kind, "standby_commands": args.standby_commands,
+            "standby_warmup": None if args.standby_warmup is None else args.standby_warmup.describe()}
     line = (f"warm-server ready: pid {info['pid']} socket {path} preloaded {','.join(groups)} in "
             f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)"
             + (f", {args.standby} standby ({args.standby_kind}) for {','.join(args.standby_commands)}"
@@ -169,7 +193,8 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         os.write(notify_fd, line.encode())
         os.close(notify_fd)
     try:
-        return WarmServer(listener, guard, info, args.standby, args.standby_kind, args.standby_commands).serve()
+        return WarmServer(listener, guard, info, args.standby, args.standby_kind, args.standby_commands,
+                          args.standby_warmup).serve()
     finally:
         listener.close()
         if args.ready_file is not None:

@@ -21,6 +21,7 @@ a freshly forked process has.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,15 @@ class Shapes:
     model_dir: Path
     train: Mapping | None     # pool, width, new_tokens, micro, sampler
     eval: Mapping | None      # batch, width, new_tokens, sampler
+
+    def absolute(self) -> "Shapes":
+        """The same with ``model_dir`` absolute (a standby's job may run in another directory)."""
+        return Shapes(Path(os.path.abspath(self.model_dir)), self.train, self.eval)
+
+    def describe(self) -> dict:
+        """JSON-able (``warm-server --ping``)."""
+        return {"model_dir": str(self.model_dir), "train": dict(self.train) if self.train else None,
+                "eval": dict(self.eval) if self.eval else None}
 
 
 def shapes_from_config(config: Mapping) -> Shapes:
@@ -51,6 +61,18 @@ def shapes_from_config(config: Mapping) -> Shapes:
                "new_tokens": int(ev["max_new_tokens"]), "sampler": str(ev["sampler"])}
     model_dir = Path(config["results_dir"]) / config["run"] / "round_000" / "model"
     return Shapes(model_dir=model_dir, train=train, eval=evs)
+
+
+def wait_for_model(shapes: Shapes, give_up, poll_s: float = 0.5) -> bool:
+    """Wait until ``shapes.model_dir`` holds a model (its manifest: an atomic dir is complete);
+    False as soon as ``give_up()`` is true (the standby's server is gone)."""
+    from fedagent.atomic import MANIFEST
+
+    while not (shapes.model_dir / MANIFEST).is_file():
+        if give_up():
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def warm_up(shapes: Shapes, device: str = "cuda") -> dict[str, float]:

@@ -102,12 +102,13 @@ class WarmServer:
     """Serve on ``listener`` until stopped; :meth:`serve` returns the exit code."""
 
     def __init__(self, listener: socket.socket, guard: Guard, info: dict, standbys: int = 0,
-                 standby_kind: str = "cuda", standby_commands=standby.STANDBY_COMMANDS):
+                 standby_kind: str = "cuda", standby_commands=standby.STANDBY_COMMANDS, standby_warmup=None):
         self.listener, self.guard, self.info = listener, guard, info
         self.sel = selectors.DefaultSelector()
         self.conns: set[Conn] = set()
         self.jobs: dict[int, Job] = {}
         self.standby_n, self.standby_kind = int(standbys), standby_kind
+        self.standby_warmup = standby_warmup       # fedagent.warm.gpu_warmup.Shapes, or None
         self.standby_commands = frozenset(standby_commands)
         self.standbys: list[Standby] = []
         self.handed_off: list[Standby] = []        # standbys now jobs whose output pipe is still open
@@ -338,7 +339,7 @@ class WarmServer:
         def become():
             ours.close()
             os.close(r)
-            standby.live(self.standby_kind, theirs, w)
+            standby.live(self.standby_kind, theirs, w, self.standby_warmup)
 
         pid = self._fork_child(become)
         theirs.close()

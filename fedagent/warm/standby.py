@@ -53,8 +53,14 @@ class Unavailable(RuntimeError):
     """The kind cannot prepare on this machine (one line, no traceback)."""
 
 
-def prepare(kind: str) -> None:
-    """The work a standby does before its job arrives (in the standby; never in the server)."""
+def prepare(kind: str, warmup=None, give_up=lambda: False) -> None:
+    """The work a standby does before its job arrives (in the standby; never in the server).
+
+    ``warmup`` (kind cuda; ``warm-server --standby-config``): a
+    :class:`fedagent.warm.gpu_warmup.Shapes`; once its model dir exists, the run's GPU train and
+    eval calls run once on a 1-layer model of its architecture (:func:`fedagent.warm.gpu_warmup.warm_up`:
+    random weights drawn inside ``torch.random.fork_rng``, so the RNG states are as before, and
+    everything freed). ``give_up()`` true while waiting for that dir: stop preparing (exit 0)."""
     if kind == "cuda":
         import torch
 
@@ -62,13 +68,31 @@ def prepare(kind: str) -> None:
         if why is not None:
             raise Unavailable(why)
         torch.cuda.init()                                          # the context
-        _warm_up(torch, torch.device("cuda", torch.cuda.current_device()))
+        device = torch.device("cuda", torch.cuda.current_device())
+        _warm_up(torch, device)
+        if warmup is not None:
+            _run_warmup(warmup, give_up, "cuda")
+            _reset_memory_stats(torch, device)
     elif kind == "touch":
+        if warmup is not None:                  # tests: the same wait and calls, on the CPU
+            _run_warmup(warmup, give_up, "cpu")
         _touch()
     elif kind == "fail":
         raise RuntimeError("standby kind 'fail' (tests): prepare fails on purpose")
     else:
         raise ValueError(f"unknown standby kind {kind!r} (known: {', '.join(KINDS)})")
+
+
+def _run_warmup(warmup, give_up, device: str) -> None:
+    """Wait for the run's model dir, then :func:`fedagent.warm.gpu_warmup.warm_up` (logged)."""
+    from fedagent.warm import gpu_warmup
+
+    if not gpu_warmup.wait_for_model(warmup, give_up):
+        _flush()
+        os._exit(0)                             # the server is gone (or a signal came): nothing to run
+    parts = gpu_warmup.warm_up(warmup, device=device)
+    print(f"standby warm-up on a 1-layer model of {warmup.model_dir}: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()), file=sys.stderr)
 
 
 def _warm_up(torch, device) -> None:
@@ -82,9 +106,13 @@ def _warm_up(torch, device) -> None:
         del x, y
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.reset_accumulated_memory_stats(device)
+        _reset_memory_stats(torch, device)
+
+
+def _reset_memory_stats(torch, device) -> None:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.reset_accumulated_memory_stats(device)
 
 
 def _cuda_missing(torch) -> str | None:
@@ -206,7 +234,7 @@ def _wait(sock: socket.socket, wake: int) -> tuple[dict, list[int], list[int]]:
             _die_by(noted[0])
 
 
-def live(kind: str, sock: socket.socket, out_fd: int) -> None:
+def live(kind: str, sock: socket.socket, out_fd: int, warmup=None) -> None:
     """The standby's whole life, in the child the server forked (its fds already closed, its
     signals still blocked); ``out_fd`` becomes fds 1 and 2 until the job. Never returns."""
     try:
@@ -225,7 +253,7 @@ def live(kind: str, sock: socket.socket, out_fd: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED)
         t0 = time.monotonic()
         try:
-            prepare(kind)
+            prepare(kind, warmup, give_up=lambda: bool(select.select([sock, wake_r], [], [], 0)[0]))
         except Unavailable as err:
             print(f"standby ({kind}): {err}", file=sys.stderr)
             _flush()

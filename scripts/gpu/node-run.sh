@@ -5,12 +5,13 @@
 # resumes the same run from its files. Packs results (no weights, no games), logs and
 # benchmarks into $OUT/run.tgz when OUT is set.
 # WARM=1: the jobs are forked from a warm server (fedagent warm-server, all groups preloaded,
-# socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too.
+# socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too. Its
+# standby processes (WARM_STANDBY, default 3) warm CONFIGFILE's GPU calls (scripts/gpu/warm.sh).
 set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
-source scripts/gpu/warm.sh
+WARM_CONFIG=${WARM_CONFIG:-$cfg} source scripts/gpu/warm.sh
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
 rc=$?

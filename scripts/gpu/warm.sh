@@ -1,8 +1,10 @@
 # Sourced by the GPU node scripts (after node-env.sh): with WARM=1, start a warm fork server
 # (fedagent warm-server, every preload group, socket under /tmp), export FEDAGENT_WARM_SOCKET for
 # Snakemake's jobs, and stop it when the script exits (its log goes to $OUT/warm-server.log).
-# WARM_STANDBY (default 2): standby processes that start CUDA before a train-client/eval job asks
-# (fedagent warm-server --standby N; 0: none, every job forked plainly).
+# WARM_STANDBY (default 3: a round's two train jobs and the last round's eval start together):
+# standby processes that start CUDA before a train-client/eval job asks (fedagent warm-server
+# --standby N; 0: none, every job forked plainly). WARM_CONFIG (node-run.sh sets it to its config
+# file): each standby also runs that run's GPU calls once on a 1-layer model (--standby-config).
 if [ "${WARM:-0}" = 1 ]; then
   warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
   export FEDAGENT_WARM_SOCKET="$warm_dir/s"
@@ -12,6 +14,8 @@ if [ "${WARM:-0}" = 1 ]; then
     rm -rf "$warm_dir"
   }
   trap stop_warm EXIT
-  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server \
-    --standby "${WARM_STANDBY:-2}" --detach || exit 1
+  standby=(--standby "${WARM_STANDBY:-3}")
+  if [ "${WARM_STANDBY:-3}" != 0 ] && [ -n "${WARM_CONFIG:-}" ]; then standby+=(--standby-config "$WARM_CONFIG"); fi
+  fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server "${standby[@]}" \
+    --detach || exit 1
 fi
