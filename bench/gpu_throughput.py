@@ -140,8 +140,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     (left-padded rows with an attention mask, no clipping, torch's default foreach AdamW);
     eager: what ``train.device: cuda`` runs by default (right-padded rows, no mask, the batch in
     one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
-    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`);
-    compiled_untuned: the same without coordinate-descent tuning of the Triton kernels.
+    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`).
     """
     import time
 
@@ -164,8 +163,6 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
     if mode == "compiled":
         compile_for_training(model)
-    elif mode == "compiled_untuned":                  # CUDA graphs alone (mode="reduce-overhead")
-        compile_for_training(model, options={"triton.cudagraphs": True})
     adv = torch.ones(B * resp, device=next(model.parameters()).device)
     p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
@@ -275,7 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--train-modes", nargs="+", default=["eager_leftpad", "eager", "compiled"],
-                    choices=["eager_leftpad", "eager", "compiled", "compiled_untuned"],
+                    choices=["eager_leftpad", "eager", "compiled"],
                     help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],
