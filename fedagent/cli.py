@@ -79,6 +79,9 @@ def dispatch(argv: list[str]) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    from fedagent import timing
+
+    timing.mark_command_start()
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"fedagent {name}", description=COMMANDS[name][1])
     module.add_args(parser)

@@ -10,7 +10,10 @@ phase per local epoch). ``summary()`` is what a job writes under ``"timings"`` i
                "train_done": s, "saved": s},
      "phases": {"rollout": s, "train": s}, "cold_start_s": s, "total_s": s}
 
-``job_ready``: the imports are done and the job's env service is starting (in its own
+Through the warm server (:mod:`fedagent.warm`) three earlier marks say where a job's first
+moments went: ``request_sent`` (the light client sent its request), ``job_taken`` (the job's
+process — a fresh fork or a standby — took it) and ``command_start`` (``fedagent.cli.dispatch``
+began the command; also without the server). ``job_ready``: the imports are done and the job's env service is starting (in its own
 process, while this one loads); ``weights_loaded``: the policy is on its device;
 ``model_loaded``: reference, rollout copy and sampler too; ``sampler_warm`` (GPU, compiled):
 the decode step is compiled and captured; ``env_ready``: the env service answered its health
@@ -30,11 +33,21 @@ clocks start at the job's start too); the warm client reads its own start with
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 
 
 JOB_START_ENV = "FEDAGENT_JOB_START"
+# Set by the warm server's job process: {"request_sent": epoch s, "job_taken": epoch s}.
+JOB_MARKS_ENV = "FEDAGENT_JOB_MARKS"
+_COMMAND_START: float | None = None
+
+
+def mark_command_start() -> None:
+    """``fedagent.cli.dispatch`` calls this as it starts the command (the ``command_start`` mark)."""
+    global _COMMAND_START
+    _COMMAND_START = time.time()
 
 
 def process_start_time() -> float:
@@ -47,15 +60,20 @@ def process_start_time() -> float:
 
 
 def proc_start_time() -> float:
-    """Wall-clock time this process started (Linux), else the time this module was imported."""
+    """Wall-clock time this process started (Linux), else the time this module was imported.
+
+    stat(5)'s ``starttime`` counts clock ticks since boot (the kernel's boot-time clock); the
+    boot's wall-clock time is now minus ``CLOCK_BOOTTIME``. (``/proc/stat``'s ``btime`` is whole
+    seconds: it put every start up to 1 s too early — the fractional part of the boot time, the
+    same for every job of a node — and every mark and cold start after it that much too late.)
+    """
     try:
         with open("/proc/self/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         start_ticks = int(fields[19])          # field 22 of stat(5): starttime, in clock ticks
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
         return _IMPORTED
 
 
@@ -69,6 +87,15 @@ class PhaseClock:
         self.start = process_start_time() if start is None else float(start)
         self.marks: dict[str, float] = {}
         self.phases: dict[str, float] = {}
+        try:
+            early = json.loads(os.environ.get(JOB_MARKS_ENV) or "{}")
+        except ValueError:
+            early = {}
+        for name in ("request_sent", "job_taken"):
+            if isinstance(early.get(name), (int, float)):
+                self.mark(name, float(early[name]))
+        if _COMMAND_START is not None:
+            self.mark("command_start", _COMMAND_START)
 
     def mark(self, name: str, when: float | None = None) -> None:
         """Record ``name`` at ``when`` (now by default); the first record of a name wins."""

@@ -137,9 +137,13 @@ def test_train_client_through_the_warm_server_is_byte_identical(server, job_inpu
     forks = [line for line in log.read_text().splitlines() if " forked pid " in line]
     assert any("fedagent train-client" in line for line in forks), forks
     assert any("fedagent serve-env" in line for line in forks), forks    # lifecycle's env service too
-    marks = {name: json.loads((d / "metrics.json").read_text())["timings"]["marks"]["job_ready"] for name, d in
+    marks = {name: json.loads((d / "metrics.json").read_text())["timings"]["marks"] for name, d in
              (("fresh", a), ("warm", b))}
-    print("job_ready (imports done) after process start, s:", marks)
+    print("job_ready (imports done) after process start, s:", {k: m["job_ready"] for k, m in marks.items()})
+    # Where a warm job's first moments went: client sent → job process took it → command → ready.
+    w = marks["warm"]
+    assert 0 <= w["request_sent"] <= w["job_taken"] <= w["command_start"] <= w["job_ready"], w
+    assert "request_sent" not in marks["fresh"] and marks["fresh"]["command_start"] <= marks["fresh"]["job_ready"]
 
 
 def test_aggregate_and_merge_through_the_warm_server_are_byte_identical(tmp_path):

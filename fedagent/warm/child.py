@@ -16,14 +16,16 @@ and 3.12).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from fedagent.cli import dispatch
-from fedagent.timing import JOB_START_ENV
+from fedagent.timing import JOB_MARKS_ENV, JOB_START_ENV
 from fedagent.warm import threads
 
 BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
@@ -49,6 +51,9 @@ def _become_job(request: dict, fds: list[int], env: dict[str, str]) -> None:
     os.environ.update(env)
     threads.apply(env, server_env)
     os.environ[JOB_START_ENV] = repr(float(request["start"]))
+    # Where the job's first moments went (timing.PhaseClock marks them): the client's request
+    # sent, this process become the job.
+    os.environ[JOB_MARKS_ENV] = json.dumps({"request_sent": request.get("sent"), "job_taken": time.time()})
     sys.argv = [request.get("argv0") or "fedagent", *request["argv"]]
     if request.get("path0") and sys.path:
         sys.path[0] = request["path0"]

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import fedagent
 from fedagent.timing import proc_start_time
@@ -98,7 +99,7 @@ def _request(argv: list[str]) -> dict:
     return {"op": "run", "argv": list(argv), "argv0": sys.argv[0] if sys.argv else "fedagent",
             "cwd": os.getcwd(), "env": dict(os.environ), "start": proc_start_time(),
             "executable": sys.executable, "package": os.path.dirname(os.path.abspath(fedagent.__file__)),
-            "path0": sys.path[0] if sys.path else "", "client_pid": os.getpid()}
+            "path0": sys.path[0] if sys.path else "", "client_pid": os.getpid(), "sent": time.time()}
 
 
 def _say(message: str) -> int:
