@@ -127,22 +127,12 @@ def _prompts(vocab: int, n: int, width: int) -> list[list[int]]:
 
 def _train_job(model, tok, s: Mapping) -> None:
     """The train job's GPU calls: bf16 rollout copy + sampler, behaviour log-probs, 2 update steps."""
-    import copy
-
     import torch
 
-    from fedagent.static_sampler import StaticSampler
     from fedagent.train import grpo
     from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_starts, deferred_steps, update_step
 
-    roll = copy.deepcopy(model).to(torch.bfloat16)
-    roll.requires_grad_(False)
-    sampler = StaticSampler(roll, tok, batch_size=s["pool"], max_prompt_tokens=s["width"],
-                            max_new_tokens=s["new_tokens"], mode=s["sampler"])
-    if s["sampler"] != "eager":
-        sampler.warmup(1.0)
-    gens = sampler(roll, tok, _prompts(model.config.vocab_size, s["pool"], s["width"]), s["new_tokens"], 1.0,
-                   torch.Generator().manual_seed(1))
+    gens = _bf16_sampler_call(model, tok, s["pool"], s, temperature=1.0, seed=1)
     samples = [grpo.Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids or [int(tok.pad_token_id)],
                            reward=float(i % 2), group=i // 2) for i, g in enumerate(gens[:s["micro"]])]
     for smp, a in zip(samples, grpo.group_advantages([x.reward for x in samples], [x.group for x in samples])):
@@ -157,11 +147,17 @@ def _train_job(model, tok, s: Mapping) -> None:
     for _ in range(2):
         update_step(model, opt, samples, list(range(len(samples))), old, old, adv, _token_starts(samples), p,
                     params, deferred=deferred_steps(opt))
-    del sampler, roll, opt
+    del opt
 
 
 def _eval_job(model, tok, s: Mapping) -> None:
     """The eval job's GPU calls: a bf16 model and its sampler."""
+    _bf16_sampler_call(model, tok, s["batch"], s, temperature=0.5, seed=2)
+
+
+def _bf16_sampler_call(model, tok, batch: int, s: Mapping, *, temperature: float, seed: int):
+    """A bf16 copy of ``model``, its static-cache sampler at the job's shape (warmed as the job
+    warms it), one call of ``batch`` prompts; the generations (the copy and sampler are freed)."""
     import copy
 
     import torch
@@ -170,10 +166,9 @@ def _eval_job(model, tok, s: Mapping) -> None:
 
     m = copy.deepcopy(model).to(torch.bfloat16)
     m.requires_grad_(False)
-    sampler = StaticSampler(m, tok, batch_size=s["batch"], max_prompt_tokens=s["width"],
-                            max_new_tokens=s["new_tokens"], mode=s["sampler"])
+    sampler = StaticSampler(m, tok, batch_size=batch, max_prompt_tokens=s["width"], max_new_tokens=s["new_tokens"],
+                            mode=s["sampler"])
     if s["sampler"] != "eager":
-        sampler.warmup(0.5)
-    sampler(m, tok, _prompts(model.config.vocab_size, s["batch"], s["width"]), s["new_tokens"], 0.5,
-            torch.Generator().manual_seed(2))
-    del sampler, m
+        sampler.warmup(temperature)
+    return sampler(m, tok, _prompts(model.config.vocab_size, batch, s["width"]), s["new_tokens"], temperature,
+                   torch.Generator().manual_seed(seed))
