@@ -224,3 +224,24 @@ def test_a_standby_config_needs_standbys_and_a_gpu_job(tmp_path):
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert res.returncode == 1 and why in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_refill_delay_forks_the_replacement_after_the_burst(tmp_path):
+    # --standby-refill-delay: the standby that took a job is replaced only that long after the
+    # hand-over (not against the job's own start); the replacement is then prepared as usual.
+    marks = tmp_path / "marks"
+    with _touch_server(marks, "--standby", "1", "--standby-refill-delay", "6",
+                       "--standby-commands", "serve-env,eval") as (sock, log, _pid):
+        [first] = _ready(sock)
+        client, pid = _start_service(sock, tw_games_dir(), tmp_path)
+        t = time.monotonic()
+        assert pid == first
+        assert _ping(sock)["standbys"] == []           # nothing forked yet
+        [second] = _ready(sock, besides=(first,))
+        assert second != first and time.monotonic() - t > 1.0
+        client.kill()
+        client.wait()
+    res = subprocess.run([*FEDAGENT, "warm-server", "--socket", str(tmp_path / "s"), "--standby", "1",
+                          "--standby-kind", "touch", "--standby-refill-delay", "-1"], env=_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "--standby-refill-delay -1.0: seconds, 0 or more" in res.stderr, res.stderr

@@ -44,6 +44,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "config/config.yaml of the current directory); each standby then also runs the "
                              "run's GPU train and eval calls once on a 1-layer model of its architecture, at its "
                              "shapes (fedagent.warm.gpu_warmup), once results/<run>/round_000/model exists")
+    parser.add_argument("--standby-refill-delay", type=float, default=0.0, metavar="S",
+                        help="with --standby: fork the replacement of a standby that took a job S seconds after "
+                             "the last such hand-over, not at once (its CUDA start and warm-up then run after the "
+                             "burst of jobs starting together, not against them); default 0")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--stop", action="store_true", help="stop the server at --socket (its running jobs first)")
     what.add_argument("--ping", action="store_true", help="print the server's state as JSON")
@@ -67,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         return _fail(f"--standby-commands: {', '.join(unknown)} not among the warm commands ({', '.join(WARM_COMMANDS)})")
     args.standby_commands = commands
+    if not args.standby_refill_delay >= 0:
+        return _fail(f"--standby-refill-delay {args.standby_refill_delay}: seconds, 0 or more")
     args.standby_warmup = None
     if args.standby_config:
         if not args.standby:
@@ -194,7 +200,7 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         os.close(notify_fd)
     try:
         return WarmServer(listener, guard, info, args.standby, args.standby_kind, args.standby_commands,
-                          args.standby_warmup).serve()
+                          args.standby_warmup, args.standby_refill_delay).serve()
     finally:
         listener.close()
         if args.ready_file is not None:

@@ -102,7 +102,8 @@ class WarmServer:
     """Serve on ``listener`` until stopped; :meth:`serve` returns the exit code."""
 
     def __init__(self, listener: socket.socket, guard: Guard, info: dict, standbys: int = 0,
-                 standby_kind: str = "cuda", standby_commands=standby.STANDBY_COMMANDS, standby_warmup=None):
+                 standby_kind: str = "cuda", standby_commands=standby.STANDBY_COMMANDS, standby_warmup=None,
+                 standby_refill_delay: float = 0.0):
         self.listener, self.guard, self.info = listener, guard, info
         self.sel = selectors.DefaultSelector()
         self.conns: set[Conn] = set()
@@ -115,6 +116,10 @@ class WarmServer:
         self.stop_waiters: list[Conn] = []
         self.stopping = False
         self.kill_at: float | None = None
+        # --standby-refill-delay: replacements for handed-over standbys are forked this long after
+        # the last hand-over (their start then does not compete with the jobs' own start).
+        self.refill_delay = float(standby_refill_delay)
+        self.refill_at: float | None = None
         self.wake_r, self.wake_w = socket.socketpair()
         self.uid = os.getuid()
 
@@ -130,9 +135,13 @@ class WarmServer:
         self.sel.register(self.listener, selectors.EVENT_READ, self._on_accept)
         self._top_up()
         while not (self.stopping and not self.jobs and not self.standbys):
-            timeout = None if self.kill_at is None else max(0.0, self.kill_at - time.monotonic())
+            due = [t for t in (self.kill_at, self.refill_at) if t is not None]
+            timeout = None if not due else max(0.0, min(due) - time.monotonic())
             for key, _ in self.sel.select(timeout):
                 key.data(key.fileobj)
+            if self.refill_at is not None and time.monotonic() >= self.refill_at:
+                self.refill_at = None
+                self._top_up()
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 for job in self.jobs.values():
                     log(f"pid {job.pid} still running {STOP_GRACE_S} s after SIGTERM: SIGKILL to its group")
@@ -269,7 +278,10 @@ class WarmServer:
                 job = self._fork(conn, msg, fds, env)
             conn.job = job
             self._reply(conn, {"pid": job.pid})
-            self._top_up()                         # after the client's fds are closed here
+            if sb is not None and self.refill_delay > 0 and job.pid == sb.pid:
+                self.refill_at = time.monotonic() + self.refill_delay     # after the burst of job starts
+            elif self.refill_at is None:
+                self._top_up()                     # after the client's fds are closed here
         else:
             self._reply(conn, {"error": f"unknown request {op!r}"})
             self._close(conn)

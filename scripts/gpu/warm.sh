@@ -5,6 +5,8 @@
 # standby processes that start CUDA before a train-client/eval job asks (fedagent warm-server
 # --standby N; 0: none, every job forked plainly). WARM_CONFIG (node-run.sh sets it to its config
 # file): each standby also runs that run's GPU calls once on a 1-layer model (--standby-config).
+# WARM_STANDBY_DELAY (default 0): seconds after a hand-over before its replacement is forked
+# (--standby-refill-delay; not yet measured on the H200).
 if [ "${WARM:-0}" = 1 ]; then
   warm_dir=$(mktemp -d /tmp/fa-warm.XXXXXX)
   export FEDAGENT_WARM_SOCKET="$warm_dir/s"
@@ -14,7 +16,7 @@ if [ "${WARM:-0}" = 1 ]; then
     rm -rf "$warm_dir"
   }
   trap stop_warm EXIT
-  standby=(--standby "${WARM_STANDBY:-3}")
+  standby=(--standby "${WARM_STANDBY:-3}" --standby-refill-delay "${WARM_STANDBY_DELAY:-0}")
   if [ "${WARM_STANDBY:-3}" != 0 ] && [ -n "${WARM_CONFIG:-}" ]; then standby+=(--standby-config "$WARM_CONFIG"); fi
   fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server "${standby[@]}" \
     --detach || exit 1
