@@ -11,7 +11,6 @@ set -euo pipefail
 OUT=${1:?usage: cold-start-probe.sh OUT}
 mkdir -p "$OUT"
 source scripts/gpu/node-env.sh
-source scripts/gpu/warm.sh    # WARM=1: every job forked from a warm server (as node-run.sh)
 cat > /tmp/fa-cold.yaml <<YAML
 run: gpu-cold
 rounds: 1
@@ -19,6 +18,8 @@ env: {train_games: 8, val_games: 4}
 eval: {n: 4${SAMPLER:+, sampler: $SAMPLER}}
 ${SAMPLER:+train: {sampler: $SAMPLER\}}
 YAML
+# WARM=1: every job forked from a warm server (as node-run.sh), its standbys warmed for this config.
+WARM_CONFIG=${WARM_CONFIG:-"config/experiments/gpu-textworld.yaml /tmp/fa-cold.yaml"} source scripts/gpu/warm.sh
 # Where the imports' time goes: is the interpreter compiling bytecode it cannot cache (a
 # read-only site-packages without __pycache__)? Three runs as the jobs run, then three with a
 # writable bytecode cache (PYTHONPYCACHEPREFIX), then the slowest imports (-X importtime).

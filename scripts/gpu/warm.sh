@@ -3,8 +3,9 @@
 # Snakemake's jobs, and stop it when the script exits (its log goes to $OUT/warm-server.log).
 # WARM_STANDBY (default 3: a round's two train jobs and the last round's eval start together):
 # standby processes that start CUDA before a train-client/eval job asks (fedagent warm-server
-# --standby N; 0: none, every job forked plainly). WARM_CONFIG (node-run.sh sets it to its config
-# file): each standby also runs that run's GPU calls once on a 1-layer model (--standby-config).
+# --standby N; 0: none, every job forked plainly). WARM_CONFIG (the run's config files, space-separated;
+# node-run.sh sets its CONFIGFILE): each standby also runs that run's GPU calls once on a 1-layer
+# model (--standby-config).
 # WARM_STANDBY_DELAY (default 0): seconds after a hand-over before its replacement is forked
 # (--standby-refill-delay; not yet measured on the H200).
 if [ "${WARM:-0}" = 1 ]; then
@@ -17,7 +18,9 @@ if [ "${WARM:-0}" = 1 ]; then
   }
   trap stop_warm EXIT
   standby=(--standby "${WARM_STANDBY:-3}" --standby-refill-delay "${WARM_STANDBY_DELAY:-0}")
-  if [ "${WARM_STANDBY:-3}" != 0 ] && [ -n "${WARM_CONFIG:-}" ]; then standby+=(--standby-config "$WARM_CONFIG"); fi
+  if [ "${WARM_STANDBY:-3}" != 0 ]; then
+    for f in ${WARM_CONFIG:-}; do standby+=(--standby-config "$f"); done   # space-separated config files
+  fi
   fedagent warm-server --socket "$FEDAGENT_WARM_SOCKET" --preload train,eval,env,server "${standby[@]}" \
     --detach || exit 1
 fi
