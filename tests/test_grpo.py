@@ -366,10 +366,8 @@ def _two_step_samples():
 
 
 def test_a_fused_optimizer_defers_the_stats_without_changing_them(tiny_dir):
-    # The GPU path's fused AdamW: no host sync per step, clipping folded into the step
-    # (grad_scale); the records and the weights are those of clip_grad_norm_ + a step after
-    # reading each norm (defaults["fused"] off: that path), up to rounding. Both steps here are
-    # clipped (norms ≈ 13 and 28 > grad_clip 1), by different factors.
+    # The GPU path's fused AdamW: no host sync per step; the records and the weights are the
+    # same as when each step's norm is read before stepping (defaults["fused"] off: that path).
     out = []
     for deferred in (True, False):
         model, _ = load_policy(tiny_dir, threads=1)
@@ -381,11 +379,8 @@ def test_a_fused_optimizer_defers_the_stats_without_changing_them(tiny_dir):
         p = TrainParams(mini_batch_size=2, micro_batch_size=1, kl_coef=0.1)
         steps = grpo_epoch(model, ref, opt, _two_step_samples(), p, python_rng(0, "t"), 0)
         out.append((steps, torch.cat([q.detach().flatten() for q in model.parameters()])))
-    (deferred_steps, w_deferred), (steps, w) = out
-    assert len(steps) == 2 and all(a["grad_norm"] > 1.0 for a in steps)
-    assert [sorted(a) for a in deferred_steps] == [sorted(a) for a in steps]
-    assert all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7) for a, b in zip(deferred_steps, steps) for k in a)
-    assert torch.allclose(w_deferred, w, rtol=0, atol=1e-6), (w_deferred - w).abs().max()
+    assert len(out[0][0]) == 2 and out[0][0] == out[1][0]
+    assert torch.equal(out[0][1], out[1][1])
 
 
 def test_a_fused_optimizer_skips_a_non_finite_step_and_names_it(tiny_dir):

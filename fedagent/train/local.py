@@ -295,21 +295,15 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p: T
                                   st["clipped"].sum()]))
     if prox_anchor is not None:
         fedprox.add_proximal_grad(model, prox_anchor, p.fedprox_mu)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
+    record = (len(mb), n_tok, torch.stack(stats), grad_norm)
     if deferred:
-        # Clipping folded into the fused step: it divides every gradient by ``grad_scale`` as it
-        # reads it (GradScaler's unscale), so no separate pass multiplies them all first. The scale
-        # is clip_grad_norm_'s coefficient inverted: max(1, (norm + 1e-6) / max_norm).
-        grad_norm = torch.nn.utils.get_total_norm([q.grad for q in params if q.grad is not None])
-        record = (len(mb), n_tok, torch.stack(stats), grad_norm)
         optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
-        optimizer.grad_scale = torch.clamp((grad_norm + 1e-6) / p.grad_clip, min=1.0).float()
         try:
             optimizer.step()
         finally:
-            del optimizer.found_inf, optimizer.grad_scale
+            del optimizer.found_inf
     else:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
-        record = (len(mb), n_tok, torch.stack(stats), grad_norm)
         if check is not None:
             check(record)
         optimizer.step()
