@@ -1,6 +1,7 @@
 """Generation and training throughput on one GPU, all columns measured in one run.
 
     python bench/gpu_throughput.py --model results/<run>/round_000/model [--vllm-pythonpath DIR]
+    python bench/gpu_throughput.py --model DIR_WITH_CONFIG_AND_TOKENIZER --random-weights --skip-generation
 
 Generation (batch 64, prompt 256 random token ids, exactly 64 new tokens, temperature 1.0, bf16):
   hf_eager   transformers ``generate`` with its dynamic cache (the baseline)
@@ -228,6 +229,25 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12)}
 
 
+def random_weight_model(config_dir: Path, out: Path) -> Path:
+    """An fp32 HF dir at ``out``: ``config_dir``'s config with weights from a seeded generator, and
+    its tokenizer files copied (``--random-weights``)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(config_dir))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(str(out))
+    for f in Path(config_dir).iterdir():
+        if f.is_file() and f.suffix in (".json", ".jinja", ".txt", ".model") and not (out / f.name).exists():
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def generation(args, out) -> None:
     """The three generation columns (HF eager, the local GPU path, vLLM) into ``out``."""
     import tempfile
@@ -280,9 +300,19 @@ def main(argv=None) -> int:
                          "reported as local_tok_s)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing each training mode, print its top CUDA kernels (torch.profiler)")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="--model holds only config.json and the tokenizer files: time a model of that "
+                         "config with seeded random weights (the same shapes and kernels; throughput does not "
+                         "depend on the values), e.g. on a bare GPU node without the converted base model")
     args = ap.parse_args(argv)
 
+    import tempfile
+
     import torch
+
+    if args.random_weights:
+        keep = tempfile.TemporaryDirectory(prefix="fa-random-model-")
+        args.model = random_weight_model(args.model, Path(keep.name) / "model")
 
     assert torch.cuda.is_available(), "this bench needs a GPU"
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
