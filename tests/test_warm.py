@@ -143,6 +143,7 @@ def test_train_client_through_the_warm_server_is_byte_identical(server, job_inpu
     # Where a warm job's first moments went: client sent → job process took it → command → ready.
     w = marks["warm"]
     assert 0 <= w["request_sent"] <= w["job_taken"] <= w["command_start"] <= w["job_ready"], w
+    assert w["job_ready"] <= w["env_service_up"] <= w["first_batch_reset"] <= w["env_ready"], w   # the env's start
     assert "request_sent" not in marks["fresh"] and marks["fresh"]["command_start"] <= marks["fresh"]["job_ready"]
 
 

@@ -17,6 +17,7 @@ prefetched answers are served once, and only to the identical request (same sess
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 
@@ -36,6 +37,9 @@ class PrefetchedEnv:
         self._pairs = [(sid, int(seed)) for sid, seed in zip(sids, seeds)]
         self._env = self._resets = self._error = None
         self._created = False
+        # Wall-clock times (for the job's timing marks): the service answered; the batch was reset.
+        self.service_up_at: float | None = None
+        self.reset_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="env-prefetch", daemon=True)
         self._thread.start()
 
@@ -43,11 +47,13 @@ class PrefetchedEnv:
         try:
             env = self._pending.ready()
             self._env = env
+            self.service_up_at = time.time()
             if not hasattr(env, "create_many") or not hasattr(env, "reset_many"):
                 return            # an env without the batch calls: nothing prefetched, all passed on
             env.create_many(self._sids)
             self._created = True
             self._resets = env.reset_many(self._pairs)
+            self.reset_at = time.time()
         except BaseException as exc:   # handed to the main thread by ready()
             self._error = exc
 

@@ -442,7 +442,13 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         # model stay plain modules.
         compile_for_training(model)
     if hasattr(env, "ready"):
+        prefetch = env
         env = env.ready()
+        # Where the env's start went: its service answered, then the first batch was reset.
+        for name, when in (("env_service_up", getattr(prefetch, "service_up_at", None)),
+                           ("first_batch_reset", getattr(prefetch, "reset_at", None))):
+            if when is not None:
+                clock.mark(name, when)
     clock.mark("env_ready")
     # On a GPU the fused AdamW kernel (one launch for all tensors); the CPU keeps the default
     # implementation, whose bytes the CPU path's determinism tests pin.
