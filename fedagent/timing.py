@@ -17,7 +17,8 @@ began the command; also without the server). ``job_ready``: the imports are done
 process, while this one loads); ``weights_loaded``: the policy is on its device;
 ``model_loaded``: reference, rollout copy and sampler too; ``sampler_warm`` (GPU, compiled):
 the decode step is compiled and captured; ``env_ready``: the env service answered its health
-check. ``cold_start_s`` =
+check (a train job that prefetched its first batch also marks ``env_service_up``, when the
+service answered, and ``first_batch_reset``, when that batch was reset). ``cold_start_s`` =
 process start → first sampled token (where the sampler reports it; else → the start of the
 first rollout).
 
