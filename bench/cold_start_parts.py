@@ -37,17 +37,6 @@ VARIANTS = ("none", "cuda", "arch", "full")
 POOL, WIDTH, NEW, MICRO = 64, 512, 16, 32
 
 
-def _prewarm_cuda():
-    import torch
-
-    torch.zeros(1, device="cuda")
-    for dtype in (torch.bfloat16, torch.float32):
-        a = torch.randn(256, 256, device="cuda", dtype=dtype)
-        (a @ a).sum().item()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
 def _job(model, tok, parts: dict, rng_seed: int = 0):
     """The job's sequence after its policy is loaded: copies, sampler, warm-up, first call, 2 steps."""
     import copy
@@ -56,7 +45,7 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
 
     from fedagent.static_sampler import StaticSampler
     from fedagent.train import grpo
-    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_starts, deferred_steps, update_step
+    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_slices, deferred_steps, update_step
 
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -97,10 +86,10 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
     with _autocast(model):
         old = timed("behaviour_logprobs", lambda: _logprobs_nograd(model, samples, MICRO, 1.0))
     adv = grpo.token_advantages(samples).to(device)
-    starts = _token_starts(samples)
+    slices = _token_slices(samples)
     for k in (1, 2):
         timed(f"train_step_{k}", lambda: update_step(model, opt, samples, list(range(len(samples))), old, old, adv,
-                                                     starts, p, params, deferred=deferred_steps(opt)))
+                                                     slices, p, params, deferred=deferred_steps(opt)))
 
 
 def child(model_dir: Path, variant: str) -> dict:
@@ -114,7 +103,9 @@ def child(model_dir: Path, variant: str) -> dict:
     parts: dict = {"variant": variant}
     t0 = time.perf_counter()
     if variant in ("cuda", "arch", "full"):
-        _prewarm_cuda()
+        from fedagent.warm import standby
+
+        standby.prepare("cuda")              # what a --standby process does before its job
     if variant == "arch":
         from fedagent.warm.gpu_warmup import Shapes, warm_up
 

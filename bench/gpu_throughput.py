@@ -149,7 +149,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     from fedagent.policy import load_policy
     from fedagent.train import grpo
-    from fedagent.train.local import (TrainParams, _autocast, _logprobs_nograd, _token_starts, compile_for_training,
+    from fedagent.train.local import (TrainParams, _autocast, _logprobs_nograd, _token_slices, compile_for_training,
                                       deferred_steps, update_step)
 
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
@@ -169,7 +169,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     params = [q for q in model.parameters() if q.requires_grad]
     with _autocast(model):
         old = _logprobs_nograd(model, samples, B, 1.0)
-    starts, mb, deferred = _token_starts(samples), list(range(B)), deferred_steps(opt)
+    slices, mb, deferred = _token_slices(samples), list(range(B)), deferred_steps(opt)
 
     def step():
         if mode == "eager_leftpad":      # the step before right padding and update_step (kept as the baseline)
@@ -182,7 +182,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             opt.step()
             return
         # The backend's own optimizer step (what grpo_epoch runs per mini-batch).
-        update_step(model, opt, samples, mb, old, None, adv, starts, p, params, deferred=deferred)
+        update_step(model, opt, samples, mb, old, None, adv, slices, p, params, deferred=deferred)
     t0 = time.time()
     step()
     _sync()

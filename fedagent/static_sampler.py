@@ -50,7 +50,7 @@ class StaticSampler:
             raise ValueError(f"sampler mode {mode!r}: expected one of {', '.join(MODES)}")
         if batch_size < 1 or max_prompt_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_prompt_tokens and max_new_tokens must be >= 1")
-        self.model = model
+        self.model, self.mode = model, mode
         self.device = next(model.parameters()).device
         self.batch_size = int(batch_size)
         self.width = int(max_prompt_tokens)
@@ -267,7 +267,7 @@ class StaticSampler:
         gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
         self._warming = True
         try:
-            if self._decode == self._graph_step:
+            if self.mode == "graph":
                 # One call of two tokens: the prefill, then one decode step, recorded on its first run.
                 self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
             else:

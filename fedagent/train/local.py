@@ -208,6 +208,7 @@ def _autocast(model):
 
 
 def _token_slices(samples) -> list[slice]:
+    """Each sample's trained tokens in the flat sample-order tensors."""
     out, k = [], 0
     for s in samples:
         out.append(slice(k, k + s.trained_count()))
@@ -215,18 +216,9 @@ def _token_slices(samples) -> list[slice]:
     return out
 
 
-def _token_starts(samples) -> list[int]:
-    """Each sample's first trained token in the flat sample-order tensors."""
-    out, k = [], 0
-    for s in samples:
-        out.append(k)
-        k += s.trained_count()
-    return out
-
-
-def _token_index(starts, samples, micro, device) -> torch.Tensor:
+def _token_index(slices, micro, device) -> torch.Tensor:
     """The flat indices of ``micro``'s trained tokens, in its order (one non-blocking copy)."""
-    idx = torch.cat([torch.arange(starts[i], starts[i] + samples[i].trained_count()) for i in micro])
+    idx = torch.cat([torch.arange(slices[i].start, slices[i].stop) for i in micro])
     if device.type == "cpu":
         return idx
     return idx.pin_memory().to(device, non_blocking=True)
@@ -268,12 +260,12 @@ def deferred_steps(optimizer) -> bool:
     return bool(getattr(optimizer, "defaults", {}).get("fused"))
 
 
-def update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p: TrainParams, params,
+def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p: TrainParams, params,
                 prox_anchor=None, deferred: bool = False, check=None) -> tuple:
     """One optimizer step on the mini-batch ``mb`` (sample indices), its micro-batches' gradients
     accumulated: the token-mean clipped-ratio loss (+ KL, − entropy), FedProx's term, clipping,
-    the step. ``old``/``ref``/``token_adv``: flat per-token tensors in sample order (``starts``:
-    :func:`_token_starts`). Returns the step's pending record ``(samples, tokens, stats, norm)``
+    the step. ``old``/``ref``/``token_adv``: flat per-token tensors in sample order (``slices``:
+    :func:`_token_slices`). Returns the step's pending record ``(samples, tokens, stats, norm)``
     with the stats still on the device. ``deferred``: the optimizer skips a non-finite step
     itself (:func:`deferred_steps`); else ``check(record)`` runs before the step (it reads the
     norm on the host and raises on a non-finite one)."""
@@ -284,7 +276,7 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p: T
         batch = [samples[i] for i in micro]
         with _autocast(model):
             logp, ent = _logprobs(model, batch, p.temperature, p.micro_batch_size, with_entropy=True)
-        idx = _token_index(starts, samples, micro, logp.device)
+        idx = _token_index(slices, micro, logp.device)
         terms, st = grpo.grpo_token_terms(
             logp, old[idx], ref[idx] if ref is not None else None, token_adv[idx], clip=p.clip,
             kl_coef=p.kl_coef, entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
@@ -338,7 +330,7 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
             ref = _logprobs_nograd(ref_model, samples, p.micro_batch_size, p.temperature)
     # Per trained token, its index in the flat (sample-order) behaviour/reference/advantage
     # tensors: a micro-batch gathers its rows with one index instead of a cat of many slices.
-    starts = _token_starts(samples)
+    slices = _token_slices(samples)
     device = next(model.parameters()).device
     if token_adv is None:
         token_adv = grpo.token_advantages(samples)
@@ -354,7 +346,7 @@ def grpo_epoch(model, ref_model, optimizer, samples, p: TrainParams, shuffle_rng
     deferred = deferred_steps(optimizer)
     steps, pending = [], []
     for mb in _chunks(order, p.mini_batch_size):
-        record = update_step(model, optimizer, samples, mb, old, ref, token_adv, starts, p, params, prox_anchor,
+        record = update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, params, prox_anchor,
                              deferred, check=lambda r: _record_steps([r], steps, epoch))
         if deferred:
             pending.append(record)

@@ -130,14 +130,13 @@ def _train_job(model, tok, s: Mapping) -> None:
     import torch
 
     from fedagent.train import grpo
-    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_starts, deferred_steps, update_step
+    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_slices, deferred_steps, update_step
 
     gens = _bf16_sampler_call(model, tok, s["pool"], s, temperature=1.0, seed=1)
     samples = [grpo.Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids or [int(tok.pad_token_id)],
                            reward=float(i % 2), group=i // 2) for i, g in enumerate(gens[:s["micro"]])]
     for smp, a in zip(samples, grpo.group_advantages([x.reward for x in samples], [x.group for x in samples])):
         smp.advantage = a
-    model.requires_grad_(True)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
     p = TrainParams(mini_batch_size=len(samples), micro_batch_size=s["micro"], kl_coef=0.01, temperature=1.0)
     with _autocast(model):
@@ -145,9 +144,8 @@ def _train_job(model, tok, s: Mapping) -> None:
     adv = grpo.token_advantages(samples).to(old.device)
     params = [q for q in model.parameters() if q.requires_grad]
     for _ in range(2):
-        update_step(model, opt, samples, list(range(len(samples))), old, old, adv, _token_starts(samples), p,
+        update_step(model, opt, samples, list(range(len(samples))), old, old, adv, _token_slices(samples), p,
                     params, deferred=deferred_steps(opt))
-    del opt
 
 
 def _eval_job(model, tok, s: Mapping) -> None:
