@@ -35,6 +35,7 @@ class EvalParams:
     max_new_tokens: int = 40
     max_prompt_tokens: int = 1024
     pool_size: int = 8
+    env_procs: int = 0                    # env.procs
     batch: int = 8
     answer_format: str = "think_action"   # rollout.answer_format
     rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
@@ -58,7 +59,7 @@ class EvalParams:
 
 # Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
 EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "answer_format": "rollout.answer_format",
+                                    "env_procs": "env.procs", "answer_format": "rollout.answer_format",
                                     "rollout_mode": "rollout.mode", "history": "rollout.history"})
 
 
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     # service starts first and comes up while this process loads (and warms) the model.
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns, answer_format=params.answer_format,
-                         source=games_kind(args.games), wait=False) as pending:
+                         source=games_kind(args.games), env_procs=params.env_procs, wait=False) as pending:
         sampler = None
         if backend == "vllm":
             from fedagent.atomic import verify_manifest

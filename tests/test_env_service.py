@@ -330,3 +330,37 @@ def test_action_answer_format_needs_no_think_block():
         assert r["is_action_valid"] is False and r["reward"] == 0.0
     with pytest.raises(ValueError, match="answer_format"):
         make(answer_format="free_text")
+
+
+def test_forked_env_workers_die_with_a_killed_service(tmp_path):
+    """A single-threaded service forks its env workers (fast: nothing re-imported), and each
+    closes its copies of the service's pipe ends, so a SIGKILLed service still ends them all."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from env_fixtures import FakeTaskSource\n"
+        "from fedagent.envs.pool import default_start_method, process_envs\n"
+        "method = default_start_method()\n"
+        "envs, workers = process_envs(FakeTaskSource(4), 5, 4, 3)\n"
+        "print(method, *[w.proc.pid for w in workers], flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        method, *pids = proc.stdout.readline().split()
+        assert method == "fork" and len(pids) == 3
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    alive = [int(p) for p in pids]
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if os.path.exists(f"/proc/{p}") and
+                 open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] != "Z"]
+        time.sleep(0.05)
+    assert not alive, f"env workers {alive} outlived their killed service"

@@ -142,6 +142,8 @@ TRAIN_PARAMS = as_json({
     **({"algorithm": "ppo", **{k: v for k, v in config["train"]["ppo"].items() if k != "critic_path"}}
        if config["train"]["algorithm"] == "ppo" else {}),
     "pool_size": config["env"]["pool_size"],
+    # env.procs only when set (an execution knob: a default run's params and cached jobs stay as they were)
+    **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     "answer_format": config["rollout"]["answer_format"],
     **rollout_params(),
     # FedProx only when armed (μ = 0 is plain FedAvg: same params, same cached updates).
@@ -154,6 +156,7 @@ TRAIN_PARAMS = as_json({
 EVAL_PARAMS = as_json({
     "base_seed": config["seed"],
     "pool_size": config["env"]["pool_size"],
+    **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     **job_params("eval", ("threads", "n", "clients", "backend", "vllm")),
     "answer_format": config["rollout"]["answer_format"],
     **rollout_params(),

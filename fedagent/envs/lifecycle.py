@@ -183,7 +183,7 @@ class PendingEnv:
                 raise EnvServiceStartError(
                     f"env service not healthy after {self.startup_timeout} s; log {log_path}:\n"
                     + _log_tail(log_path))
-            time.sleep(0.1)
+            time.sleep(0.01)    # a train job's first token may wait on this (the file check is cheap)
         client.max_retries = 8                        # startup probing done: full retry budget
         # Where the service listens, for processes of the job that open their own client
         # (the verl backend's agent loops): {"uds": path} or {"base_url": url, "token": t}.

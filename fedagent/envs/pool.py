@@ -13,11 +13,17 @@ one: the kernel closes the service's end of the pipe).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from typing import Any
 
 
-def _worker(conn, task_source, max_turns: int, n_envs: int) -> None:
+def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int, ...] = ()) -> None:
+    for fd in close_fds:      # forked: the service's ends of every pipe so far (EOF must reach us)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     envs = [task_source.make_env(max_turns) for _ in range(n_envs)]
     conn.send(("ok", n_envs))                 # ready
     while True:
@@ -43,10 +49,15 @@ def _worker(conn, task_source, max_turns: int, n_envs: int) -> None:
 class EnvWorker:
     """One worker process owning ``n_envs`` envs; calls are serialized per worker."""
 
-    def __init__(self, ctx, task_source, max_turns: int, n_envs: int):
-        """Start the process (envs are built inside it)."""
+    def __init__(self, ctx, task_source, max_turns: int, n_envs: int, siblings: tuple["EnvWorker", ...] = ()):
+        """Start the process (envs are built inside it). Forked, it closes its copies of the
+        service's pipe ends (its own and ``siblings``'), so it still sees EOF when the service dies."""
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, task_source, max_turns, n_envs), daemon=True)
+        close_fds = ()
+        if ctx.get_start_method() == "fork":
+            close_fds = tuple(w.conn.fileno() for w in siblings) + (self.conn.fileno(),)
+        self.proc = ctx.Process(target=_worker, args=(child, task_source, max_turns, n_envs, close_fds),
+                                daemon=True)
         self.proc.start()
         child.close()
         self.lock = threading.Lock()
@@ -105,13 +116,33 @@ class RemoteEnv:
         """Nothing to do here: the worker closes its envs when it exits."""
 
 
+def default_start_method() -> str:
+    """``fork`` where it is safe and cheap, else ``spawn``.
+
+    A forked worker starts at once with what this process imported (the warm server's
+    preloaded TextWorld included); a spawned one is a fresh interpreter that imports it all
+    again (≈ 0.3 s each, and its first game load pays TextWorld's first-use costs). Forking is
+    safe only while this process runs a single thread (Linux: ``/proc/self/task``), as the
+    service does while it builds its pool, before its server and executor threads start.
+    """
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:                      # not Linux: no cheap, safe fork to rely on
+        return "spawn"
+    return "fork" if threads == 1 else "spawn"
+
+
 def process_envs(task_source, max_turns: int, pool_size: int, n_procs: int, *,
-                 start_method: str = "spawn", ready_timeout: float = 120.0):
-    """``pool_size`` env proxies spread round-robin over ``n_procs`` workers; returns (envs, workers)."""
+                 start_method: str | None = None, ready_timeout: float = 120.0):
+    """``pool_size`` env proxies spread round-robin over ``n_procs`` workers; returns (envs, workers).
+
+    ``start_method`` None: :func:`default_start_method`."""
     n_procs = max(1, min(int(n_procs), int(pool_size)))
-    ctx = multiprocessing.get_context(start_method)
+    ctx = multiprocessing.get_context(start_method or default_start_method())
     counts = [pool_size // n_procs + (1 if k < pool_size % n_procs else 0) for k in range(n_procs)]
-    workers = [EnvWorker(ctx, task_source, max_turns, n) for n in counts]
+    workers: list[EnvWorker] = []
+    for n in counts:
+        workers.append(EnvWorker(ctx, task_source, max_turns, n, tuple(workers)))
     try:
         for w in workers:
             w.wait_ready(ready_timeout)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
                          answer_format=params.answer_format, source=games_kind(args.games),
-                         env_params=env_params or None, wait=False) as pending:
+                         env_params=env_params or None, env_procs=params.env_procs, wait=False) as pending:
         # The service starts while train_client loads the model; it health-gates it after.
         metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)

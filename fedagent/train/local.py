@@ -50,6 +50,7 @@ class TrainParams:
     max_prompt_tokens: int = 1024
     invalid_penalty: float = 0.1
     pool_size: int = 8
+    env_procs: int = 0                    # env.procs: the env service's worker processes (0: its threads)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     answer_format: str = "think_action"   # rollout.answer_format: think_action | action
@@ -95,7 +96,7 @@ PPO_FIELDS = ("algorithm", "gamma", "lam", "critic_lr", "value_clip")
 # Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
 TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
                                    {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "answer_format": "rollout.answer_format",
+                                    "env_procs": "env.procs", "answer_format": "rollout.answer_format",
                                     "rollout_mode": "rollout.mode", "history": "rollout.history",
                                     **{k: f"train.ppo.{k}" for k in PPO_FIELDS[1:]}})
 
@@ -155,19 +156,27 @@ def _logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Te
 # ``mode="reduce-overhead"``: inductor's fused kernels in CUDA graphs. (Adding coordinate-descent
 # tuning of the Triton kernels' launch configs was tried on the H200, 2026-12-01: its first compile
 # of the B64x512 step had not finished after 6 min, against about 57 s without it.)
-COMPILE_TRAIN_OPTIONS = {"triton.cudagraphs": True}
+COMPILE_TRAIN_OPTIONS_UNFUSED = {"triton.cudagraphs": True}
+
+
+def compile_train_options() -> dict:
+    """:data:`COMPILE_TRAIN_OPTIONS_UNFUSED` plus the pass that makes the linears sharing an
+    input (q/k/v, gate/up) one matmul (:mod:`fedagent.train.fuse_linears`)."""
+    from fedagent.train.fuse_linears import FuseSharedInputLinears
+
+    return {**COMPILE_TRAIN_OPTIONS_UNFUSED, "pre_grad_custom_pass": FuseSharedInputLinears()}
 
 
 def compile_for_training(model, options: dict | None = None) -> None:
     """``train.compile_train``: the policy's log-prob forward (decoder, LM head on the trained
     positions, log-softmax: :func:`fedagent.train.grpo.forward_logprobs`) through torch.compile
-    with static shapes and CUDA graphs (:data:`COMPILE_TRAIN_OPTIONS`; ``options`` replaces them):
+    with static shapes and CUDA graphs (:func:`compile_train_options`; ``options`` replaces them):
     fused kernels and no per-kernel launch cost. Each shape bucket of :func:`_logprobs` is compiled and captured once,
     at its first use. Attention runs as plain causal SDPA with no mask at all
     (:func:`causal_attention_without_mask`: the batches are right-padded)."""
     causal_attention_without_mask(model)
     model._fedagent_forward = torch.compile(grpo.forward_logprobs, dynamic=False,
-                                            options=COMPILE_TRAIN_OPTIONS if options is None else options)
+                                            options=compile_train_options() if options is None else options)
 
 
 CAUSAL_SDPA = "fedagent_causal_sdpa"
