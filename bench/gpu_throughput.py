@@ -141,10 +141,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     (left-padded rows with an attention mask, no clipping, torch's default foreach AdamW);
     eager: what ``train.device: cuda`` runs by default (right-padded rows, no mask, the batch in
     one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
-    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`);
-    compiled_unfused: the same without the pass that makes linears sharing an input one matmul
-    (:mod:`fedagent.train.fuse_linears`); compiled_flash: compiled with SDPA's flash kernels
-    instead of cuDNN's.
+    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`).
     """
     import time
 
@@ -152,8 +149,8 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     from fedagent.policy import load_policy
     from fedagent.train import grpo
-    from fedagent.train.local import (COMPILE_TRAIN_OPTIONS_UNFUSED, TrainParams, _autocast, _logprobs_nograd,
-                                      _token_slices, compile_for_training, deferred_steps, update_step)
+    from fedagent.train.local import (TrainParams, _autocast, _logprobs_nograd, _token_slices, compile_for_training,
+                                      deferred_steps, update_step)
 
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
     model.train()
@@ -165,11 +162,8 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
                            advantage=1.0) for r in rows]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
-    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
-    if mode == "compiled_flash":        # the same, with SDPA's flash kernels instead of cuDNN's
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    if mode.startswith("compiled"):
-        compile_for_training(model, COMPILE_TRAIN_OPTIONS_UNFUSED if mode == "compiled_unfused" else None)
+    if mode == "compiled":
+        compile_for_training(model)
     adv = torch.ones(B * resp, device=next(model.parameters()).device)
     p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
@@ -218,7 +212,6 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
         # Where the host's time goes while the GPU waits (launches, syncs, Python-side index building).
         print(f"--- training mode {mode}: top host operators over 2 steps", flush=True)
         print(table.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=70), flush=True)
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
     tokens = B * seq
     # FLOPs actually computed (forward + backward = 3 × forward, 2 per multiply-add):
     # - the decoder's weight matrices on every token: 6 · (N − embedding) · T;
@@ -228,13 +221,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
     flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
              + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
-    from torch._dynamo.utils import counters
-
-    from fedagent.train.fuse_linears import COUNTER
-
-    folded = counters["inductor"].pop(COUNTER, 0)   # this mode's compile (0: the pass did not run)
     return {"mode": mode, "step_s": t_back, "first_step_s": first, "tokens_per_s": tokens / t_back,
-            "linears_folded": folded,
             "tflops": flops / t_back / 1e12, "mfu": flops / t_back / (peak_tflops * 1e12),
             "back_to_back_steps": n_back,
             "step_s_synced": t, "tokens_per_s_synced": tokens / t, "mfu_synced": flops / t / (peak_tflops * 1e12),
@@ -305,7 +292,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--train-modes", nargs="+", default=["eager_leftpad", "eager", "compiled"],
-                    choices=["eager_leftpad", "eager", "compiled", "compiled_unfused", "compiled_flash"],
+                    choices=["eager_leftpad", "eager", "compiled"],
                     help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],
@@ -351,8 +338,7 @@ def main(argv=None) -> int:
         print(f"training B{B}x512 {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, "
               f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "
               f"(synced after every step: {tr['tokens_per_s_synced']:.0f} tok/s, MFU {tr['mfu_synced']:.3f}; "
-              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f}; "
-              f"linears folded {tr['linears_folded']})")
+              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

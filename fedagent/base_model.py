@@ -42,6 +42,22 @@ def smollm2_gguf_path() -> Path:
     return ggufs[0]
 
 
+def smollm2_architecture(out: Path) -> None:
+    """Write SmolLM2's ``config.json`` (as :func:`build_base_model` writes it: no quantization
+    record) and tokenizer to ``out``, from the GGUF's metadata, without its weights: what a warm
+    server's standby needs to warm a run's GPU calls before round 0's model exists
+    (:mod:`fedagent.warm.gpu_warmup`)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "float32"
+    config.save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+
+
 def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     import copy
 

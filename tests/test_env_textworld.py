@@ -73,6 +73,15 @@ def test_task_source_verifies_manifest(tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(ManifestError):
         TextWorldTaskSource(broken)
+    # A service of other tasks hashes only its own games' files: it does not read this one.
+    served = [t for t in TextWorldTaskSource(d).task_ids("train") + ["tw-val-0000"] if t != "tw-train-0000"]
+    assert served, "the fixture needs a second game"
+    TextWorldTaskSource(broken, served=served)
+    with pytest.raises(ManifestError, match="tw-train-0000.z8"):
+        TextWorldTaskSource(broken, served=["tw-train-0000"])
+    (broken / "games.json").write_text((broken / "games.json").read_text().replace('"', "'", 1)[:-1] + " ")
+    with pytest.raises(ManifestError, match="games.json"):   # not a game's file: always hashed
+        TextWorldTaskSource(broken, served=served)
     (broken / "manifest.json").unlink()
     with pytest.raises(ManifestError):
         TextWorldTaskSource(broken)

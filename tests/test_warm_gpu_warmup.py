@@ -3,6 +3,7 @@ after it starts from the RNG state a freshly forked process has."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from fedagent.base_model_tiny import write_tiny_model
 from fedagent.config_show import effective_config
-from fedagent.warm.gpu_warmup import Shapes, shapes_from_config, warm_up
+from fedagent.warm.gpu_warmup import Shapes, architecture_dir, shapes_from_config, warm_up
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,34 @@ def test_the_gpu_preset_warms_its_train_and_eval_shapes():
     assert s.model_dir == Path("results") / "gpu-textworld" / "round_000" / "model"
     assert s.train == {"pool": 64, "width": 512, "new_tokens": 16, "micro": 32, "sampler": "graph"}
     assert s.eval == {"batch": 64, "width": 512, "new_tokens": 16, "sampler": "graph"}
+    assert s.source == "smollm2"
+
+
+def test_smollm2_architecture_comes_from_the_gguf_without_the_model(tmp_path):
+    # What a standby warms before round 0's model exists: SmolLM2-135M's shapes, no quantization
+    # record (as the base model's config.json), and its chat tokenizer.
+    from fedagent.policy import load_tokenizer
+
+    s = Shapes(tmp_path / "not-yet" / "model", None, None, source="smollm2")
+    with architecture_dir(s, give_up=lambda: True) as arch:
+        assert arch is not None and arch != s.model_dir
+        cfg = json.loads((arch / "config.json").read_text())
+        assert {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                    "intermediate_size", "vocab_size", "tie_word_embeddings")} == {
+            "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+        assert "quantization_config" not in cfg
+        assert load_tokenizer(arch).chat_template
+    assert not arch.exists()                         # a temporary dir, removed after the warm-up
+
+
+def test_without_a_source_the_architecture_is_round_0s_model(tiny_dir, tmp_path):
+    s = Shapes(tmp_path / "m", None, None, source=None)
+    with architecture_dir(s, give_up=lambda: True) as arch:
+        assert arch is None                          # not there, and the server is gone
+    s = Shapes(Path(tiny_dir), None, None, source="smollm2")
+    with architecture_dir(s, give_up=lambda: True) as arch:
+        assert arch == Path(tiny_dir)                # the model itself once it exists
 
 
 def test_a_cpu_run_warms_nothing_on_cuda():

@@ -212,6 +212,29 @@ def test_a_standby_config_warms_the_runs_calls_once_its_model_exists(tmp_path):
         assert "train " in text and "eval " in text, text
 
 
+def test_a_standby_warms_from_the_runs_model_source_before_round_0_exists(tmp_path):
+    # model: an HF dir. Its architecture is known before the base model is built, so the standby
+    # warms up at once (on the round-1 jobs' critical path, round 0's model appears only ~1 min
+    # into a run, when those jobs are already asking).
+    import yaml
+
+    from fedagent.base_model_tiny import write_tiny_model
+
+    source = tmp_path / "hf"
+    write_tiny_model(source, seed=5)
+    results = tmp_path / "results"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "run": "sb", "results_dir": str(results), "model": str(source), "env": {"pool_size": 4},
+        "train": {"device": "cuda", "sampler": "eager", "max_prompt_tokens": 64, "max_new_tokens": 4,
+                  "mini_batch_size": 2, "micro_batch_size": 2}}))
+    with _touch_server(tmp_path / "marks", "--standby", "1", "--standby-config", str(cfg)) as (sock, log, _pid):
+        _ready(sock)
+        assert not (results / "sb" / "round_000" / "model").exists()
+        text = log.read_text()
+        assert f"standby warm-up on a 1-layer model of {source} (" in text and "train " in text, text
+
+
 def test_a_standby_config_needs_standbys_and_a_gpu_job(tmp_path):
     cpu = tmp_path / "cpu.yaml"
     cpu.write_text("run: x\n")

@@ -130,7 +130,7 @@ def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: d
     if kind == "textworld":
         from fedagent.envs.textworld_games import TextWorldTaskSource
 
-        return TextWorldTaskSource(games)
+        return TextWorldTaskSource(games, served=tasks)
     if kind == "alfworld":
         from fedagent.envs.alfworld import AlfworldTaskSource
 

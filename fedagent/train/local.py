@@ -155,28 +155,22 @@ def _logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Te
 
 # ``mode="reduce-overhead"``: inductor's fused kernels in CUDA graphs. (Adding coordinate-descent
 # tuning of the Triton kernels' launch configs was tried on the H200, 2026-12-01: its first compile
-# of the B64x512 step had not finished after 6 min, against about 57 s without it.)
-COMPILE_TRAIN_OPTIONS_UNFUSED = {"triton.cudagraphs": True}
-
-
-def compile_train_options() -> dict:
-    """:data:`COMPILE_TRAIN_OPTIONS_UNFUSED` plus the pass that makes the linears sharing an
-    input (q/k/v, gate/up) one matmul (:mod:`fedagent.train.fuse_linears`)."""
-    from fedagent.train.fuse_linears import FuseSharedInputLinears
-
-    return {**COMPILE_TRAIN_OPTIONS_UNFUSED, "pre_grad_custom_pass": FuseSharedInputLinears()}
+# of the B64x512 step had not finished after 6 min, against about 57 s without it. A pre-grad
+# pass making the linears that read one input (q/k/v, gate/up) one matmul over concatenated
+# weights was measured there on 2026-12-02: MFU 0.287 against 0.299 without it, so it is not used.)
+COMPILE_TRAIN_OPTIONS = {"triton.cudagraphs": True}
 
 
 def compile_for_training(model, options: dict | None = None) -> None:
     """``train.compile_train``: the policy's log-prob forward (decoder, LM head on the trained
     positions, log-softmax: :func:`fedagent.train.grpo.forward_logprobs`) through torch.compile
-    with static shapes and CUDA graphs (:func:`compile_train_options`; ``options`` replaces them):
+    with static shapes and CUDA graphs (:data:`COMPILE_TRAIN_OPTIONS`; ``options`` replaces them):
     fused kernels and no per-kernel launch cost. Each shape bucket of :func:`_logprobs` is compiled and captured once,
     at its first use. Attention runs as plain causal SDPA with no mask at all
     (:func:`causal_attention_without_mask`: the batches are right-padded)."""
     causal_attention_without_mask(model)
     model._fedagent_forward = torch.compile(grpo.forward_logprobs, dynamic=False,
-                                            options=compile_train_options() if options is None else options)
+                                            options=COMPILE_TRAIN_OPTIONS if options is None else options)
 
 
 CAUSAL_SDPA = "fedagent_causal_sdpa"

@@ -21,11 +21,13 @@ a freshly forked process has.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,21 @@ class Shapes:
     model_dir: Path
     train: Mapping | None     # pool, width, new_tokens, micro, sampler
     eval: Mapping | None      # batch, width, new_tokens, sampler
+    # The run's ``model`` (``smollm2`` or an HF dir): its architecture is known before round 0's
+    # model is built (None: wait for ``model_dir``).
+    source: str | None = None
 
     def absolute(self) -> "Shapes":
-        """The same with ``model_dir`` absolute (a standby's job may run in another directory)."""
-        return Shapes(Path(os.path.abspath(self.model_dir)), self.train, self.eval)
+        """The same with its paths absolute (a standby's job may run in another directory)."""
+        source = self.source
+        if source is not None and source != "smollm2":
+            source = os.path.abspath(source)
+        return Shapes(Path(os.path.abspath(self.model_dir)), self.train, self.eval, source)
 
     def describe(self) -> dict:
         """JSON-able (``warm-server --ping``)."""
         return {"model_dir": str(self.model_dir), "train": dict(self.train) if self.train else None,
-                "eval": dict(self.eval) if self.eval else None}
+                "eval": dict(self.eval) if self.eval else None, "source": self.source}
 
 
 def shapes_from_config(config: Mapping) -> Shapes:
@@ -60,7 +68,32 @@ def shapes_from_config(config: Mapping) -> Shapes:
         evs = {"batch": min(int(ev["batch"]), pool), "width": int(ev["max_prompt_tokens"]),
                "new_tokens": int(ev["max_new_tokens"]), "sampler": str(ev["sampler"])}
     model_dir = Path(config["results_dir"]) / config["run"] / "round_000" / "model"
-    return Shapes(model_dir=model_dir, train=train, eval=evs)
+    source = config.get("model")
+    return Shapes(model_dir=model_dir, train=train, eval=evs,
+                  source=str(source) if source not in (None, "tiny") else None)
+
+
+@contextlib.contextmanager
+def architecture_dir(shapes: Shapes, give_up) -> Iterator[Path | None]:
+    """A directory with the run's ``config.json`` and tokenizer, as soon as there is one: round
+    0's model if it exists; else, for ``source`` ``smollm2``, both written from the GGUF's
+    metadata into a temporary directory (:func:`fedagent.base_model.smollm2_architecture`;
+    a few seconds, where building the base model takes about a minute) or an HF dir ``source``
+    itself; else (``tiny``) round 0's model once it exists. None: ``give_up()`` came true first."""
+    from fedagent.atomic import MANIFEST
+
+    if (shapes.model_dir / MANIFEST).is_file():
+        yield shapes.model_dir
+    elif shapes.source == "smollm2":
+        from fedagent.base_model import smollm2_architecture
+
+        with tempfile.TemporaryDirectory(prefix="fa-arch-") as tmp:
+            smollm2_architecture(Path(tmp))
+            yield Path(tmp)
+    elif shapes.source is not None and (Path(shapes.source) / "config.json").is_file():
+        yield Path(shapes.source)
+    else:
+        yield shapes.model_dir if wait_for_model(shapes, give_up) else None
 
 
 def wait_for_model(shapes: Shapes, give_up, poll_s: float = 0.5) -> bool:
@@ -75,10 +108,10 @@ def wait_for_model(shapes: Shapes, give_up, poll_s: float = 0.5) -> bool:
     return True
 
 
-def warm_up(shapes: Shapes, device: str = "cuda") -> dict[str, float]:
-    """Run the warm-up; returns seconds per part. ``shapes.model_dir`` must hold ``config.json``
-    and the tokenizer (the caller waits for it). ``device`` "cpu" (tests: samplers in mode
-    ``eager``) runs the same calls on the CPU."""
+def warm_up(shapes: Shapes, device: str = "cuda", arch_dir: Path | None = None) -> dict[str, float]:
+    """Run the warm-up; returns seconds per part. ``arch_dir`` (default ``shapes.model_dir``) must
+    hold ``config.json`` and the tokenizer (:func:`architecture_dir`). ``device`` "cpu" (tests:
+    samplers in mode ``eager``) runs the same calls on the CPU."""
     import torch
 
     parts: dict[str, float] = {}
@@ -86,7 +119,7 @@ def warm_up(shapes: Shapes, device: str = "cuda") -> dict[str, float]:
     with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else [],
                                device_type=device.type if device.type == "cuda" else "cuda"):
         t = time.perf_counter()
-        model, tok = _one_layer_model(shapes.model_dir, device)
+        model, tok = _one_layer_model(shapes.model_dir if arch_dir is None else arch_dir, device)
         parts["model"] = time.perf_counter() - t
         if shapes.train is not None:
             t = time.perf_counter()

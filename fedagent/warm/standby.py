@@ -84,14 +84,17 @@ def prepare(kind: str, warmup=None, give_up=lambda: False) -> None:
 
 
 def _run_warmup(warmup, give_up, device: str) -> None:
-    """Wait for the run's model dir, then :func:`fedagent.warm.gpu_warmup.warm_up` (logged)."""
+    """The run's architecture (:func:`fedagent.warm.gpu_warmup.architecture_dir`: from its model
+    source, or waiting for its model dir), then :func:`fedagent.warm.gpu_warmup.warm_up` (logged)."""
     from fedagent.warm import gpu_warmup
 
-    if not gpu_warmup.wait_for_model(warmup, give_up):
-        _flush()
-        os._exit(0)                             # the server is gone (or a signal came): nothing to run
-    parts = gpu_warmup.warm_up(warmup, device=device)
-    print(f"standby warm-up on a 1-layer model of {warmup.model_dir}: "
+    with gpu_warmup.architecture_dir(warmup, give_up) as arch:
+        if arch is None:
+            _flush()
+            os._exit(0)                         # the server is gone (or a signal came): nothing to run
+        parts = gpu_warmup.warm_up(warmup, device=device, arch_dir=arch)
+    where = warmup.model_dir if arch == warmup.model_dir else f"{warmup.source} ({arch}, before {warmup.model_dir})"
+    print(f"standby warm-up on a 1-layer model of {where}: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()), file=sys.stderr)
 
 
