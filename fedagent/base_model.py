@@ -50,28 +50,31 @@ def smollm2_architecture(out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     gguf = smollm2_gguf_path()
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = "float32"
-    config.save_pretrained(out)
+    _fp32_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)).save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
-def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
+def _fp32_config(config):
+    """A copy of ``config`` for the fp32 dir. The GGUF quantization record must not travel into
+    it: transformers >= 5.11 keeps it in config.json, and a model loaded from such a dir refuses
+    save_pretrained ("quantized with QuantizationMethod.GGUF and is not serializable"), i.e.
+    every client update."""
     import copy
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    # A fresh model of the same config; GGUF-loaded modules cannot be saved directly. The
-    # GGUF quantization record must not travel into the fp32 dir: transformers >= 5.11 keeps it
-    # in config.json, and a model loaded from such a dir refuses save_pretrained
-    # ("quantized with QuantizationMethod.GGUF and is not serializable"), i.e. every client update.
-    config = copy.deepcopy(model.config)
+    config = copy.deepcopy(config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = "float32"
+    return config
+
+
+def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # A fresh model of the same config (:func:`_fp32_config`); GGUF-loaded modules cannot be
+    # saved directly.
+    config = _fp32_config(model.config)
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     missing, unexpected = fresh.load_state_dict(state, strict=False)

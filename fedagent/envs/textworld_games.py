@@ -191,9 +191,8 @@ class TextWorldTaskSource:
 
         ``served`` (task ids; None: all): the only games whose files (``games/<id>.*``) are
         hashed, with every file outside ``games/`` (games.json); the others' sizes are still
-        checked. An env service
-        plays its shard only, and hashing all of a 384-game catalogue (132 MB) took 0.3-0.5 s of
-        each train job's env start.
+        checked. An env service plays its shard only, and hashing all of a 384-game catalogue
+        (132 MB) took 0.3-0.5 s of each train job's env start.
         """
         self.games_dir = Path(games_dir)
         hash_only = None
