@@ -129,7 +129,72 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
     raise RuntimeError(f"vLLM child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
-def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False):
+def _kernel_breakdown(trace_path, steps, out_csv=None):
+    """Per-kernel GPU time from a Chrome trace of ``steps`` steps: categories (GEMM, attention,
+    Triton (inductor's fused kernels), other) and every kernel name × grid, per step."""
+    import collections
+    import csv
+
+    ev = json.load(open(trace_path))["traceEvents"]
+    by = collections.defaultdict(lambda: [0, 0.0])
+    cats = collections.defaultdict(float)
+    for e in ev:
+        if e.get("cat") != "kernel":
+            continue
+        name, dur = e["name"], float(e.get("dur", 0.0)) / steps
+        grid = tuple(e.get("args", {}).get("grid", ()))
+        low = name.lower()
+        if any(k in low for k in ("fmha", "flash", "cudnn", "attention", "sdpa")):
+            cat = "attention"
+        elif any(k in low for k in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "splitk")):
+            cat = "gemm"
+        elif name.startswith("triton"):
+            cat = "triton"
+        else:
+            cat = "other"
+        cats[cat] += dur
+        b = by[(cat, name, grid)]
+        b[0] += 1
+        b[1] += dur
+    total = sum(cats.values())
+    print(f"--- GPU time per step by category (ms): total {total / 1e3:.2f}, "
+          + ", ".join(f"{c} {t / 1e3:.2f} ({t / total:.0%})" for c, t in sorted(cats.items(), key=lambda x: -x[1])),
+          flush=True)
+    rows = sorted(by.items(), key=lambda x: -x[1][1])
+    for (cat, name, grid), (n, t) in rows[:40]:
+        print(f"  {t / 1e3:7.3f} ms {n / steps:6.0f}x {cat:9s} {str(grid):16s} {name[:110]}", flush=True)
+    if out_csv:
+        with open(out_csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["category", "kernel", "grid", "calls_per_step", "us_per_step"])
+            for (cat, name, grid), (n, t) in rows:
+                w.writerow([cat, name, "x".join(map(str, grid)), n / steps, round(t, 2)])
+    return {c: t / 1e3 for c, t in cats.items()}
+
+
+def _graph_breaks(model, samples):
+    """Dynamo's graphs and graph breaks (up to 3 reasons) in the compiled training forward on
+    ``samples``, traced with ``torch._dynamo.explain`` (eager backend) under the step's autocast;
+    the caches are reset afterwards so the timed compile starts clean."""
+    import torch
+
+    from fedagent.train import grpo
+    from fedagent.train.local import _autocast
+
+    shape = grpo.static_pad_shape(len(samples), max(len(s.prompt_ids) + len(s.response_ids) for s in samples),
+                                  rows_to=len(samples))
+    dev = next(model.parameters()).device
+    ids, pos, rows, cols, targets = grpo._right_padded(samples, shape, dev)
+    with _autocast(model):
+        ex = torch._dynamo.explain(grpo.forward_logprobs)(model, ids, None, pos, rows, cols, targets, 1.0, True)
+    torch._dynamo.reset()
+    reasons = [f"{b.reason} @ {b.user_stack[-1] if b.user_stack else '?'}" for b in ex.break_reasons[:3]]
+    print(f"dynamo: {ex.graph_count} graph(s), {ex.graph_break_count} break(s)" + "".join(f"\n  {r}" for r in reasons),
+          flush=True)
+    return ex.graph_count, reasons
+
+
+def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False, profile_dir=None):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
     The step is the backend's own optimizer step (:func:`fedagent.train.local.update_step`: bf16
@@ -141,8 +206,12 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     (left-padded rows with an attention mask, no clipping, torch's default foreach AdamW);
     eager: what ``train.device: cuda`` runs by default (right-padded rows, no mask, the batch in
     one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
-    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`).
+    through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`);
+    ``*_bf16res``: the same with ``train.residual_dtype: bfloat16`` (:func:`grpo.set_residual_dtype`);
+    compiled_tunepw: compiled with inductor's autotuning of its pointwise and reduction kernels.
+    Compiled modes first report Dynamo's graphs and graph breaks (:func:`_graph_breaks`).
     """
+    import tempfile
     import time
 
     import torch
@@ -164,9 +233,18 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
     if mode == "compiled":
         compile_for_training(model)
+    elif mode == "compiled_tunepw":      # + inductor's autotuning of its pointwise/reduction kernels
+        from fedagent.train.local import COMPILE_TRAIN_OPTIONS
+
+        compile_for_training(model, {**COMPILE_TRAIN_OPTIONS, "max_autotune_pointwise": True})
+    elif mode in ("compiled_bf16res", "eager_bf16res"):   # + train.residual_dtype: bfloat16
+        grpo.set_residual_dtype(model, "bfloat16")
+        if mode == "compiled_bf16res":
+            compile_for_training(model)
     adv = torch.ones(B * resp, device=next(model.parameters()).device)
     p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
+    breaks = _graph_breaks(model, samples[:4]) if mode.startswith("compiled") else None
     with _autocast(model):
         old = _logprobs_nograd(model, samples, B, 1.0)
     slices, mb, deferred = _token_slices(samples), list(range(B)), deferred_steps(opt)
@@ -206,6 +284,10 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             for _ in range(2):
                 step()
             _sync()
+        trace = Path(tempfile.mkdtemp(prefix="fa-trace-")) / f"trace_{mode}.json"   # tens of MB: not kept
+        prof.export_chrome_trace(str(trace))
+        kernel_ms = _kernel_breakdown(trace, 2, Path(profile_dir) / f"kernels_{mode}.csv" if profile_dir else None)
+        trace.unlink()
         table = prof.key_averages()
         print(f"--- training mode {mode}: top CUDA kernels over 2 steps", flush=True)
         print(table.table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70), flush=True)
@@ -221,7 +303,9 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
     flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
              + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
-    return {"mode": mode, "step_s": t_back, "first_step_s": first, "tokens_per_s": tokens / t_back,
+    return {"mode": mode, "step_s": t_back, **({"kernel_ms_per_step": kernel_ms} if profile else {}),
+            **({"graphs": breaks[0], "graph_breaks": breaks[1]} if breaks else {}),
+            "first_step_s": first, "tokens_per_s": tokens / t_back,
             "tflops": flops / t_back / 1e12, "mfu": flops / t_back / (peak_tflops * 1e12),
             "back_to_back_steps": n_back,
             "step_s_synced": t, "tokens_per_s_synced": tokens / t, "mfu_synced": flops / t / (peak_tflops * 1e12),
@@ -292,7 +376,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--train-modes", nargs="+", default=["eager_leftpad", "eager", "compiled"],
-                    choices=["eager_leftpad", "eager", "compiled"],
+                    choices=["eager_leftpad", "eager", "eager_bf16res", "compiled", "compiled_bf16res", "compiled_tunepw"],
                     help="training step variants to time (see bench_train)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],
@@ -300,6 +384,8 @@ def main(argv=None) -> int:
                          "reported as local_tok_s)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing each training mode, print its top CUDA kernels (torch.profiler)")
+    ap.add_argument("--profile-dir", type=Path, default=None,
+                    help="with --profile: write each mode's per-kernel table (CSV: kernel, grid, calls and µs per step) here")
     ap.add_argument("--random-weights", action="store_true",
                     help="--model holds only config.json and the tokenizer files: time a model of that "
                          "config with seeded random weights (the same shapes and kernels; throughput does not "
@@ -321,7 +407,9 @@ def main(argv=None) -> int:
         generation(args, out)
     out["train"] = {}
     for m in args.train_modes:
-        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, profile=args.profile)
+        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, profile=args.profile,
+                                      profile_dir=args.profile_dir)
+        print(f"TRAIN {m}: " + json.dumps(out["train"][m]), flush=True)
         torch.cuda.empty_cache()
     print(json.dumps(out, indent=1))
     if not args.skip_generation:

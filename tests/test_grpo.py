@@ -162,6 +162,56 @@ def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir,
     assert json.loads((tmp_path / "m" / "config.json").read_text()).get("attn_implementation") in (None, "sdpa")
 
 
+def test_bf16_residual_stream_keeps_the_hidden_states_in_bf16(tiny_dir):
+    """train.residual_dtype: bfloat16 casts the embedding's output once, so every decoder layer
+    reads and writes bf16 hidden states (under the autocast the GPU path runs), the log-probs
+    stay fp32 and close to the fp32 stream's, the gradient reaches the fp32 embedding; float32
+    gives the model back its own forward, byte for byte. Also traced whole by Dynamo."""
+    model, _ = load_policy(tiny_dir, threads=1)
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    seen = []
+    for layer in model.model.layers:
+        layer.register_forward_hook(lambda mod, args, kwargs, out: seen.append((args[0] if args else
+                                                                                kwargs["hidden_states"]).dtype),
+                                    with_kwargs=True)
+
+    def run():
+        seen.clear()
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True)
+        lp.sum().backward()
+        return lp.detach(), list(seen), model.get_input_embeddings().weight.grad.clone()
+
+    want, dtypes32, g32 = run()
+    assert set(dtypes32) == {torch.float32}
+    grpo.set_residual_dtype(model, "bfloat16")
+    got, dtypes16, g16 = run()
+    assert dtypes16 == [torch.bfloat16] * model.config.num_hidden_layers
+    assert got.dtype == torch.float32 and not torch.equal(got, want)
+    assert torch.allclose(got, want, atol=0.1)
+    assert g16.dtype == torch.float32 and g16.abs().sum() > 0
+    explain = torch._dynamo.explain(grpo.forward_logprobs)
+    ids, pos, rows, cols, targets = grpo._right_padded(samples, None, torch.device("cpu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ex = explain(model, ids, None, pos, rows, cols, targets, 0.7, True)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0)
+    grpo.set_residual_dtype(model, "float32")
+    again, dtypes, _ = run()
+    assert torch.equal(again, want) and set(dtypes) == {torch.float32}
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        grpo.set_residual_dtype(model, "float16")
+
+
+def test_bf16_residual_needs_cuda():
+    """A job's params with residual_dtype bfloat16 on the CPU are refused by name (the config
+    rule in fedagent.config refuses the same at planning)."""
+    with pytest.raises(ValueError, match="residual_dtype"):
+        TrainParams.from_dict({"residual_dtype": "bfloat16"})
+    assert TrainParams.from_dict({"residual_dtype": "bfloat16", "device": "cuda"}).residual_dtype == "bfloat16"
+
+
 def _pair_logps(model, samples):
     with torch.no_grad():
         lp, _ = grpo.response_logprobs(model, samples, temperature=1.0)

@@ -167,11 +167,34 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
     return logp[:n].clone(), (entropy[:n].clone() if entropy is not None else None)
 
 
+RESIDUAL_DTYPE_ATTR = "_fedagent_residual_dtype"
+
+
+def set_residual_dtype(model, dtype: str) -> None:
+    """``train.residual_dtype``: run ``model``'s :func:`forward_logprobs` with its residual stream
+    in ``dtype`` (``"bfloat16"``; ``"float32"`` is the model's own). The embedding's output is cast
+    once; every residual add and the hidden states between layers then stay in that dtype (the
+    norms upcast to fp32 inside, the LM head's log-softmax is fp32, the weights stay as they are)."""
+    if dtype == "float32":
+        model.__dict__.pop(RESIDUAL_DTYPE_ATTR, None)
+    elif dtype == "bfloat16":
+        setattr(model, RESIDUAL_DTYPE_ATTR, torch.bfloat16)
+    else:
+        raise ValueError(f"train.residual_dtype must be float32 or bfloat16, got {dtype!r}")
+
+
 def forward_logprobs(model, ids, mask, pos, rows, cols, targets, temperature: float, with_entropy: bool):
     """The forward of :func:`response_logprobs` on a built batch: the decoder, the LM head on the
     hidden states at (rows, cols) only, log-softmax at ``temperature``, the targets' log-probs
-    (and the entropies). ``train.compile_train`` compiles exactly this function."""
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+    (and the entropies). ``train.compile_train`` compiles exactly this function. A model given a
+    residual dtype (:func:`set_residual_dtype`) gets its embeddings cast to it first."""
+    residual = getattr(model, RESIDUAL_DTYPE_ATTR, None)
+    if residual is None:
+        hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    else:
+        embeds = model.get_input_embeddings()(ids).to(residual)
+        hidden = model.base_model(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, use_cache=False)
+    hidden = hidden.last_hidden_state
     h = hidden[rows, cols]
     logits = model.get_output_embeddings()(h).float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)

@@ -60,6 +60,7 @@ class TrainParams:
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
+    residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
     # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
     algorithm: str = "grpo"               # grpo | ppo
     gamma: float = 1.0                    # GAE discount (verl's default, the reference's)
@@ -431,6 +432,11 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     if sampler is not None and p.sampler != "eager":
         sampler.warmup(p.temperature)   # compile + CUDA graphs now, not at the first rollout
         clock.mark("sampler_warm")
+    if p.residual_dtype != "float32":
+        # The policy's and the reference's log-prob forwards (the rollout copy is bf16 already).
+        for m in (model, ref_model):
+            if m is not None:
+                grpo.set_residual_dtype(m, p.residual_dtype)
     if p.device == "cuda" and p.compile_train:
         # Fused kernels and CUDA graphs for the training forward/backward (compiled lazily, one
         # static shape bucket at a time). After the copies above: the reference and the rollout

@@ -29,7 +29,8 @@ VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_ancho
                                           "kl_coef": "train.kl_coef", "fedprox_mu": "train.fedprox_mu",
                                           "rollout_mode": "rollout.mode", "algorithm": "train.algorithm",
                                           "mini_batch_size": "train.mini_batch_size", "group_size": "train.group_size",
-                                          "groups_per_epoch": "train.groups_per_epoch"})
+                                          "groups_per_epoch": "train.groups_per_epoch",
+                                          "residual_dtype": "train.residual_dtype"})
 
 
 def check_job_keys(values: dict) -> None:
