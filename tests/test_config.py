@@ -45,27 +45,37 @@ def test_missing_file_is_named(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize("overrides, message, job", [
     ({"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01},
      "config key 'train.fedprox_mu': FedProx is implemented for train.backend=local only "
-     "(the verl backend would ignore it)"),
+     "(the verl backend would ignore it)", "train-client-verl"),
     ({"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"},
-     "config key 'rollout.mode': 'concat' is implemented for train.backend=local only (verl trains windowed)"),
+     "config key 'rollout.mode': 'concat' is implemented for train.backend=local only (verl trains windowed)",
+     "train-client-verl"),
     ({"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"},
-     "config key 'train.algorithm': ppo runs on train.backend=local only (got 'verl')"),
+     "config key 'train.algorithm': ppo runs on train.backend=local only (got 'verl')", "train-client-verl"),
     ({"train.algorithm": "ppo", "rollout.mode": "concat"},
-     "config key 'rollout.mode': 'concat' with train.algorithm=ppo: PPO's GAE is per turn (windowed) only"),
+     "config key 'rollout.mode': 'concat' with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
+     "train-client-verl"),
+    ({"train.residual_dtype": "bfloat16"},
+     "config key 'train.residual_dtype': 'bfloat16' trains on train.device=cuda only (the CPU path is fp32 and "
+     "byte-deterministic; got 'cpu')", "train-client"),
+    ({"train.residual_dtype": "bfloat16", "train.device": "cuda", "train.backend": "verl", "train.ref_anchor": "round"},
+     "config key 'train.residual_dtype': 'bfloat16' is implemented for train.backend=local only (verl keeps its "
+     "own mixed precision)", "train-client-verl"),
 ])
-def test_local_only_features_are_refused_with_their_own_message(overrides, message):
-    """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job."""
+def test_local_only_features_are_refused_with_their_own_message(overrides, message, job):
+    """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job
+    that carries the rule's keys."""
+    import fedagent.train.local  # noqa: F401  (registers the train-client JobKeys)
     import fedagent.train.verl.backend  # noqa: F401  (registers the train-client-verl JobKeys)
     from fedagent.config import JOB_KEYS, REQUIREMENTS
 
-    assert len(REQUIREMENTS) == 4
+    assert len(REQUIREMENTS) == 6
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "config" / "config.yaml", overrides)
     assert str(err.value) == message
-    train = JOB_KEYS["train-client-verl"]  # carries all four rules' keys
+    train = JOB_KEYS[job]
     good = train.from_config(load_config(REPO / "config" / "config.yaml"))
     bad = {**good, **{p: v for p, k in train.keys.items() for key, v in overrides.items() if k == key}}
     with pytest.raises(ConfigError) as err:
