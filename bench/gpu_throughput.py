@@ -135,7 +135,7 @@ def _kernel_breakdown(trace_path, steps, out_csv=None):
     import collections
     import csv
 
-    ev = json.load(open(trace_path))["traceEvents"]
+    ev = json.loads(Path(trace_path).read_text())["traceEvents"]
     by = collections.defaultdict(lambda: [0, 0.0])
     cats = collections.defaultdict(float)
     for e in ev:

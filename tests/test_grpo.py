@@ -184,7 +184,7 @@ def test_bf16_residual_stream_keeps_the_hidden_states_in_bf16(tiny_dir):
         lp.sum().backward()
         return lp.detach(), list(seen), model.get_input_embeddings().weight.grad.clone()
 
-    want, dtypes32, g32 = run()
+    want, dtypes32, _ = run()
     assert set(dtypes32) == {torch.float32}
     grpo.set_residual_dtype(model, "bfloat16")
     got, dtypes16, g16 = run()
