@@ -9,8 +9,8 @@ with ``--reps N`` the minimum time and the maximum peak RSS of N runs):
 
 - floor:   read prev + M client weight files + write and fsync one output of the model's
            size, with the same read sizes and write-back as stream; the I/O alone.
-- stream:  fedagent.aggregate.stream_delta (what `fedagent aggregate` computes), no manifests.
-- full:    fedagent.aggregate.aggregate = stream + sha256 of every input manifest + output
+- stream:  fedagent.server.aggregate.stream_delta (what `fedagent aggregate` computes), no manifests.
+- full:    fedagent.server.aggregate.aggregate = stream + sha256 of every input manifest + output
            manifest (what the CLI runs).
 - loadall: load every client state dict (safetensors load_file), then average the deltas
            (one torch thread, like stream: on a shared 2-core machine two threads are slower).
@@ -58,9 +58,9 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
     """prev + m_max client dirs; a client = prev + (i+1)·1e-3·noise (noise drawn once per tensor)."""
     import torch
 
-    from fedagent.hf_dir import write_weights
-    from fedagent.atomic import atomic_dir
-    from fedagent.seeds import torch_generator
+    from fedagent.model.hf_dir import write_weights
+    from fedagent.core.atomic import atomic_dir
+    from fedagent.core.seeds import torch_generator
 
     shapes = layout(size_gb)
     specs = [(n, "F32", s) for n, s in sorted(shapes.items())]
@@ -75,7 +75,7 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
     with atomic_dir(prev_dir) as stage:
         (stage / "config.json").write_text("{}\n")
         write_weights(stage, specs, prev_tensor)
-    from fedagent.hf_dir import TensorReader, tensor_index
+    from fedagent.model.hf_dir import TensorReader, tensor_index
 
     idx = tensor_index(prev_dir)
     for i in range(m_max):
@@ -98,7 +98,7 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
 # ---------------------------------------------------------------- variants (run in children)
 
 def _files(prev_dir: Path, client_dirs: list[Path]) -> list[Path]:
-    from fedagent.hf_dir import weight_files
+    from fedagent.model.hf_dir import weight_files
 
     return [f for d in [prev_dir, *client_dirs] for f in weight_files(d)]
 
@@ -115,7 +115,7 @@ def _fsync(path: Path) -> None:
 def v_floor(prev_dir, client_dirs, out):
     """Same I/O as stream_delta, no arithmetic: 4 MiB preads of every input, then the
     output written in the same pieces with the same early write-back, then fsync."""
-    from fedagent.hf_dir import SafetensorsWriter
+    from fedagent.model.hf_dir import SafetensorsWriter
 
     buf = bytearray(4 << 20)
     mv = memoryview(buf)
@@ -140,7 +140,7 @@ def v_floor(prev_dir, client_dirs, out):
 
 
 def v_stream(prev_dir, client_dirs, out):
-    from fedagent.aggregate import check_structure, client_weights, stream_delta
+    from fedagent.server.aggregate import check_structure, client_weights, stream_delta
 
     out.mkdir(parents=True, exist_ok=True)
     prev, clients = check_structure(prev_dir, client_dirs)
@@ -148,7 +148,7 @@ def v_stream(prev_dir, client_dirs, out):
 
 
 def v_full(prev_dir, client_dirs, out):
-    from fedagent.aggregate import aggregate
+    from fedagent.server.aggregate import aggregate
 
     aggregate(prev_dir, client_dirs, out, weighting="samples")
 
@@ -157,7 +157,7 @@ def v_loadall(prev_dir, client_dirs, out):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from fedagent.aggregate import client_weights
+    from fedagent.server.aggregate import client_weights
 
     torch.set_num_threads(1)  # same as stream_delta, so the comparison is about the algorithm
     weights = client_weights(client_dirs, "samples")

@@ -40,9 +40,9 @@ def main(argv=None) -> int:
 
     from fedagent.envs.lifecycle import env_service
     from fedagent.envs.textworld_games import TextWorldTaskSource
-    from fedagent.policy import load_policy
+    from fedagent.model.policy import load_policy
     from fedagent.rollout.episode import run_episodes_batched
-    from fedagent.seeds import torch_generator
+    from fedagent.core.seeds import torch_generator
 
     tasks = TextWorldTaskSource(args.games).task_ids("train")[: args.tasks]
     model, tok = load_policy(args.model, args.threads, device=args.device)
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         temp, ntok = float(temp), int(ntok)
         sampler = None
         if args.device == "cuda":
-            from fedagent.static_sampler import StaticSampler
+            from fedagent.model.static_sampler import StaticSampler
 
             sampler = StaticSampler(model, tok, batch_size=batch, max_prompt_tokens=args.max_prompt_tokens,
                                     max_new_tokens=ntok, mode="eager")

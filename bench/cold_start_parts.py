@@ -43,9 +43,10 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
 
     import torch
 
-    from fedagent.static_sampler import StaticSampler
+    from fedagent.model.static_sampler import StaticSampler
     from fedagent.train import grpo
-    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_slices, deferred_steps, update_step
+    from fedagent.train.local import TrainParams
+    from fedagent.train.actor import autocast, logprobs_nograd, token_slices, deferred_steps, update_step
 
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -83,10 +84,10 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, fused=device.type == "cuda")
     p = TrainParams(mini_batch_size=MICRO, micro_batch_size=MICRO, kl_coef=0.01, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
-    with _autocast(model):
-        old = timed("behaviour_logprobs", lambda: _logprobs_nograd(model, samples, MICRO, 1.0))
+    with autocast(model):
+        old = timed("behaviour_logprobs", lambda: logprobs_nograd(model, samples, MICRO, 1.0))
     adv = grpo.token_advantages(samples).to(device)
-    slices = _token_slices(samples)
+    slices = token_slices(samples)
     for k in (1, 2):
         timed(f"train_step_{k}", lambda: update_step(model, opt, samples, list(range(len(samples))), old, old, adv,
                                                      slices, p, params, deferred=deferred_steps(opt)))
@@ -95,7 +96,7 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
 def child(model_dir: Path, variant: str) -> dict:
     import torch
 
-    from fedagent.policy import load_policy
+    from fedagent.model.policy import load_policy
 
     from fedagent.warm.preload import parse_groups, preload
 

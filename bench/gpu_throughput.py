@@ -5,7 +5,7 @@
 
 Generation (batch 64, prompt 256 random token ids, exactly 64 new tokens, temperature 1.0, bf16):
   hf_eager   transformers ``generate`` with its dynamic cache (the baseline)
-  local      fedagent's GPU path: :class:`fedagent.static_sampler.StaticSampler` (static cache),
+  local      fedagent's GPU path: :class:`fedagent.model.static_sampler.StaticSampler` (static cache),
              one row per sampler mode in ``--local-modes``: ``compile`` (torch.compile'd decode
              step in CUDA graphs) and ``graph`` (the eager step recorded in one CUDA graph)
   vllm       ``vllm.LLM.generate`` on token-id prompts, in a subprocess whose PYTHONPATH starts
@@ -68,7 +68,7 @@ def bench_hf(model, prompts, reps):
 def bench_local(model, tok, prompts, reps, mode="compile"):
     import torch
 
-    from fedagent.static_sampler import StaticSampler
+    from fedagent.model.static_sampler import StaticSampler
 
     s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW, mode=mode,
                       sync_every=NEW + 1)
@@ -179,13 +179,13 @@ def _graph_breaks(model, samples):
     import torch
 
     from fedagent.train import grpo
-    from fedagent.train.local import _autocast
+    from fedagent.train.actor import autocast
 
     shape = grpo.static_pad_shape(len(samples), max(len(s.prompt_ids) + len(s.response_ids) for s in samples),
                                   rows_to=len(samples))
     dev = next(model.parameters()).device
     ids, pos, rows, cols, targets = grpo._right_padded(samples, shape, dev)
-    with _autocast(model):
+    with autocast(model):
         ex = torch._dynamo.explain(grpo.forward_logprobs)(model, ids, None, pos, rows, cols, targets, 1.0, True)
     torch._dynamo.reset()
     reasons = [f"{b.reason} @ {b.user_stack[-1] if b.user_stack else '?'}" for b in ex.break_reasons[:3]]
@@ -197,7 +197,7 @@ def _graph_breaks(model, samples):
 def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False, profile_dir=None):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
-    The step is the backend's own optimizer step (:func:`fedagent.train.local.update_step`: bf16
+    The step is the backend's own optimizer step (:func:`fedagent.train.actor.update_step`: bf16
     autocast over fp32 masters, the clipped-ratio loss, gradient clipping, fused AdamW that skips
     a non-finite step on the device). Timed two ways: ``step_s``/``mfu``: ``max(reps, 10)`` steps
     back to back with one sync at the end, as ``grpo_epoch`` runs them (no host sync per step);
@@ -216,10 +216,10 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     import torch
 
-    from fedagent.policy import load_policy
+    from fedagent.model.policy import load_policy
     from fedagent.train import grpo
-    from fedagent.train.local import (TrainParams, _autocast, _logprobs_nograd, _token_slices, compile_for_training,
-                                      deferred_steps, update_step)
+    from fedagent.train.local import TrainParams
+    from fedagent.train.actor import autocast, logprobs_nograd, token_slices, compile_for_training, deferred_steps, update_step
 
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
     model.train()
@@ -234,7 +234,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     if mode == "compiled":
         compile_for_training(model)
     elif mode == "compiled_tunepw":      # + inductor's autotuning of its pointwise/reduction kernels
-        from fedagent.train.local import COMPILE_TRAIN_OPTIONS
+        from fedagent.train.actor import COMPILE_TRAIN_OPTIONS
 
         compile_for_training(model, {**COMPILE_TRAIN_OPTIONS, "max_autotune_pointwise": True})
     elif mode in ("compiled_bf16res", "eager_bf16res"):   # + train.residual_dtype: bfloat16
@@ -245,14 +245,14 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
     breaks = _graph_breaks(model, samples[:4]) if mode.startswith("compiled") else None
-    with _autocast(model):
-        old = _logprobs_nograd(model, samples, B, 1.0)
-    slices, mb, deferred = _token_slices(samples), list(range(B)), deferred_steps(opt)
+    with autocast(model):
+        old = logprobs_nograd(model, samples, B, 1.0)
+    slices, mb, deferred = token_slices(samples), list(range(B)), deferred_steps(opt)
 
     def step():
         if mode == "eager_leftpad":      # the step before right padding and update_step (kept as the baseline)
             opt.zero_grad(set_to_none=True)
-            with _autocast(model):
+            with autocast(model):
                 logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
             terms, _ = grpo.grpo_token_terms(logp, logp.detach(), None, adv, clip=0.2, kl_coef=0.0)
             loss = terms.sum() / terms.numel()
@@ -338,7 +338,7 @@ def generation(args, out) -> None:
 
     import torch
 
-    from fedagent.policy import load_policy
+    from fedagent.model.policy import load_policy
 
     model, tok = load_policy(args.model, 1, verify=False, device="cuda")
     model = model.to(torch.bfloat16)

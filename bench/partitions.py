@@ -20,7 +20,7 @@ import numpy as np
 
 from fedagent.partition import compute
 from fedagent.partition.context import PartitionContext
-from fedagent.seeds import numpy_rng
+from fedagent.core.seeds import numpy_rng
 
 N, L = 100, 100
 SWEEP = 20

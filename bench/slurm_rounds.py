@@ -32,7 +32,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from fedagent.workflow_copy import copy_workflow
+from fedagent.core.workflow_copy import copy_workflow
 
 HERE = Path(__file__).resolve().parent.parent
 RUN = "results/t"

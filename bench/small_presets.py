@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from fedagent.workflow_copy import copy_workflow
+from fedagent.core.workflow_copy import copy_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 

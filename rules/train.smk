@@ -34,7 +34,7 @@ rule train_client:
         " --partition {input.partition} --client {wildcards.client} --round {wildcards.round}"
         " --params '{params.train}' --env-params '{params.env}' --threads {threads} --out {output}"
         " --quarantine {params.quarantine} > {log} 2>&1"
-        # A failure on the last attempt leaves a drop record when dropout is allowed (fedagent.dropout).
+        # A failure on the last attempt leaves a drop record when dropout is allowed (fedagent.server.dropout).
         " || fedagent drop-client --out {output} --round {wildcards.round} --client {wildcards.client}"
         " --exit-code $? --attempt {resources.attempt} --drop-at-attempt {resources.drop_at_attempt}"
         " --log {log} --quarantine {params.quarantine} >> {log} 2>&1"

@@ -108,9 +108,9 @@ class Pending:
 
 
 def build_tiny_model(out_dir, seed: int = 1):
-    """A tiny HF model dir (with manifest) for tests; see fedagent.base_model_tiny."""
+    """A tiny HF model dir (with manifest) for tests; see fedagent.model.base_model_tiny."""
     from pathlib import Path
 
-    from fedagent.base_model_tiny import write_tiny_model
+    from fedagent.model.base_model_tiny import write_tiny_model
 
     return write_tiny_model(Path(out_dir), seed)

@@ -1,4 +1,4 @@
-"""fedagent.aggregate: exact fp32 weighted mean of deltas, weights, refusals; hf_dir round trips."""
+"""fedagent.server.aggregate: exact fp32 weighted mean of deltas, weights, refusals; hf_dir round trips."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedagent.aggregate import AggregateError, aggregate, client_weights
-from fedagent.atomic import ManifestError, write_manifest
-from fedagent.hf_dir import save_model_dir, tensor_index, TensorReader
-from fedagent.seeds import torch_generator
+from fedagent.server.aggregate import AggregateError, aggregate, client_weights
+from fedagent.core.atomic import ManifestError, write_manifest
+from fedagent.model.hf_dir import save_model_dir, tensor_index, TensorReader
+from fedagent.core.seeds import torch_generator
 
 # Mixed dtypes inside one model, as a real checkpoint may have (norms fp32, matrices bf16...).
 SPECS = {
@@ -73,7 +73,7 @@ def test_fedavg_equals_float64_mean_mixed_dtypes(tmp_path, weighting):
     exact = float64_mean_delta(prev, clients, weights)
     for n, x in exact.items():
         assert delta[n].dtype == torch.float32
-        # fp32 rounding of the terms (see fedagent.verify for the bound)
+        # fp32 rounding of the terms (see fedagent.server.verify for the bound)
         tol = 8 * 2.0 ** -24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, weights))
         assert ((delta[n].double() - x).abs() <= tol).all(), n
     assert json.loads((tmp_path / "agg" / "aggregate.json").read_text())["num_tensors"] == len(SPECS)
@@ -172,7 +172,7 @@ def test_streamed_writer_sharded_roundtrip(tmp_path):
 
 
 def test_chunking_does_not_change_bytes(tmp_path):
-    from fedagent.aggregate import check_structure, stream_delta
+    from fedagent.server.aggregate import check_structure, stream_delta
 
     prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
     p, c = check_structure(prev_dir, dirs)
@@ -199,7 +199,7 @@ def test_aggregate_cli_refuses_by_name_and_succeeds(tmp_path):
 def test_streaming_reads_into_reused_buffers_whatever_m(tmp_path, monkeypatch):
     """Peak memory flat in M (issue 4): every chunk read of a stream lands in the same
     scratch buffers; a fresh allocation per read let the heap grow with M (+13 % at M=8)."""
-    import fedagent.aggregate as agg
+    import fedagent.server.aggregate as agg
 
     calls = []
     real = TensorReader.read_range

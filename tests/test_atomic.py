@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedagent.atomic import ManifestError, atomic_dir, atomic_write_json, verify_manifest
+from fedagent.core.atomic import ManifestError, atomic_dir, atomic_write_json, verify_manifest
 
 
 def test_success_renames_with_manifest(tmp_path):
@@ -72,7 +72,7 @@ def test_snakemake_directory_stamp_is_not_foreign(tmp_path):
 def test_manifest_is_written_last(tmp_path, monkeypatch):
     """Every file the job writes, up to its last byte, is in the manifest; and the rename
     comes after the manifest, so a crash while writing it leaves nothing at the final path."""
-    import fedagent.atomic as atomic
+    import fedagent.core.atomic as atomic
 
     final = tmp_path / "out"
     with atomic_dir(final) as staging:
@@ -135,7 +135,7 @@ class _HalfWriter:
 def test_atomic_write_text_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     import builtins
 
-    import fedagent.atomic as atomic
+    import fedagent.core.atomic as atomic
 
     path = tmp_path / "eval.json"
     path.write_text("old complete content\n")
@@ -159,11 +159,11 @@ def test_atomic_write_text_under_sigkill(tmp_path):
     import sys
     import time
 
-    from fedagent.seeds import python_rng
+    from fedagent.core.seeds import python_rng
 
     path = tmp_path / "big.txt"
     versions = {f"{v}\n" * 400_000 for v in "ab"}  # 800 kB each: the write takes a while
-    code = ("import sys; from fedagent.atomic import atomic_write_text as w\n"
+    code = ("import sys; from fedagent.core.atomic import atomic_write_text as w\n"
             "i = 0\nwhile True:\n    w(sys.argv[1], ('ab'[i % 2] + '\\n') * 400_000); i += 1\n")
     rng = python_rng(13, "atomic_kill_test")
     for _ in range(5):
@@ -177,7 +177,7 @@ def test_atomic_write_text_under_sigkill(tmp_path):
 
 def test_a_killed_atomic_write_text_leftover_is_quarantined_on_the_next_write(tmp_path):
     """Seen in the kill suite: SIGKILL before the rename left .partial-selection.json.<pid> behind."""
-    from fedagent.atomic import atomic_write_text
+    from fedagent.core.atomic import atomic_write_text
 
     left = tmp_path / "round_001" / ".partial-selection.json.12887"
     left.parent.mkdir()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fake_env import FakeEnv, build_tiny_model
-from fedagent.policy import load_policy, sample
+from fedagent.model.policy import load_policy, sample
 from fedagent.rollout.concat import ConcatChat, GlueError, turn_glue
 from fedagent.rollout.episode import run_episodes
 from fedagent.rollout.prompts import render_chat

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedagent.config import ConfigError, load_config
+from fedagent.core.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     that carries the rule's keys."""
     import fedagent.train.local  # noqa: F401  (registers the train-client JobKeys)
     import fedagent.train.verl.backend  # noqa: F401  (registers the train-client-verl JobKeys)
-    from fedagent.config import JOB_KEYS, REQUIREMENTS
+    from fedagent.core.config import JOB_KEYS, REQUIREMENTS
 
     assert len(REQUIREMENTS) == 6
     with pytest.raises(ConfigError) as err:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedagent.aggregate import AggregateError, aggregate
-from fedagent.atomic import verify_manifest
+from fedagent.server.aggregate import AggregateError, aggregate
+from fedagent.core.atomic import verify_manifest
 from fedagent.cli import main as cli_main
 from test_aggregate import make_round
 
@@ -61,7 +61,7 @@ def test_aggregate_min_clients_averages_the_survivors(tmp_path):
 
 
 def test_min_per_round_above_per_round_is_a_config_error():
-    from fedagent.config import ConfigError, check_cross_fields, validate_schema
+    from fedagent.core.config import ConfigError, check_cross_fields, validate_schema
 
     cfg = validate_schema({"model": "tiny", "clients": {"total": 4, "per_round": 2, "min_per_round": 3}})
     with pytest.raises(ConfigError, match="clients.min_per_round"):

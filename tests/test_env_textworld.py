@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from env_fixtures import tw_games_dir
-from fedagent.atomic import ManifestError
+from fedagent.core.atomic import ManifestError
 from fedagent.envs.textworld_env import TextWorldEnv, clean_observation
 from fedagent.envs.textworld_games import (
     VAL_INDEX_OFFSET, TextWorldTaskSource, fix_serial, game_seed, generate_games, id_list_sha256,

@@ -6,8 +6,8 @@ import pytest
 
 import fedagent.rollout.episode as episode
 from fake_env import FakeEnv, build_tiny_model
-from fedagent.policy import load_policy
-from fedagent.seeds import torch_generator
+from fedagent.model.policy import load_policy
+from fedagent.core.seeds import torch_generator
 
 KW = dict(max_turns=3, max_new_tokens=6, temperature=1.0, max_prompt_tokens=512)
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from fake_env import Pending, FakeEnv, build_tiny_model
-from fedagent import evaluate as ev
-from fedagent.policy import load_policy
+from fedagent.evaluate import validation as ev
+from fedagent.model.policy import load_policy
 
 
 def test_wilson_interval_known_values():

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from fake_env import FakeEnv, build_tiny_model
 
-from fedagent.evaluate import EvalParams, evaluate
-from fedagent.evaluate_vllm import VllmSampler
-from fedagent.policy import load_tokenizer, stop_token_ids_for_dir
+from fedagent.evaluate.validation import EvalParams, evaluate
+from fedagent.evaluate.vllm import VllmSampler
+from fedagent.model.policy import load_tokenizer, stop_token_ids_for_dir
 from fedagent.rollout.prompts import encode_prompt, windowed_prompt
-from fedagent.seeds import derive_seed
+from fedagent.core.seeds import derive_seed
 
 
 class FakeSP:
@@ -79,7 +79,7 @@ def test_make_llm_passes_a_fixed_kv_cache_only_when_asked(monkeypatch, tmp_path)
     import sys
     import types
 
-    from fedagent.evaluate_vllm import VllmEvalSettings, make_llm
+    from fedagent.evaluate.vllm import VllmEvalSettings, make_llm
 
     seen = []
     fake = types.ModuleType("vllm")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedagent.config import ConfigError, load_config
+from fedagent.core.config import ConfigError, load_config
 
 BASE = "config/config.yaml"
 

@@ -107,7 +107,7 @@ def test_small_preset_runs_end_to_end(tmp_path, preset, request):
     """
     if "presets" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("long: run with `pytest -m presets tests/test_experiments.py`")
-    from fedagent.config_show import effective_config
+    from fedagent.report.config_show import effective_config
 
     cfg, _ = effective_config(REPO / "config" / "config.yaml", [preset], [])
     if cfg["env"]["kind"] == "alfworld" and not alfworld_available():

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from fake_env import FakeEnv, build_tiny_model
-from fedagent.policy import load_policy
-from fedagent.seeds import python_rng
+from fedagent.model.policy import load_policy
+from fedagent.core.seeds import python_rng
 from fedagent.train import fedprox, grpo
-from fedagent.train.local import TrainParams, grpo_epoch, train_client
+from fedagent.train.local import TrainParams, train_client
+from fedagent.train.actor import grpo_epoch
 
 
 @pytest.fixture(scope="module")

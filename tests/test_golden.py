@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fedagent.seeds import derive_seed
-from fedagent.selection import select_clients
+from fedagent.core.seeds import derive_seed
+from fedagent.plan.selection import select_clients
 
 SEEDS = {
     (42, "selection", 1, 0, 0, 0): 5341953796334658782,
@@ -31,7 +31,7 @@ def test_selection_golden_n100_m2(seed):
     assert [select_clients(seed, r, 100, 2) for r in (1, 2, 3)] == SELECTION[seed]
 
 
-_SCRIPT = ("import json; from fedagent.selection import select_clients; from fedagent.seeds import derive_seed;"
+_SCRIPT = ("import json; from fedagent.plan.selection import select_clients; from fedagent.core.seeds import derive_seed;"
            "print(json.dumps([[select_clients(42, r, 100, 2) for r in (1, 2, 3)], derive_seed(42, 'selection', round=1)]))")
 
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from fake_env import Pending, FakeEnv, build_tiny_model
-from fedagent.atomic import verify_manifest
-from fedagent.policy import load_policy
+from fedagent.core.atomic import verify_manifest
+from fedagent.model.policy import load_policy
 from fedagent.rollout.episode import Trajectory, Turn
-from fedagent.seeds import python_rng
+from fedagent.core.seeds import python_rng
 from fedagent.train import grpo
-from fedagent.train.local import TrainParams, epoch_task_seeds, grpo_epoch, train_client
+from fedagent.train.local import TrainParams, epoch_task_seeds, train_client
+from fedagent.train.actor import grpo_epoch
 
 
 def test_group_advantages_match_hand_computation():
@@ -139,8 +140,8 @@ def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir,
     target padding, slicing and mask-free causal attention, without inductor or CUDA graphs)."""
     import json
 
-    from fedagent.policy import save_policy
-    from fedagent.train.local import CAUSAL_SDPA, causal_attention_without_mask
+    from fedagent.model.policy import save_policy
+    from fedagent.train.actor import CAUSAL_SDPA, causal_attention_without_mask
 
     model, tok = load_policy(tiny_dir, threads=1)
     samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
@@ -206,7 +207,7 @@ def test_bf16_residual_stream_keeps_the_hidden_states_in_bf16(tiny_dir):
 
 def test_bf16_residual_needs_cuda():
     """A job's params with residual_dtype bfloat16 on the CPU are refused by name (the config
-    rule in fedagent.config refuses the same at planning)."""
+    rule in fedagent.core.config refuses the same at planning)."""
     with pytest.raises(ValueError, match="residual_dtype"):
         TrainParams.from_dict({"residual_dtype": "bfloat16"})
     assert TrainParams.from_dict({"residual_dtype": "bfloat16", "device": "cuda"}).residual_dtype == "bfloat16"

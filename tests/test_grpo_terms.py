@@ -21,10 +21,11 @@ import pytest
 import torch
 
 from fake_env import build_tiny_model
-from fedagent.policy import load_policy
-from fedagent.seeds import python_rng
+from fedagent.model.policy import load_policy
+from fedagent.core.seeds import python_rng
 from fedagent.train import grpo
-from fedagent.train.local import TrainParams, grpo_epoch
+from fedagent.train.local import TrainParams
+from fedagent.train.actor import grpo_epoch
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_first_step_loss_and_gradient_equal_the_hand_computation(tiny_dir, T):
 
 def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_dir):
     """At T≠1 the scored log-prob of a sampled token is log softmax(logits/T), what sample() drew from."""
-    from fedagent.policy import sample
+    from fedagent.model.policy import sample
 
     model, tok = load_policy(tiny_dir, threads=1)
     prompt = [5, 6, 7, 8]

@@ -1,4 +1,4 @@
-"""fedagent.merge: next global model dir (FedAvg = prev + Δ̄), sharding, aux files, refusals."""
+"""fedagent.server.merge: next global model dir (FedAvg = prev + Δ̄), sharding, aux files, refusals."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedagent.aggregate import aggregate
-from fedagent.atomic import verify_manifest
-from fedagent.hf_dir import TensorReader, save_model_dir, tensor_index
-from fedagent.merge import MergeError, merge
-from fedagent.server_opt import FedAdam, FedAvg, FedAvgM
+from fedagent.server.aggregate import aggregate
+from fedagent.core.atomic import verify_manifest
+from fedagent.model.hf_dir import TensorReader, save_model_dir, tensor_index
+from fedagent.server.merge import MergeError, merge
+from fedagent.server.optimizers import FedAdam, FedAvg, FedAvgM
 from test_aggregate import make_round
 
 
@@ -26,7 +26,7 @@ def read_model(d) -> dict[str, torch.Tensor]:
 def test_fedavg_merge_is_prev_plus_delta_fp32(tmp_path):
     prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
     (prev_dir / "tokenizer.json").write_text("{}")  # aux files must travel (manifest not rewritten: see below)
-    from fedagent.atomic import write_manifest
+    from fedagent.core.atomic import write_manifest
     write_manifest(prev_dir)
     aggregate(prev_dir, dirs, tmp_path / "agg")
     meta = merge(prev_dir, tmp_path / "agg", tmp_path / "next", FedAvg(), round_=1)
@@ -100,7 +100,7 @@ def test_merged_dir_loads_in_transformers(tmp_path):
     """A real (tiny) Llama dir round-trips: aggregate + merge output loads with from_pretrained."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from fedagent.seeds import torch_generator
+    from fedagent.core.seeds import torch_generator
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)

@@ -14,7 +14,7 @@ from fedagent.partition.context import PartitionContext
 from fedagent.partition.env_disjoint import parse_task_id, spec_hash
 from fedagent.partition.toolbox import beta_sizes, overlap_assign
 from fedagent.partition.uniform import uniform_slices
-from fedagent.seeds import numpy_rng
+from fedagent.core.seeds import numpy_rng
 
 N, L = 100, 100
 

@@ -2,8 +2,8 @@
 jobs, `fedagent config show`, and light workflow imports.
 
 The constraint tests derive their cases from the job-side checks themselves: every
-:class:`fedagent.config.JobKeys` (the config key behind each job parameter) and every schema
-constraint of those keys, plus every :data:`fedagent.config.CROSS_RULES` entry. All of them are
+:class:`fedagent.core.config.JobKeys` (the config key behind each job parameter) and every schema
+constraint of those keys, plus every :data:`fedagent.core.config.CROSS_RULES` entry. All of them are
 checked in-process against both the job's check and the plan-time check (the function
 ``workflow/common.smk`` calls), and all of them (with the plan-only keys' constraints) go through
 Snakemake's own command line, ``snakemake -n`` run once per bad config inside one process (its
@@ -26,7 +26,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from fedagent import config as fc
+from fedagent.core import config as fc
 from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,18 +186,18 @@ def _games_args(v: dict, tmp: Path) -> argparse.Namespace:
 # through its JobKeys before doing any work.
 ENTRY_POINTS = {
     "train-client": lambda v, tmp: importlib.import_module("fedagent.train.local").TrainParams.from_dict(v),
-    "eval": lambda v, tmp: importlib.import_module("fedagent.evaluate").EvalParams.from_dict(v),
+    "eval": lambda v, tmp: importlib.import_module("fedagent.evaluate.validation").EvalParams.from_dict(v),
     "train-client-verl": lambda v, tmp: importlib.import_module("fedagent.train.verl.backend").check_job_keys(v),
-    "critic-init": lambda v, tmp: importlib.import_module("fedagent.train.critic").check_job_keys(v),
-    "val-set": lambda v, tmp: importlib.import_module("fedagent.val_set").build_val_set(["t0"], v["n"]),
-    "select": lambda v, tmp: importlib.import_module("fedagent.selection").select_clients(
+    "critic-init": lambda v, tmp: importlib.import_module("fedagent.model.critic").check_job_keys(v),
+    "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(["t0"], v["n"]),
+    "select": lambda v, tmp: importlib.import_module("fedagent.plan.selection").select_clients(
         v["base_seed"], 1, v["total"], v["per_round"]),
     "partition": lambda v, tmp: importlib.import_module("fedagent.partition").partition_tasks(
         [f"t{i}" for i in range(v["n_tasks"])], v["n_clients"], v["strategy"], v["min_tasks"]),
     "games": lambda v, tmp: importlib.import_module("fedagent.envs.textworld_games").run(_games_args(v, tmp)),
-    "merge": lambda v, tmp: importlib.import_module("fedagent.server_opt").make_optimizer(
+    "merge": lambda v, tmp: importlib.import_module("fedagent.server.optimizers").make_optimizer(
         v.pop("name"), **v),
-    "aggregate": lambda v, tmp: importlib.import_module("fedagent.aggregate").client_weights(
+    "aggregate": lambda v, tmp: importlib.import_module("fedagent.server.aggregate").client_weights(
         [tmp / "c0"], v["weighting"]),
 }
 
@@ -219,9 +219,9 @@ def test_each_job_entry_point_refuses_through_its_checks(tmp_path):
 
 def test_schema_choices_match_the_code():
     """The enums the schema declares are the ones the code implements."""
-    from fedagent.aggregate import WEIGHTINGS
+    from fedagent.server.aggregate import WEIGHTINGS
     from fedagent.partition import STRATEGIES
-    from fedagent.server_opt import OPTIMIZERS
+    from fedagent.server.optimizers import OPTIMIZERS
 
     assert set(fc.subschema("server.optimizer")["enum"]) == set(OPTIMIZERS)
     assert set(fc.subschema("aggregate.weighting")["enum"]) == set(WEIGHTINGS)
@@ -407,7 +407,7 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
             main(["-n", "--quiet", "--cores", "1", "--config", "rounds=3"])
         except SystemExit as exc:
             print("RC=" + str(exc.code))
-        print("PARSED=" + str("fedagent.server_opt" in sys.modules and "fedagent.selection" in sys.modules))
+        print("PARSED=" + str("fedagent.server.optimizers" in sys.modules and "fedagent.plan.selection" in sys.modules))
         print("HEAVY=" + ",".join(m for m in ("torch", "transformers") if m in sys.modules))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=snakemake_env(), capture_output=True,

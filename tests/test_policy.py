@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fake_env import build_tiny_model
-from fedagent.policy import load_policy, sample, save_policy
-from fedagent.seeds import torch_generator
+from fedagent.model.policy import load_policy, sample, save_policy
+from fedagent.core.seeds import torch_generator
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_left_padded_batch_equals_one_by_one(policy):
 
 
 def test_left_padded_forward_matches_unpadded_logits(policy):
-    from fedagent.policy import _left_pad
+    from fedagent.model.policy import _left_pad
 
     model, tok = policy
     ps = _prompts(tok)
@@ -72,7 +72,7 @@ def test_stops_at_stop_token_per_sequence(policy, monkeypatch):
     first = free[0].response_ids[0]
     if any(first in g.response_ids for g in free[1:]):
         pytest.skip("greedy outputs share the chosen stop token")
-    monkeypatch.setattr("fedagent.policy.stop_token_ids", lambda m, t: [first])
+    monkeypatch.setattr("fedagent.model.policy.stop_token_ids", lambda m, t: [first])
     out = sample(model, tok, ps, 8, 0.0, None)
     assert out[0].response_ids == [first] and out[0].finished and out[0].text == ""
     assert [g.response_ids for g in out[1:]] == [g.response_ids for g in free[1:]]
@@ -97,8 +97,8 @@ def test_tiny_model_cli_is_deterministic(tmp_path):
     import hashlib
     import json
 
-    from fedagent import base_model_tiny
-    from fedagent.atomic import verify_manifest
+    from fedagent.model import base_model_tiny
+    from fedagent.core.atomic import verify_manifest
 
     parser = argparse.ArgumentParser()
     base_model_tiny.add_args(parser)

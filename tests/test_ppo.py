@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedagent.aggregate import AggregateError, aggregate
-from fedagent.atomic import write_manifest
-from fedagent.config import ConfigError, load_config
-from fedagent.critic_dir import CRITIC_RECORD, critic_digests
-from fedagent.hf_dir import TensorReader, read_header, save_model_dir, write_tensors
-from fedagent.merge import MergeError, merge
-from fedagent.seeds import torch_generator
-from fedagent.server_opt import make_optimizer
-from fedagent.train import critic as fc
+from fedagent.server.aggregate import AggregateError, aggregate
+from fedagent.core.atomic import write_manifest
+from fedagent.core.config import ConfigError, load_config
+from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests
+from fedagent.model.hf_dir import TensorReader, read_header, save_model_dir, write_tensors
+from fedagent.server.merge import MergeError, merge
+from fedagent.core.seeds import torch_generator
+from fedagent.server.optimizers import make_optimizer
+from fedagent.model import critic as fc
 from fedagent.train import grpo, ppo
-from fedagent.verify import verify_round
+from fedagent.server.verify import verify_round
 from workflow_helpers import TEST_CONFIG
 
 
@@ -492,7 +492,7 @@ def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, t
     Its metrics carry no GRPO group counts (PPO has no groups) but ``samples_nonzero_reward``:
     here (no invalid penalty, answers of even length win) some samples are rewarded, some not."""
     from fake_env import FakeEnv
-    from fedagent.atomic import sha256_file
+    from fedagent.core.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
     p = TrainParams.from_dict(dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2,
@@ -548,7 +548,7 @@ def test_fedprox_with_ppo_moves_the_actor_not_the_critic(tiny_pair, tmp_path):
     One epoch, so both runs roll out the same samples; the critic's steps see only those samples
     and its own values, so any difference in its bytes would be μ·(w − w_t) reaching the critic."""
     from fake_env import FakeEnv
-    from fedagent.atomic import sha256_file
+    from fedagent.core.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
     base = dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2, max_new_tokens=6, lr=1e-3,

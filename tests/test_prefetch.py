@@ -99,7 +99,7 @@ def test_reference_read_in_the_background_is_the_model_a_reload_gives(tmp_path):
 
     import torch
 
-    from fedagent.policy import load_policy
+    from fedagent.model.policy import load_policy
     from fedagent.train import grpo, local
 
     start = build_tiny_model(tmp_path / "start", seed=5)

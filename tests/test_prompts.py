@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fedagent.base_model_tiny import build_tokenizer
+from fedagent.model.base_model_tiny import build_tokenizer
 from fedagent.rollout import prompts
 from fedagent.rollout.prompts import RESPONSE_PREFIX, encode_prompt
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from fedagent import provenance as prov
+from fedagent.core import provenance as prov
 
 
 def test_record_has_every_field(tmp_path, monkeypatch):

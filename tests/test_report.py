@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fedagent.report import plot_curves, summary_table
+from fedagent.report.summary import plot_curves, summary_table
 
 
 def _eval(path, r, sr):
@@ -30,7 +30,7 @@ def test_duplicate_rounds_are_refused(tmp_path):
 
 
 def test_links_point_at_the_newest_round(tmp_path):
-    from fedagent.report import link_latest
+    from fedagent.report.summary import link_latest
 
     run = tmp_path / "run"
     for r in (2, 3):
@@ -48,7 +48,7 @@ def test_links_point_at_the_newest_round(tmp_path):
 def test_client_evals_become_rows_and_circles(tmp_path):
     import argparse
 
-    from fedagent.report import CLIENT_COLUMNS, run
+    from fedagent.report.summary import CLIENT_COLUMNS, run
 
     evals, clients = [], []
     for r in (0, 1):
@@ -79,7 +79,7 @@ def test_client_evals_become_rows_and_circles(tmp_path):
 
 
 def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):
-    from fedagent.report import round_timings, timings_table
+    from fedagent.report.summary import round_timings, timings_table
 
     bench = tmp_path / "b"
     bench.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedagent.config import ConfigError, validate_schema
+from fedagent.core.config import ConfigError, validate_schema
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fedagent"
 
@@ -108,9 +108,9 @@ def test_a_pickled_checkpoint_in_a_model_dir_is_refused_not_loaded(tmp_path):
     """load_policy reads safetensors only: a model dir whose weights are a pickle is refused."""
     import torch
 
-    from fedagent.atomic import write_manifest
-    from fedagent.base_model_tiny import build_model, build_tokenizer
-    from fedagent.policy import load_policy
+    from fedagent.core.atomic import write_manifest
+    from fedagent.model.base_model_tiny import build_model, build_tokenizer
+    from fedagent.model.policy import load_policy
 
     tok = build_tokenizer()
     model = build_model(len(tok), seed=1)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fedagent.seeds import derive_seed, numpy_rng, python_rng, torch_generator
+from fedagent.core.seeds import derive_seed, numpy_rng, python_rng, torch_generator
 
 
 def test_same_coordinates_same_seed():
@@ -16,7 +16,7 @@ def test_same_coordinates_same_seed():
 
 def test_seed_is_stable_across_processes():
     # A fixed value: any change of the derivation would silently change every experiment.
-    code = "from fedagent.seeds import derive_seed; print(derive_seed(42, 'selection', round=1))"
+    code = "from fedagent.core.seeds import derive_seed; print(derive_seed(42, 'selection', round=1))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123"}).stdout.strip()
     assert int(out) == derive_seed(42, "selection", round=1)

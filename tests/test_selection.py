@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedagent.selection import select_clients
+from fedagent.plan.selection import select_clients
 
 
 def test_pure_and_sorted():
@@ -31,7 +31,7 @@ def test_round_zero_is_not_a_training_round():
 
 
 def test_pinned_local_mode_and_centralized_mode():
-    from fedagent.selection import run_mode
+    from fedagent.plan.selection import run_mode
 
     assert all(select_clients(42, r, 100, 1, pinned=21) == [21] for r in range(1, 71))
     assert run_mode(100, 21) == "local" and run_mode(1) == "centralized" and run_mode(100) == "federated"
@@ -43,7 +43,7 @@ def test_select_cli_records_the_mode(tmp_path):
     import argparse
     import json
 
-    from fedagent.selection import run
+    from fedagent.plan.selection import run
 
     out = tmp_path / "s.json"
     run(argparse.Namespace(seed=42, round=3, total=100, per_round=1, pinned=21, out=out))

@@ -7,10 +7,10 @@ import hashlib
 
 import torch
 
-from fedagent.aggregate import aggregate
-from fedagent.merge import merge
-from fedagent.server_opt import FedAdam, FedYogi, make_optimizer
-from fedagent.seeds import torch_generator
+from fedagent.server.aggregate import aggregate
+from fedagent.server.merge import merge
+from fedagent.server.optimizers import FedAdam, FedYogi, make_optimizer
+from fedagent.core.seeds import torch_generator
 from test_aggregate import make_round
 
 

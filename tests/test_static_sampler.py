@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fake_env import build_tiny_model
-from fedagent.policy import load_policy, sample
-from fedagent.seeds import torch_generator
-from fedagent.static_sampler import StaticSampler
+from fedagent.model.policy import load_policy, sample
+from fedagent.core.seeds import torch_generator
+from fedagent.model.static_sampler import StaticSampler
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_non_finite_logits_are_a_clear_error_not_a_device_assert(policy, tmp_pat
 
 def test_gumbel_pick_draws_from_the_tempered_softmax():
     """The fused pick is an exact draw from softmax(logits / T) (checked by frequency)."""
-    from fedagent.static_sampler import _pick
+    from fedagent.model.static_sampler import _pick
 
     g = torch.Generator().manual_seed(3)
     p = torch.tensor([0.5, 0.3, 0.2])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from fedagent.atomic import atomic_dir, atomic_write_json, quarantine
+from fedagent.core.atomic import atomic_dir, atomic_write_json, quarantine
 from fedagent.cli import main as cli_main
-from fedagent.status import finished_jobs, run_status
+from fedagent.report.status import finished_jobs, run_status
 
 
 def _dir(path, files=None):

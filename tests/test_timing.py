@@ -1,4 +1,4 @@
-"""fedagent.timing: a job's clock starts when its process started."""
+"""fedagent.core.timing: a job's clock starts when its process started."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = ("import time; t = time.time(); import sys; sys.path.insert(0, sys.argv[1]); "
-         "from fedagent.timing import proc_start_time; print(t - proc_start_time())")
+         "from fedagent.core.timing import proc_start_time; print(t - proc_start_time())")
 
 
 def test_the_process_start_is_the_moment_the_interpreter_started():

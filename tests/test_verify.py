@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
-from fedagent.aggregate import aggregate
-from fedagent.atomic import write_manifest
+from fedagent.server.aggregate import aggregate
+from fedagent.core.atomic import write_manifest
 from fedagent.cli import main as cli_main
-from fedagent.hf_dir import TensorReader, read_header, save_model_dir, tensor_index, write_tensors
-from fedagent.merge import merge
-from fedagent.server_opt import FedAvg, make_optimizer
-from fedagent.server_opt import HPARAM_FLAGS as FLAGS
-from fedagent.verify import WEIGHT, recompute
+from fedagent.model.hf_dir import TensorReader, read_header, save_model_dir, tensor_index, write_tensors
+from fedagent.server.merge import merge
+from fedagent.server.optimizers import FedAvg, make_optimizer
+from fedagent.server.optimizers import HPARAM_FLAGS as FLAGS
+from fedagent.server.verify import WEIGHT, recompute
 from test_aggregate import make_round, random_model
 
 

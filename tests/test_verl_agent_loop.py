@@ -46,7 +46,7 @@ class FakeServer:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from fedagent.policy import load_tokenizer
+    from fedagent.model.policy import load_tokenizer
 
     d = build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
     return d, load_tokenizer(d)

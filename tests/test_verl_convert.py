@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from fake_env import build_tiny_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from fedagent.atomic import atomic_dir, verify_manifest  # noqa: E402
+from fedagent.core.atomic import atomic_dir, verify_manifest  # noqa: E402
 from fedagent.train.verl.convert import CheckpointError, merge_fsdp_shards, write_update  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_merge_is_exact_fp32(ckpt, tiny):
 
 
 def test_update_dir_holds_the_masters_and_the_local_file_set(ckpt, tiny, tmp_path):
-    from fedagent.policy import load_policy, save_policy
+    from fedagent.model.policy import load_policy, save_policy
 
     actor, ref = ckpt
     with atomic_dir(tmp_path / "update") as staging:

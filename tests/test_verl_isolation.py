@@ -18,7 +18,7 @@ from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
 from fake_env import build_tiny_model
 from safetensors.torch import load_file
 
-from fedagent.atomic import verify_manifest
+from fedagent.core.atomic import verify_manifest
 from fedagent.envs.service import build_app
 from fedagent.train.local import TrainParams
 from fedagent.train.verl.backend import train_client_verl

@@ -20,7 +20,7 @@ pytest.importorskip("verl", reason="verl is installed by scripts/setup.sh (envs/
 
 from verl_helpers import compose_ppo  # noqa: E402
 
-from fedagent.config import load_config  # noqa: E402
+from fedagent.core.config import load_config  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl.launch import (VerlJob, VerlSettings, build_overrides,  # noqa: E402
                                         write_agent_loop_yaml)

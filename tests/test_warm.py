@@ -22,7 +22,7 @@ import pytest
 
 from env_fixtures import tw_games_dir
 from fedagent.envs.client import EnvClient, EnvServiceError
-from fedagent.timing import JOB_START_ENV, process_start_time
+from fedagent.core.timing import JOB_START_ENV, process_start_time
 
 pytestmark = pytest.mark.slow
 SOCKET_ENV = "FEDAGENT_WARM_SOCKET"

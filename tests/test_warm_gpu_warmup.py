@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedagent.base_model_tiny import write_tiny_model
-from fedagent.config_show import effective_config
+from fedagent.model.base_model_tiny import write_tiny_model
+from fedagent.report.config_show import effective_config
 from fedagent.warm.gpu_warmup import Shapes, architecture_dir, shapes_from_config, warm_up
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_the_gpu_preset_warms_its_train_and_eval_shapes():
 def test_smollm2_architecture_comes_from_the_gguf_without_the_model(tmp_path):
     # What a standby warms before round 0's model exists: SmolLM2-135M's shapes, no quantization
     # record (as the base model's config.json), and its chat tokenizer.
-    from fedagent.policy import load_tokenizer
+    from fedagent.model.policy import load_tokenizer
 
     s = Shapes(tmp_path / "not-yet" / "model", None, None, source="smollm2")
     with architecture_dir(s, give_up=lambda: True) as arch:

@@ -191,7 +191,7 @@ def test_a_standby_config_warms_the_runs_calls_once_its_model_exists(tmp_path):
     # then reports ready.
     import yaml
 
-    from fedagent.base_model_tiny import write_tiny_model
+    from fedagent.model.base_model_tiny import write_tiny_model
 
     results = tmp_path / "results"
     cfg = tmp_path / "run.yaml"
@@ -218,7 +218,7 @@ def test_a_standby_warms_from_the_runs_model_source_before_round_0_exists(tmp_pa
     # into a run, when those jobs are already asking).
     import yaml
 
-    from fedagent.base_model_tiny import write_tiny_model
+    from fedagent.model.base_model_tiny import write_tiny_model
 
     source = tmp_path / "hf"
     write_tiny_model(source, seed=5)

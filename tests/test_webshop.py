@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from fedagent.config import ConfigError, check_cross_fields, validate_schema
+from fedagent.core.config import ConfigError, check_cross_fields, validate_schema
 from fedagent.envs.serve import make_source
 from fedagent.envs.service import build_app
 from fedagent.envs.webshop import arms, reward

@@ -1,10 +1,10 @@
-"""fedagent.workflow_copy: the one workflow copy behind tests' make_workdir and the benchmarks'."""
+"""fedagent.core.workflow_copy: the one workflow copy behind tests' make_workdir and the benchmarks'."""
 
 import ast
 import sys
 from pathlib import Path
 
-from fedagent.workflow_copy import WORKFLOW_PARTS, copy_workflow
+from fedagent.core.workflow_copy import WORKFLOW_PARTS, copy_workflow
 from workflow_helpers import REPO, TEST_CONFIG, make_workdir
 
 

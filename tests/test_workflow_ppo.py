@@ -90,7 +90,7 @@ def test_verify_passes_on_both_rounds(ppo_run):
 def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from fedagent.atomic import write_manifest
+    from fedagent.core.atomic import write_manifest
 
     agg = tmp_path / "aggregate"
     shutil.copytree(ppo_run / "round_002" / "aggregate", agg)
@@ -114,7 +114,7 @@ def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_pa
 def test_verify_names_a_critic_swapped_in_from_another_client(ppo_run, tmp_path):
     """Both clients' critics sit in folders called critic/: whose critic it is comes from the update's
     metrics.json (critic_sha256), so another client's critic (re-signed) is named, file and owner."""
-    from fedagent.atomic import write_manifest
+    from fedagent.core.atomic import write_manifest
 
     rd = ppo_run / "round_002"
     a, b = (shutil.copytree(c, tmp_path / c.name) for c in sorted((rd / "clients").iterdir()))

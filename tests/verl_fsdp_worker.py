@@ -21,7 +21,7 @@ def run(rank: int, world: int, model_dir: str, out: str, strategy: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
-    from fedagent.policy import load_tokenizer
+    from fedagent.model.policy import load_tokenizer
 
     dist.init_process_group("gloo", init_method=f"file://{out}/rdzv", rank=rank, world_size=world)
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedagent.workflow_copy import copy_workflow
+from fedagent.core.workflow_copy import copy_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "workflow_config.yaml"

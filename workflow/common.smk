@@ -11,11 +11,11 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 
 from snakemake.utils import validate
 
-from fedagent.config import ConfigError, prepare_config
-from fedagent.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, config_sha256
+from fedagent.core.config import ConfigError, prepare_config
+from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, config_sha256
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
-from fedagent.selection import run_mode, select_clients
-from fedagent.server_opt import cli_flags
+from fedagent.plan.selection import run_mode, select_clients
+from fedagent.server.optimizers import cli_flags
 
 try:
     # Our checks first: nested --config strings coerced to the schema's types, then the schema
@@ -27,7 +27,7 @@ except ConfigError as exc:
     sys.exit(1)
 validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
 
-# Every job's provenance.json records the hash of the whole validated config (fedagent.provenance).
+# Every job's provenance.json records the hash of the whole validated config (fedagent.core.provenance).
 os.environ[CONFIG_HASH_ENV] = config_sha256(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
@@ -179,7 +179,7 @@ LABELS_PARAMS = as_json({
 
 
 def base_model_command():
-    """`fedagent <command> <flags>` of round 0; PPO adds round 1's critic (fedagent.train.critic)."""
+    """`fedagent <command> <flags>` of round 0; PPO adds round 1's critic (fedagent.model.critic)."""
     if config["model"] == "tiny":
         cmd = f"tiny-model --seed {config['seed']}"
     else:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from fedagent.atomic import atomic_write_json
+from fedagent.core.atomic import atomic_write_json
 from fedagent.envs.client import EnvClient
 from fedagent.envs.serve import TOKEN_ENV
 

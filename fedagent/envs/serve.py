@@ -18,7 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
-from fedagent.atomic import atomic_write_json
+from fedagent.core.atomic import atomic_write_json
 
 TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
 

@@ -38,8 +38,6 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import hmac
-import json
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -49,140 +47,16 @@ from typing import Any, Literal, Sequence
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fedagent.envs.base import StepResult, TaskSource
-from fedagent.envs.client import MAX_BATCH_ITEMS, TOKEN_HEADER
+from fedagent.envs.guard import GuardMiddleware
+from fedagent.envs.protocol import (BATCH_PATHS, MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES,  # noqa: F401 - MAX_TEXT_CHARS
+                                    MAX_TEXT_CHARS, BatchRequest, HealthResponse, ResetBatchResponse, ResetRequest,
+                                    ResetResponse, SessionBatchResponse, SessionRequest, SessionResponse,
+                                    StepBatchResponse, StepRequest, StepResponse)
 from fedagent.rollout.parsing import parse_action
 from fedagent.rollout.prompts import PROMPT_TEMPLATES
-
-MAX_BODY_BYTES = 64 * 1024
-MAX_TEXT_CHARS = 16 * 1024
-# /step_batch carries up to MAX_BATCH_ITEMS answers: room for every item at its longest
-# (plain ASCII) twice over, still a bounded buffer.
-MAX_BATCH_BODY_BYTES = 2 * MAX_BATCH_ITEMS * MAX_TEXT_CHARS
-SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
-BATCH_PATHS = ("/create_batch", "/reset_batch", "/step_batch", "/close_batch")
-
-
-# ---------------------------------------------------------------- request / response models
-class _Strict(BaseModel):
-    # Strict types and no unknown fields: "1" is not a seed, a typo'd key is an error.
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class SessionRequest(_Strict):
-    """Body of /create and /close."""
-
-    session_id: str = Field(pattern=SESSION_ID_PATTERN)
-
-
-class ResetRequest(_Strict):
-    """Body of /reset."""
-
-    session_id: str = Field(pattern=SESSION_ID_PATTERN)
-    seed: int = Field(ge=0, lt=2**63)
-
-
-class StepRequest(_Strict):
-    """Body of /step: the raw model answer, parsed by the service."""
-
-    session_id: str = Field(pattern=SESSION_ID_PATTERN)
-    text: str = Field(max_length=MAX_TEXT_CHARS)
-    step_id: int = Field(ge=0, lt=2**31)
-
-
-class BatchRequest(_Strict):
-    """Body of every /*_batch route; items are validated one by one so a bad one fails only itself."""
-
-    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
-
-
-class HealthResponse(BaseModel):
-    """Body of /health."""
-
-    ok: bool
-    pool_free: int
-    pool_total: int
-    sessions: int
-    split: str
-    client_id: str | None
-    mode: str
-    num_tasks: int
-    tasks_sha256: str
-    task_types: dict[str, int]
-    max_turns: int
-    counters: dict[str, int]
-    env_info: dict[str, Any] = {}   # what the task source reports (WebShop: arm, catalog_size, variant)
-
-
-class SessionResponse(BaseModel):
-    """Body of /create and /close."""
-
-    ok: bool
-    session_id: str
-    created: bool = False      # /create: this call borrowed the env (False: already existed)
-    existed: bool = False      # /close: the session was open
-
-
-class ResetResponse(BaseModel):
-    """Body of /reset."""
-
-    observation: str
-    task: str
-    admissible_commands: list[str]
-    task_id: str
-    task_type: str
-    prompt_template: str       # the prompt family of this env (fedagent.rollout.prompts.PROMPT_TEMPLATES)
-
-
-class StepResponse(BaseModel):
-    """Body of /step."""
-
-    observation: str
-    reward: float
-    done: bool
-    won: bool
-    is_action_valid: bool
-    action: str
-    admissible_commands: list[str]
-    task_id: str
-    task_type: str
-    score: float
-    step_id: int
-    turns: int
-
-
-class ItemError(BaseModel):
-    """Why one batch item failed: the HTTP status /step would have answered, and its detail."""
-
-    status: int
-    detail: str
-
-
-class StepItemError(BaseModel):
-    """A failed /step_batch item."""
-
-    error: ItemError
-
-
-class StepBatchResponse(BaseModel):
-    """Body of /step_batch: one entry per item, in item order."""
-
-    results: list[StepResponse | StepItemError]
-
-
-class SessionBatchResponse(BaseModel):
-    """Body of /create_batch and /close_batch: one entry per item, in item order."""
-
-    results: list[SessionResponse | StepItemError]
-
-
-class ResetBatchResponse(BaseModel):
-    """Body of /reset_batch: one entry per item, in item order."""
-
-    results: list[ResetResponse | StepItemError]
-
 
 # ---------------------------------------------------------------- pool and sessions
 class EnvPool:
@@ -306,71 +180,6 @@ def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
     if mode == "draw":
         return tasks[random.Random(seed).randrange(len(tasks))]
     raise ValueError(f"unknown mode {mode!r} (index or draw)")
-
-
-# ---------------------------------------------------------------- ASGI guard
-class GuardMiddleware:
-    """Pure ASGI middleware: token check (401) and request-body cap (413).
-
-    Pure ASGI rather than ``@app.middleware`` because Starlette's BaseHTTPMiddleware may
-    cancel the endpoint when the client disconnects, which would break the
-    "a started step always completes" guarantee. ``path_caps`` overrides the cap per path
-    (the batch route carries many answers).
-    """
-
-    def __init__(self, app, *, max_body: int, token: str | None, path_caps: dict[str, int] | None = None):
-        """Wrap ``app``."""
-        self.app, self.default_cap, self.token = app, max_body, token
-        self.path_caps = dict(path_caps or {})
-
-    async def __call__(self, scope, receive, send):
-        """Reject early by headers, then count streamed body bytes."""
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        max_body = self.path_caps.get(scope.get("path", ""), self.default_cap)
-        headers = dict(scope.get("headers") or [])
-        if self.token is not None:
-            given = headers.get(TOKEN_HEADER.encode(), b"")
-            if not hmac.compare_digest(given, self.token.encode()):
-                return await _plain(send, 401, "missing or wrong token")
-        length = headers.get(b"content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > max_body
-            except ValueError:
-                return await _plain(send, 400, "bad content-length")
-            if too_big:
-                return await _plain(send, 413, f"request body over {max_body} bytes")
-        # Buffer the (bounded) body before the app sees it, so an oversized chunked body is
-        # a clean 413 instead of a parse error deep inside FastAPI.
-        body = bytearray()
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return                                  # client went away before the body
-            body += message.get("body", b"")
-            if len(body) > max_body:
-                return await _plain(send, 413, f"request body over {max_body} bytes")
-            more = message.get("more_body", False)
-        replayed = False
-
-        async def buffered_receive():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, buffered_receive, send)
-
-
-async def _plain(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _item_error(status: int, detail: str) -> dict:

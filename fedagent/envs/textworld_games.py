@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from fedagent.atomic import atomic_dir, verify_manifest
-from fedagent.config import JobKeys
-from fedagent.seeds import derive_seed
+from fedagent.core.atomic import atomic_dir, verify_manifest
+from fedagent.core.config import JobKeys
+from fedagent.core.seeds import derive_seed
 
 TASK_TYPE = "textworld"
 GAMES_JSON = "games.json"

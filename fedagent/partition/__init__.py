@@ -21,11 +21,11 @@ import json
 import sys
 from pathlib import Path
 
-from fedagent.atomic import atomic_write_json
-from fedagent.config import JobKeys
+from fedagent.core.atomic import atomic_write_json
+from fedagent.core.config import JobKeys
 from fedagent.partition.context import PartitionContext
 from fedagent.partition.uniform import uniform_slices  # noqa: F401 - re-exported
-from fedagent.tasks import GAMES_INDEX, games_kind, load_games_index
+from fedagent.plan.tasks import GAMES_INDEX, games_kind, load_games_index
 
 STRATEGIES = ("uniform", "preference", "coverage", "hardness", "task_disjoint", "env_disjoint")
 # The partition-config knobs each strategy reads (only these reach its job's params).

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from fedagent.seeds import numpy_rng
+from fedagent.core.seeds import numpy_rng
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from fedagent.partition.context import PartitionContext
-from fedagent.seeds import numpy_rng
+from fedagent.core.seeds import numpy_rng
 
 STRATEGY = "env_disjoint"
 FALLBACKS = ("skip", "shared", "trial-only")

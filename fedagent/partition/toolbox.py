@@ -1,7 +1,7 @@
 """Shared partition primitives (FACTS §2): Beta sizing, overlap assignment, ``default_r``.
 
 Every strategy module builds on these. Randomness comes only from the numpy ``Generator``
-passed in (built by :func:`fedagent.seeds.numpy_rng` from ``data_seed``), and every global
+passed in (built by :func:`fedagent.core.seeds.numpy_rng` from ``data_seed``), and every global
 step is one computation over all clients in id order, so any process recomputing the
 partition gets the same bytes.
 """

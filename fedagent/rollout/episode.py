@@ -1,6 +1,6 @@
 """The episode loop: every session in lockstep, one batched ``sample`` call per turn.
 
-Policy-agnostic apart from :func:`fedagent.policy.sample`; the environment is any object
+Policy-agnostic apart from :func:`fedagent.model.policy.sample`; the environment is any object
 with the env client's methods (``create``, ``reset``, ``step``, ``close``): the HTTP
 :class:`fedagent.envs.client.EnvClient` in jobs, ``tests/fake_env.FakeEnv`` in tests. An env
 that also has the batch forms (the client's ``create_many``/``reset_many``/``step_many``/
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from fedagent.policy import sample
+from fedagent.model.policy import sample
 from fedagent.rollout.prompts import (HISTORY_LENGTH, concat_turn_prompt, encode_prompt, response_prefix,
                                       template_of, windowed_prompt)
 
@@ -84,7 +84,7 @@ def run_episodes(
     seed and stepped until done or ``max_turns``; every created session is closed in
     ``finally`` (a leaked session would shrink the service's pool for good).
     ``answer_format`` picks the prompt's instruction and the prefilled answer start (the env
-    service must parse the same format). ``sampler`` replaces :func:`fedagent.policy.sample`
+    service must parse the same format). ``sampler`` replaces :func:`fedagent.model.policy.sample`
     (same signature), e.g. the GPU path's :class:`fedagent.gpu_sampler.StaticSampler`.
 
     ``rollout_mode``: ``windowed`` — each turn's prompt is a fresh one-message chat with the

@@ -49,7 +49,7 @@ def client_shard(partition_file: Path, client: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent train-client``."""
     from fedagent.envs.lifecycle import job_env_service
-    from fedagent.tasks import games_kind
+    from fedagent.plan.tasks import games_kind
     from fedagent.train.local import TrainParams, train_client
 
     raw = json.loads(args.params)
@@ -101,7 +101,7 @@ class _LogArm:
 
 def verl_settings(text: str):
     """``--verl`` JSON → :class:`fedagent.train.verl.launch.VerlSettings` (unknown keys are an error)."""
-    from fedagent.config import dataclass_from_dict
+    from fedagent.core.config import dataclass_from_dict
     from fedagent.train.verl.launch import VerlSettings
 
     d = dict(json.loads(text))
@@ -117,7 +117,7 @@ def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, ver
               env_params: dict) -> int:
     """The verl backend: same env service, then one verl job (fedagent.train.verl.backend)."""
     from fedagent.envs.lifecycle import job_env_service
-    from fedagent.tasks import games_kind
+    from fedagent.plan.tasks import games_kind
     from fedagent.train.verl.backend import train_client_verl
 
     settings = verl_settings(verl_json)

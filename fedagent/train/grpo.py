@@ -207,7 +207,7 @@ def forward_logprobs(model, ids, mask, pos, rows, cols, targets, temperature: fl
 
 def _left_padded(samples, device):
     """The left-padded batch and the (row, column, target) of every trained token (CPU path)."""
-    from fedagent.policy import _left_pad
+    from fedagent.model.policy import _left_pad
 
     ids, mask, pos = _left_pad([s.prompt_ids + s.response_ids for s in samples], pad_id=0)
     width = ids.shape[1]

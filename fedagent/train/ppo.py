@@ -6,7 +6,7 @@ turn's (penalized) episode return on the last response token and 0 elsewhere; GA
 backwards over those tokens (``δ_t = r_t + γ V_{t+1} − V_t``, ``A_t = δ_t + γλ A_{t+1}``,
 ``V`` past the last token = 0), returns = A + V, then the advantages are whitened over every
 response token of the epoch's batch (mean 0, unbiased variance 1). The actor step is GRPO's
-(clipped ratio, k3 KL, entropy; :func:`fedagent.train.local.grpo_epoch`) with these per-token
+(clipped ratio, k3 KL, entropy; :func:`fedagent.train.actor.grpo_epoch`) with these per-token
 advantages; beside each actor step the critic takes one step on the same mini-batch:
 
     loss = Σ_micro mean_tokens(max((V − R)², (clip(V, V_old ± value_clip) − R)²)) / n_micro
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fedagent.train import grpo
+from fedagent.train import actor, grpo
 
 WHITEN_EPS = 1e-8   # verl's masked_whiten
 
@@ -80,7 +80,7 @@ def response_values(critic, samples: Sequence[grpo.Sample]) -> torch.Tensor:
     Same rows and positions as :func:`fedagent.train.grpo.response_logprobs`: the hidden state
     at j−1 (which predicts token j) goes through the value head.
     """
-    from fedagent.policy import _left_pad
+    from fedagent.model.policy import _left_pad
 
     device = next(critic.parameters()).device
     seqs = [s.prompt_ids + s.response_ids for s in samples]
@@ -158,19 +158,17 @@ def ppo_epoch(model, critic, ref_model, optimizer, critic_optimizer, samples, p,
     advantage/return/value statistics. ``prox_anchor`` (FedProx) reaches the actor's steps only:
     the critic is a separate model with its own optimizer.
     """
-    from fedagent.train import local
-
     critic.eval()
-    amp = lambda: local._autocast(critic)  # noqa: E731
+    amp = lambda: actor.autocast(critic)  # noqa: E731
     old_values = values_nograd(critic, samples, p.micro_batch_size, amp)
     adv, returns = advantages_and_returns(samples, old_values, p.gamma, p.lam)
-    slices = local._token_slices(samples)
+    slices = actor.token_slices(samples)
 
     def after_actor_step(mb: Sequence[int]) -> dict:
         return critic_step(critic, critic_optimizer, samples, mb, old_values, returns, slices,
                            micro=p.micro_batch_size, clip=p.value_clip, grad_clip=p.grad_clip, autocast=amp)
 
-    steps = local.grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch, ref_is_policy=ref_is_policy,
+    steps = actor.grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch, ref_is_policy=ref_is_policy,
                              prox_anchor=prox_anchor, token_adv=adv, after_step=after_actor_step)
     n = max(1, old_values.numel())
     stats = {"values_mean": float(old_values.sum()) / n, "returns_mean": float(returns.sum()) / n,

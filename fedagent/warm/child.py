@@ -24,8 +24,8 @@ import threading
 import time
 import traceback
 
-from fedagent.cli import dispatch
-from fedagent.timing import JOB_MARKS_ENV, JOB_START_ENV
+from fedagent.commands import dispatch
+from fedagent.core.timing import JOB_MARKS_ENV, JOB_START_ENV
 from fedagent.warm import threads
 
 BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}

@@ -21,8 +21,8 @@ import time
 import traceback
 from pathlib import Path
 
-from fedagent.atomic import atomic_write_json
-from fedagent.cli import WARM_COMMANDS
+from fedagent.core.atomic import atomic_write_json
+from fedagent.commands import WARM_COMMANDS
 from fedagent.warm import client, standby
 
 UDS_MAX = 107                   # Linux sun_path is 108 bytes with its terminating NUL
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     if args.standby_config:
         if not args.standby:
             return _fail("--standby-config needs --standby N (N >= 1)")
-        from fedagent.config import ConfigError
-        from fedagent.config_show import WORKFLOW_CONFIG, effective_config
+        from fedagent.core.config import ConfigError
+        from fedagent.report.config_show import WORKFLOW_CONFIG, effective_config
         from fedagent.warm.gpu_warmup import shapes_from_config
 
         base = WORKFLOW_CONFIG if WORKFLOW_CONFIG.is_file() else None

@@ -18,7 +18,7 @@ import sys
 import time
 
 import fedagent
-from fedagent.timing import proc_start_time
+from fedagent.core.timing import proc_start_time
 from fedagent.warm import protocol
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -10,7 +10,7 @@ is handed a job: a model of the run's own architecture with **one** decoder laye
 weights (each layer's GEMMs have the job's shapes; attention, norms, rotary embedding and the LM
 head are the same kernels) goes through the job's own calls at the run's shapes — the train
 job's static-cache sampler, behaviour log-probs and two fused-AdamW optimizer steps
-(:func:`fedagent.train.local.update_step`), and the eval job's bf16 sampler. A sampler in mode
+(:func:`fedagent.train.actor.update_step`), and the eval job's bf16 sampler. A sampler in mode
 ``compile`` is not warmed: its Dynamo/inductor work is per process and would not carry over.
 
 Nothing of it reaches a job but CUDA's state (its context, loaded kernels, cuBLAS handles and
@@ -56,7 +56,7 @@ class Shapes:
 
 
 def shapes_from_config(config: Mapping) -> Shapes:
-    """The :class:`Shapes` of a checked run config (``fedagent.config_show.effective_config``)."""
+    """The :class:`Shapes` of a checked run config (``fedagent.report.config_show.effective_config``)."""
     tr, ev, pool = config["train"], config["eval"], int(config["env"]["pool_size"])
     train = None
     if tr.get("device") == "cuda" and tr.get("backend", "local") == "local":
@@ -77,15 +77,15 @@ def shapes_from_config(config: Mapping) -> Shapes:
 def architecture_dir(shapes: Shapes, give_up) -> Iterator[Path | None]:
     """A directory with the run's ``config.json`` and tokenizer, as soon as there is one: round
     0's model if it exists; else, for ``source`` ``smollm2``, both written from the GGUF's
-    metadata into a temporary directory (:func:`fedagent.base_model.smollm2_architecture`;
+    metadata into a temporary directory (:func:`fedagent.model.base_model.smollm2_architecture`;
     a few seconds, where building the base model takes about a minute) or an HF dir ``source``
     itself; else (``tiny``) round 0's model once it exists. None: ``give_up()`` came true first."""
-    from fedagent.atomic import MANIFEST
+    from fedagent.core.atomic import MANIFEST
 
     if (shapes.model_dir / MANIFEST).is_file():
         yield shapes.model_dir
     elif shapes.source == "smollm2":
-        from fedagent.base_model import smollm2_architecture
+        from fedagent.model.base_model import smollm2_architecture
 
         with tempfile.TemporaryDirectory(prefix="fa-arch-") as tmp:
             smollm2_architecture(Path(tmp))
@@ -99,7 +99,7 @@ def architecture_dir(shapes: Shapes, give_up) -> Iterator[Path | None]:
 def wait_for_model(shapes: Shapes, give_up, poll_s: float = 0.5) -> bool:
     """Wait until ``shapes.model_dir`` holds a model (its manifest: an atomic dir is complete);
     False as soon as ``give_up()`` is true (the standby's server is gone)."""
-    from fedagent.atomic import MANIFEST
+    from fedagent.core.atomic import MANIFEST
 
     while not (shapes.model_dir / MANIFEST).is_file():
         if give_up():
@@ -141,7 +141,7 @@ def _one_layer_model(model_dir: Path, device):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from fedagent.policy import load_tokenizer
+    from fedagent.model.policy import load_tokenizer
 
     cfg = AutoConfig.from_pretrained(str(model_dir))
     cfg.num_hidden_layers = 1
@@ -163,7 +163,8 @@ def _train_job(model, tok, s: Mapping) -> None:
     import torch
 
     from fedagent.train import grpo
-    from fedagent.train.local import TrainParams, _autocast, _logprobs_nograd, _token_slices, deferred_steps, update_step
+    from fedagent.train.local import TrainParams
+    from fedagent.train.actor import autocast, logprobs_nograd, token_slices, deferred_steps, update_step
 
     gens = _bf16_sampler_call(model, tok, s["pool"], s, temperature=1.0, seed=1)
     samples = [grpo.Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids or [int(tok.pad_token_id)],
@@ -172,12 +173,12 @@ def _train_job(model, tok, s: Mapping) -> None:
         smp.advantage = a
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
     p = TrainParams(mini_batch_size=len(samples), micro_batch_size=s["micro"], kl_coef=0.01, temperature=1.0)
-    with _autocast(model):
-        old = _logprobs_nograd(model, samples, s["micro"], 1.0)
+    with autocast(model):
+        old = logprobs_nograd(model, samples, s["micro"], 1.0)
     adv = grpo.token_advantages(samples).to(old.device)
     params = [q for q in model.parameters() if q.requires_grad]
     for _ in range(2):
-        update_step(model, opt, samples, list(range(len(samples))), old, old, adv, _token_slices(samples), p,
+        update_step(model, opt, samples, list(range(len(samples))), old, old, adv, token_slices(samples), p,
                     params, deferred=deferred_steps(opt))
 
 
@@ -193,7 +194,7 @@ def _bf16_sampler_call(model, tok, batch: int, s: Mapping, *, temperature: float
 
     import torch
 
-    from fedagent.static_sampler import StaticSampler
+    from fedagent.model.static_sampler import StaticSampler
 
     m = copy.deepcopy(model).to(torch.bfloat16)
     m.requires_grad_(False)

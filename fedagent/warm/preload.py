@@ -24,21 +24,21 @@ from fedagent.warm import threads
 
 _TORCH = ("torch", "transformers", "transformers:AutoModelForCausalLM", "transformers:AutoTokenizer",
           "transformers.models.llama.modeling_llama", "torch._dynamo", "safetensors.torch", "jsonschema")
-_JOB = ("fedagent.static_sampler", "fedagent.policy", "fedagent.rollout.episode", "fedagent.envs.lifecycle",
-        "fedagent.tasks", "fedagent.config", "fedagent.provenance")
-# fedagent.train.cli / fedagent.evaluate first: they set OMP_WAIT_POLICY before torch loads libgomp.
+_JOB = ("fedagent.model.static_sampler", "fedagent.model.policy", "fedagent.rollout.episode", "fedagent.envs.lifecycle",
+        "fedagent.plan.tasks", "fedagent.core.config", "fedagent.core.provenance")
+# fedagent.train.cli / fedagent.evaluate.validation first: they set OMP_WAIT_POLICY before torch loads libgomp.
 # The lists are what a job imports (measured: modules new in sys.modules after a job ran in-process).
 PRELOADS: dict[str, tuple[str, ...]] = {
     "train": ("fedagent.train.cli", *_TORCH, "fedagent.train.local", "fedagent.train.grpo", *_JOB),
-    "eval": ("fedagent.evaluate", *_TORCH, *_JOB),
+    "eval": ("fedagent.evaluate.validation", *_TORCH, *_JOB),
     # `fedagent serve-env` for a TextWorld service (fedagent.envs.serve.run): app, uvicorn's loop and protocols.
     "env": ("fedagent.envs.serve", "fedagent.envs.service", "fedagent.envs.client", "fedagent.envs.textworld_games",
             "fedagent.envs.textworld_env", "textworld", "fastapi", "pydantic.v1", "uvicorn", "uvicorn.config",
             "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.asyncio", "uvicorn.protocols.http.auto",
             "uvicorn.protocols.websockets.auto"),
     # the server's side of a round: `fedagent aggregate` and `fedagent merge` (torch + safetensors).
-    "server": ("fedagent.aggregate", "torch", "safetensors.torch", "fedagent.merge", "fedagent.server_opt",
-               "fedagent.hf_dir", "fedagent.atomic", "fedagent.provenance"),
+    "server": ("fedagent.server.aggregate", "torch", "safetensors.torch", "fedagent.server.merge", "fedagent.server.optimizers",
+               "fedagent.model.hf_dir", "fedagent.core.atomic", "fedagent.core.provenance"),
 }
 
 # Environment read when the interpreter starts or a library is imported (the loader, libgomp,

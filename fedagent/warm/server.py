@@ -1,5 +1,8 @@
 """The warm server's loop: one thread, one selector; every job is a fork in its own process group.
 
+Why over 500 lines: it is one state machine (connections, jobs, standbys, stopping) in one class,
+whose handlers share its tables; split, each part would reach into the others' state.
+
 Never threads: the server forks, and a fork copies other threads' locks mid-use. Events:
 
 - the listening socket: a new client connection;

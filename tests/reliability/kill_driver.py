@@ -49,8 +49,8 @@ sys.path.insert(0, str(HERE.parent))
 from workflow_helpers import (RUN, executed_jobs, make_workdir, run_snakemake, snakemake_cmd,  # noqa: E402
                               snakemake_env)
 
-from fedagent.atomic import MANIFEST, STAGING_PREFIX, verify_manifest  # noqa: E402
-from fedagent.seeds import python_rng  # noqa: E402
+from fedagent.core.atomic import MANIFEST, STAGING_PREFIX, verify_manifest  # noqa: E402
+from fedagent.core.seeds import python_rng  # noqa: E402
 
 HOOK = HERE / "hook"
 PHASES = ("train-client", "aggregate", "merge", "eval", "report", "rename")
@@ -257,7 +257,7 @@ def _status_check(work: Path, trial: Trial, killed_jobs: set[str]) -> None:
         trial.status_exact = False
         trial.notes.append(f"status failed: {st.stderr[-500:]}")
         return
-    from fedagent.status import finished_jobs
+    from fedagent.report.status import finished_jobs
 
     finished = {j for j in finished_jobs(json.loads(st.stdout)) if j.endswith("@001")}
     dry = subprocess.run(snakemake_cmd("-n"), cwd=work, env=env, capture_output=True, text=True, timeout=600)

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedagent.aggregate import aggregate
-from fedagent.atomic import write_manifest
+from fedagent.server.aggregate import aggregate
+from fedagent.core.atomic import write_manifest
 from fedagent.cli import main as cli_main
-from fedagent.hf_dir import SINGLE_FILE, TensorReader, read_header, save_model_dir, tensor_index, write_tensors
-from fedagent.seeds import torch_generator
+from fedagent.model.hf_dir import SINGLE_FILE, TensorReader, read_header, save_model_dir, tensor_index, write_tensors
+from fedagent.core.seeds import torch_generator
 
 SHAPES = {"model.embed_tokens.weight": (40, 16), "model.layers.0.self_attn.q_proj.weight": (16, 16),
           "model.layers.0.mlp.up_proj.weight": (32, 16), "model.norm.weight": (16,)}

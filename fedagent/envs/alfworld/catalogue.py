@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedagent.atomic import atomic_dir
+from fedagent.core.atomic import atomic_dir
 from fedagent.envs.alfworld import data
 from fedagent.envs.textworld_games import GAMES_JSON, id_list_sha256
 

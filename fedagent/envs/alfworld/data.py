@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fedagent.seeds import python_rng
+from fedagent.core.seeds import python_rng
 
 GAME_FILE = "game.tw-pddl"
 MANIFEST_FORMAT = "fedagent-alfworld-manifest-v1"

@@ -46,7 +46,7 @@ def noisy_expert_episode(env, task_id: str, rng, p: float, max_turns: int) -> di
 
 def noisy_expert_labels(source, task_ids: Sequence[str], base_seed: int, p: float, max_turns: int) -> list[dict]:
     """One noisy-expert episode per task of ``task_ids`` (task ``i`` seeded with index ``i``)."""
-    from fedagent.seeds import python_rng
+    from fedagent.core.seeds import python_rng
 
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"expert p must be in [0, 1], got {p}")

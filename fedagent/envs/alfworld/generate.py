@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedagent.envs.alfworld import assets, data
-from fedagent.seeds import python_rng
+from fedagent.core.seeds import python_rng
 
 # Fixed cycle of task types (FACTS §4 numbering 1..6).
 TASK_TYPE_CYCLE = tuple(data.TASK_TYPES)

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fedagent.envs.webshop.search import ALL_FIELDS, SearchIndex
-from fedagent.seeds import derive_seed, numpy_rng, python_rng
+from fedagent.core.seeds import derive_seed, numpy_rng, python_rng
 
 ARMS = ("none", "catalog_split", "bm25_field_subset", "bm25_reweight", "lookalike", "rank_wrapper")
 FIELD_SUBSETS = [

@@ -24,7 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from fedagent.atomic import atomic_dir, verify_manifest
+from fedagent.core.atomic import atomic_dir, verify_manifest
 from fedagent.envs.webshop import catalog, goals as goals_mod, synth
 
 GAMES_JSON = "games.json"

@@ -25,7 +25,7 @@ import json
 import re
 from pathlib import Path
 
-from fedagent.atomic import sha256_file
+from fedagent.core.atomic import sha256_file
 
 CATEGORIES = ("beauty", "electronics", "fashion", "food", "furniture")
 PRODUCT_FILES = ("items_shuffle.json", "items_shuffle_1000.json")

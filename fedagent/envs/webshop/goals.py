@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from fedagent.seeds import python_rng
+from fedagent.core.seeds import python_rng
 
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 NO_PRICE_CAP = 1_000_000.0

@@ -15,7 +15,7 @@ tuple-vs-value option reward could never match (FACTS §4), so the oracle test b
 
 from __future__ import annotations
 
-from fedagent.seeds import python_rng
+from fedagent.core.seeds import python_rng
 
 _COLORS = ["black", "white", "navy blue", "light grey", "burgundy", "multi-colored", "rose gold", "olive green",
            "beige", "coral", "charcoal", "sky blue", "hot pink", "tan", "ivory", "teal", "mustard yellow",

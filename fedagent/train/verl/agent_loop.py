@@ -29,7 +29,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from fedagent.policy import stop_token_ids_for_dir
+from fedagent.model.policy import stop_token_ids_for_dir
 from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, template_of, windowed_prompt
 
 

@@ -1,7 +1,7 @@
 """One client's round through verl: task rows → ``verl.trainer.main_ppo`` → fp32 update dir.
 
 Same contract as :func:`fedagent.train.local.train_client`: the output dir (written with
-:func:`fedagent.atomic.atomic_dir`) holds the fp32 HF model, ``metrics.json`` (with
+:func:`fedagent.core.atomic.atomic_dir`) holds the fp32 HF model, ``metrics.json`` (with
 ``num_samples``/``num_tokens`` for aggregation weights) and ``samples.jsonl`` (one line
 per episode), so aggregate/merge/verify/eval do not know which backend trained.
 
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedagent.config import JobKeys
-from fedagent.seeds import derive_seed
+from fedagent.core.config import JobKeys
+from fedagent.core.seeds import derive_seed
 from fedagent.train.verl import launch
 
 
@@ -63,9 +63,9 @@ def episode_metrics(episodes: list[dict]) -> dict:
 def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: dict, *, round: int, client: int,
                       params, settings: launch.VerlSettings, out_dir: Path, quarantine: Path | None = None) -> dict:
     """Run one verl job for this client and round; write the update dir; return the metrics."""
-    from fedagent.atomic import atomic_dir, verify_manifest
+    from fedagent.core.atomic import atomic_dir, verify_manifest
     from fedagent.train.local import epoch_task_seeds, same_weights
-    from fedagent.timing import PhaseClock
+    from fedagent.core.timing import PhaseClock
     from fedagent.train.verl.convert import write_update
 
     clock = PhaseClock()       # process start → …: the same timings block as the local backend

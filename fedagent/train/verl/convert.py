@@ -7,7 +7,7 @@ plus ``fsdp_config.json`` and ``huggingface/`` (config + tokenizer). Its own mer
 ULP lost per round); this one concatenates the shards as they are and refuses anything
 that is not float32, so the update holds exactly the trained masters. The tensors are
 loaded into the start model's architecture (``load_state_dict(strict=True)``: every key,
-every shape) and written by :func:`fedagent.policy.save_policy`, the local backend's
+every shape) and written by :func:`fedagent.model.policy.save_policy`, the local backend's
 writer, so both backends produce the same files.
 """
 
@@ -99,7 +99,7 @@ def write_update(actor_dir: Path, start_model_dir: Path, staging: Path) -> dict:
     """
     from transformers import AutoModelForCausalLM
 
-    from fedagent.policy import load_tokenizer, save_policy
+    from fedagent.model.policy import load_tokenizer, save_policy
 
     state = merge_fsdp_shards(actor_dir)
     model = AutoModelForCausalLM.from_pretrained(str(start_model_dir), dtype=torch.float32, use_safetensors=True)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from fedagent.model.memory import kv_cache_bytes
+
 AGENT_NAME = "fedagent_windowed"
 AGENT_LOOP_TARGET = "fedagent.train.verl.agent_loop.WindowedAgentLoop"
 RAY_HOOK = "fedagent.train.verl.ray_hook.setup"
@@ -229,13 +231,6 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
     return ov + list(s.extra_overrides)
-
-
-def kv_cache_bytes(gb: float) -> int:
-    """GiB → vLLM's ``kv_cache_memory_bytes`` (a positive whole number of bytes)."""
-    if not gb > 0:
-        raise ValueError(f"kv_cache_gb must be > 0, got {gb}")
-    return int(float(gb) * 2**30)
 
 
 def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | None, env_token: str | None,

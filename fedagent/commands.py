@@ -1,0 +1,70 @@
+"""The commands of ``fedagent``: name → module, and running one in this process.
+
+Each command lives in its own module as ``add_args(parser)`` + ``run(args) -> int``; this table
+maps command names to modules, imported lazily so ``fedagent --help`` and light commands stay fast.
+:func:`dispatch` runs a command here: what :mod:`fedagent.cli` does without a warm server, and
+what a warm server's forked job does (:mod:`fedagent.warm.child`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check-config": ("fedagent.core.config", "validate a config file (schema + cross-field checks)"),
+    "config": ("fedagent.report.config_show", "config show: the effective config as YAML, with each value's source"),
+    "base-model": ("fedagent.model.base_model", "build the round-0 model directory (GGUF → fp32 HF dir)"),
+    "tiny-model": ("fedagent.model.base_model_tiny", "build a tiny randomly initialised model (tests)"),
+    "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
+    "webshop-catalog": ("fedagent.envs.webshop.build", "build the WebShop task directory (standard data or synthetic)"),
+    "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
+    "alfworld-pool": ("fedagent.envs.alfworld.catalogue", "the ALFWorld task catalogue of a run (plan/games)"),
+    "labels": ("fedagent.evaluate.labels", "hardness labels: a reference policy plays every train task once"),
+    "partition": ("fedagent.partition", "assign train tasks to clients"),
+    "val-set": ("fedagent.plan.val_set", "fix the validation tasks"),
+    "select": ("fedagent.plan.selection", "choose the clients of one round"),
+    "train-client": ("fedagent.train.cli", "train one client for one round"),
+    "drop-client": ("fedagent.server.dropout", "record a client that failed after its retries (clients.min_per_round)"),
+    "aggregate": ("fedagent.server.aggregate", "weighted mean of client updates (fp32, streamed)"),
+    "merge": ("fedagent.server.merge", "server step: next global model"),
+    "verify": ("fedagent.server.verify", "recompute a round's aggregate in float64 and compare"),
+    "eval": ("fedagent.evaluate.validation", "score a model on the fixed validation set"),
+    "report": ("fedagent.report.summary", "summary.csv and curves.png"),
+    "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
+    "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
+    "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
+}
+
+# The commands worth forking from pre-imported modules (seconds of torch/transformers imports each).
+WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per command (modules imported lazily)."""
+    parser = argparse.ArgumentParser(prog="fedagent", description="The ``fedagent`` command line: what Snakemake rules call.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def dispatch(argv: list[str]) -> int:
+    """Run ``fedagent <command> ...`` in this process (also what a warm server's forked job calls)."""
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(f"unknown command {argv[0]!r}")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    from fedagent.core import timing
+
+    timing.mark_command_start()
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"fedagent {name}", description=COMMANDS[name][1])
+    module.add_args(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)

@@ -1,0 +1,266 @@
+"""The config's cross-key checks: every constraint that reads two or more keys (:data:`CROSS_RULES`,
+:class:`Requirement`), and the experiment-level checks the schema cannot express.
+
+Part of :mod:`fedagent.core.config` (which re-exports these names); each message names its key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path
+from fedagent.core.weights import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
+
+@dataclass(frozen=True)
+class CrossRule:
+    """A constraint over several keys: ``check(get)`` returns what is wrong, or None.
+
+    ``key`` is the key the message names; ``needs`` every key ``check`` reads (``key``
+    included); ``violation`` a set of overrides (dotted keys) of the default config that breaks
+    the rule and nothing else (the tests derive their bad configs from it).
+    """
+
+    key: str
+    needs: tuple[str, ...]
+    check: Callable[[Callable[[str], Any]], str | None]
+    violation: Mapping[str, Any]
+
+
+CROSS_RULES: list[CrossRule] = []
+
+
+def cross_rule(key: str, needs: Iterable[str], violation: Mapping[str, Any]):
+    """Register a :class:`CrossRule` (decorator over its ``check``)."""
+    def register(check):
+        CROSS_RULES.append(CrossRule(key, tuple(needs), check, dict(violation)))
+        return check
+    return register
+
+
+@cross_rule("clients.per_round", ["clients.per_round", "clients.total"],
+            violation={"clients.total": 2, "clients.per_round": 3})
+def _per_round_within_total(get):
+    if get("clients.per_round") > get("clients.total"):
+        return f"{get('clients.per_round')} exceeds clients.total={get('clients.total')}"
+    return None
+
+
+@cross_rule("partition.min_tasks_per_client", ["partition.min_tasks_per_client", "env.train_games", "env.kind"],
+            violation={"env.train_games": 4, "partition.min_tasks_per_client": 5})
+def _min_tasks_within_catalogue(get):
+    # TextWorld only: env.train_games is its catalogue size (WebShop's is built from its own keys).
+    if get("env.kind") == "textworld" and get("partition.min_tasks_per_client") > get("env.train_games"):
+        return (f"{get('partition.min_tasks_per_client')} exceeds the {get('env.train_games')} train tasks "
+                "(env.train_games)")
+    return None
+
+
+@cross_rule("train.mini_batch_size",
+            ["train.mini_batch_size", "train.group_size", "train.groups_per_epoch", "train.max_turns", "rollout.mode"],
+            violation={"train.group_size": 2, "train.groups_per_epoch": 1, "train.max_turns": 2,
+                       "train.mini_batch_size": 5})
+def _mini_batch_within_epoch(get):
+    if get("rollout.mode") == "concat":   # one sample per episode
+        most, how = get("train.group_size") * get("train.groups_per_epoch"), "group_size × groups_per_epoch, concat"
+    else:                                 # one sample per turn
+        most, how = (get("train.group_size") * get("train.groups_per_epoch") * get("train.max_turns"),
+                     "group_size × groups_per_epoch × max_turns")
+    if get("train.mini_batch_size") > most:
+        return f"{get('train.mini_batch_size')} is larger than the {most} samples one epoch can produce ({how})"
+    return None
+
+
+@cross_rule("train.mini_batch_size",
+            ["train.backend", "train.mini_batch_size", "train.group_size", "train.groups_per_epoch"],
+            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.group_size": 2,
+                       "train.groups_per_epoch": 2, "train.mini_batch_size": 3})
+def _verl_mini_batch_is_whole_groups(get):
+    # verl 0.9.1's v1 trainer updates on mini-batches of ppo_mini_batch_size × rollout.n rows and
+    # wants ppo_mini_batch_size <= train_batch_size (prompts): only whole groups of one step's tasks
+    # give it the row count the local backend would use (docs/architecture.md, train.verl).
+    if get("train.backend") != "verl":
+        return None
+    m, n, g = get("train.mini_batch_size"), get("train.group_size"), get("train.groups_per_epoch")
+    if m % n or m > n * g:
+        return (f"{m} with train.backend=verl: verl's mini-batch is a whole number of groups (train.group_size="
+                f"{n}) of one step's train.groups_per_epoch={g} tasks, so it must be a multiple of {n} and at most "
+                f"{n * g}; otherwise verl would update on different mini-batches than train.mini_batch_size says")
+    return None
+
+
+@cross_rule("env.pool_size", ["env.pool_size", "train.group_size"],
+            violation={"train.group_size": 4, "env.pool_size": 3})
+def _pool_holds_a_group(get):
+    if get("env.pool_size") < get("train.group_size"):
+        return (f"{get('env.pool_size')} is smaller than train.group_size={get('train.group_size')} "
+                "(a GRPO group runs its sessions in lockstep)")
+    return None
+
+
+@cross_rule("model", ["model"], violation={"model": "/nonexistent/model-dir"})
+def _model_exists(get):
+    model = get("model")
+    if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+        return (f"{model!r} is not one of {MODEL_KEYWORDS} and not a local HF model directory "
+                "(no config.json there)")
+    return None
+
+
+@cross_rule("train.ref_anchor", ["train.ref_anchor", "train.backend", "train.kl_coef"],
+            violation={"train.backend": "verl", "train.ref_anchor": "base", "train.kl_coef": 0.01})
+def _verl_reference_is_the_start_model(get):
+    # verl's KL reference is the model a job starts from (its actor's initial weights).
+    if get("train.backend") == "verl" and get("train.ref_anchor") != "round" and get("train.kl_coef") > 0:
+        return (f"{get('train.ref_anchor')!r} with train.backend=verl: verl's KL reference is the model a job "
+                "starts from; use train.ref_anchor: round (or train.kl_coef: 0)")
+    return None
+
+
+@cross_rule("train.group_size", ["train.algorithm", "train.group_size"],
+            violation={"train.algorithm": "grpo", "train.group_size": 1})
+def _grpo_needs_a_group(get):
+    if get("train.algorithm") == "grpo" and get("train.group_size") < 2:
+        return f"{get('train.group_size')} with train.algorithm=grpo: a group needs at least 2 rollouts"
+    return None
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A feature needs a setting: when ``when_key``'s value passes ``when``, ``need_key`` must be ``need``.
+
+    ``key`` is the key the message names; ``message`` is formatted with ``value`` (``key``'s value)
+    and ``got`` (``need_key``'s value); ``violation`` as in :class:`CrossRule`.
+    """
+
+    key: str
+    when_key: str
+    when: Callable[[Any], bool]
+    need_key: str
+    need: Any
+    message: str
+    violation: Mapping[str, Any]
+
+    def check(self, get: Callable[[str], Any]) -> str | None:
+        """The message when the feature is on and the setting is not what it needs, else None."""
+        if self.when(get(self.when_key)) and get(self.need_key) != self.need:
+            return self.message.format(value=get(self.key), got=get(self.need_key))
+        return None
+
+
+# Features implemented for one backend / rollout mode only (one cross rule each).
+REQUIREMENTS: tuple[Requirement, ...] = (
+    Requirement("train.fedprox_mu", "train.fedprox_mu", lambda mu: mu > 0, "train.backend", "local",
+                "FedProx is implemented for train.backend=local only (the verl backend would ignore it)",
+                {"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01}),
+    Requirement("rollout.mode", "rollout.mode", lambda mode: mode != "windowed", "train.backend", "local",
+                "{value!r} is implemented for train.backend=local only (verl trains windowed)",
+                {"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"}),
+    Requirement("train.algorithm", "train.algorithm", lambda algo: algo == "ppo", "train.backend", "local",
+                "ppo runs on train.backend=local only (got {got!r})",
+                {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"}),
+    Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.device", "cuda",
+                "{value!r} trains on train.device=cuda only (the CPU path is fp32 and byte-deterministic; got {got!r})",
+                {"train.residual_dtype": "bfloat16"}),
+    Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.backend", "local",
+                "{value!r} is implemented for train.backend=local only (verl keeps its own mixed precision)",
+                {"train.residual_dtype": "bfloat16", "train.device": "cuda", "train.backend": "verl",
+                 "train.ref_anchor": "round"}),
+    Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
+                "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
+                {"train.algorithm": "ppo", "rollout.mode": "concat"}),
+)
+for _req in REQUIREMENTS:
+    cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
+
+
+@cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
+            violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"})
+def _critic_path_has_a_value_head(get):
+    path = get("train.ppo.critic_path")
+    if get("train.algorithm") != "ppo" or path is None:
+        return None
+    if not Path(path).is_dir():
+        return f"{path!r} is not a directory"
+    if has_value_head(Path(path)) is not True:
+        return f"{path!r} holds no value head ({NO_HEAD_HINT}); omit the key to start a fresh head"
+    return None
+
+
+def run_cross_rules(get: Callable[[str], Any], has: Callable[[str], bool]) -> None:
+    """Apply every rule whose keys are all present (``has``); ConfigError naming the rule's key."""
+    for rule in CROSS_RULES:
+        if all(has(k) for k in rule.needs):
+            problem = rule.check(get)
+            if problem:
+                raise ConfigError(f"config key '{rule.key}': {problem}")
+
+
+def check_cross_fields(config: dict) -> dict:
+    """Checks the schema cannot express (:data:`CROSS_RULES`); raises :class:`ConfigError` naming the key."""
+    missing = object()
+    run_cross_rules(lambda k: get_path(config, k), lambda k: get_path(config, k, missing) is not missing)
+    min_per_round = get_path(config, "clients.min_per_round", None)
+    if min_per_round is not None and min_per_round > config["clients"]["per_round"]:
+        raise ConfigError(
+            f"config key 'clients.min_per_round': {min_per_round} exceeds clients.per_round={config['clients']['per_round']}"
+        )
+    if get_path(config, "env.kind", None) == "webshop":
+        _check_webshop(config["env"]["webshop"])
+    check_experiment_fields(config)
+    return config
+
+
+def check_experiment_fields(config: dict) -> dict:
+    """Cross-field checks of the experiment matrix: env kind, partition strategy, baselines."""
+    clients, part, env = config["clients"], config["partition"], config["env"]
+    pinned = clients.get("pinned")
+    if pinned is not None:
+        if pinned >= clients["total"]:
+            raise ConfigError(f"config key 'clients.pinned': {pinned} is not a client id (0..{clients['total'] - 1})")
+        if clients["per_round"] != 1:
+            raise ConfigError("config key 'clients.per_round': must be 1 with clients.pinned (the pinned-local "
+                              f"baseline trains one client), got {clients['per_round']}")
+    strategy = part["strategy"]
+    if strategy == "hardness" and not (part.get("labels") or part.get("labels_model")):
+        raise ConfigError("config key 'partition.labels': strategy hardness needs a labels file "
+                          "(partition.labels) or a reference policy to build one (partition.labels_model)")
+    if (strategy == "hardness" and not part.get("labels") and part.get("labels_model") == "expert"
+            and env["kind"] != "alfworld"):
+        raise ConfigError("config key 'partition.labels_model': 'expert' plays the ALFWorld PDDL planner "
+                          f"(env.kind alfworld), not {env['kind']}")
+    if part.get("labels") and not Path(part["labels"]).is_file():
+        raise ConfigError(f"config key 'partition.labels': {part['labels']} is not a file")
+    if strategy == "env_disjoint" and env["kind"] != "alfworld":
+        raise ConfigError("config key 'partition.strategy': env_disjoint partitions ALFWorld scenes "
+                          f"(env.kind alfworld), not {env['kind']}")
+    if strategy == "preference" and env["kind"] == "textworld":
+        raise ConfigError("config key 'partition.strategy': preference mixes task types, and TextWorld "
+                          "games have one type (use env.kind alfworld)")
+    if strategy == "task_disjoint" and env["train_games"] < clients["total"]:
+        raise ConfigError(f"config key 'env.train_games': task_disjoint needs at least one task per client "
+                          f"({clients['total']}), got {env['train_games']}")
+    alf = env.get("alfworld") or {}
+    if alf.get("data") and env["kind"] != "alfworld":
+        raise ConfigError("config key 'env.alfworld.data': set, but env.kind is not alfworld")
+    if alf.get("data") and not Path(alf["data"]).is_dir():
+        raise ConfigError(f"config key 'env.alfworld.data': {alf['data']} is not a directory")
+    return config
+
+
+def _check_webshop(ws: dict) -> None:
+    """Cross-field checks of ``env.webshop`` (the arm pools' sizes live in envs.webshop.arms)."""
+    if ws["goals"] == "human" and ws["data"] is None:
+        raise ConfigError("config key 'env.webshop.goals': human goals need the standard files (env.webshop.data)")
+    if ws["arm"] == "lookalike" and (ws["goals"] == "human" or ws["max_products"] is not None):
+        raise ConfigError("config key 'env.webshop.arm': lookalike cannot be combined with human goals or max_products")
+    if ws["data"] is None and ws["n_products"] * ws["goals_per_product"] <= ws["val_goals"]:
+        raise ConfigError(
+            f"config key 'env.webshop.val_goals': {ws['val_goals']} leaves no training goal out of at most "
+            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)")
+    pools = {"bm25_field_subset": 8, "bm25_reweight": 8, "lookalike": 4, "rank_wrapper": 4}
+    if ws["arm"] in pools and ws["variant_n"] > pools[ws["arm"]]:
+        raise ConfigError(f"config key 'env.webshop.variant_n': {ws['arm']} has {pools[ws['arm']]} variants")
+    if ws["variant"] is not None and ws["variant"] >= ws["variant_n"]:
+        raise ConfigError(f"config key 'env.webshop.variant': must be below variant_n={ws['variant_n']}")

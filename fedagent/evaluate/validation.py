@@ -1,0 +1,215 @@
+"""``fedagent eval``: score a model on the fixed validation set (FACTS §7).
+
+One episode per validation seed (index mode: seed i plays tasks[i % n]), sampled at
+temperature 0.4 by default with ``torch_generator(base_seed, "eval_sampling")`` — the same
+generator every round, so the model is the only thing that changes between rounds. Never
+penalized. Writes ``eval.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
+# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
+# sleep. A value set by the caller wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from fedagent.core.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    """Knobs of one eval job (the ``--params`` JSON of ``fedagent eval``)."""
+
+    base_seed: int = 0
+    temperature: float = 0.4
+    max_turns: int = 3
+    max_new_tokens: int = 40
+    max_prompt_tokens: int = 1024
+    pool_size: int = 8
+    env_procs: int = 0                    # env.procs
+    batch: int = 8
+    answer_format: str = "think_action"   # rollout.answer_format
+    rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
+    history: int = 2                      # rollout.history
+    device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
+    sampler: str = "compile"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
+        """Build from a dict; unknown keys and bad values are errors that name them.
+
+        Config values are checked against the schema and the cross rules (:data:`EVAL_KEYS`);
+        ``batch`` is ``eval.batch``.
+        """
+        p = dataclass_from_dict(cls, d, "eval")
+        EVAL_KEYS.check(dataclasses.asdict(p))
+        if p.batch < 1:
+            raise ValueError(f"eval param batch must be >= 1, got {p.batch}")
+        return p
+
+
+# Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
+EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
+                                    "env_procs": "env.procs", "answer_format": "rollout.answer_format",
+                                    "rollout_mode": "rollout.mode", "history": "rollout.history"})
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
+    """95% Wilson score interval of a binomial proportion ([0, 1] when n == 0)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [max(0.0, center - half), min(1.0, center + half)]
+
+
+def summarize(trajs: Sequence, round: int) -> dict:
+    """The eval.json content from one pass of trajectories (one per validation seed)."""
+    n = len(trajs)
+    wins = sum(1 for t in trajs if t.won)
+    per_type: dict[str, dict] = {}
+    for t in trajs:
+        cell = per_type.setdefault(t.task_type, {"n": 0, "wins": 0})
+        cell["n"] += 1
+        cell["wins"] += int(t.won)
+    return {
+        "round": int(round),
+        "n": n,
+        "success_rate": wins / n if n else 0.0,
+        "score_mean": math.fsum(t.score for t in trajs) / n if n else 0.0,
+        "return_mean": math.fsum(t.episode_return for t in trajs) / n if n else 0.0,
+        "ci95": wilson_interval(wins, n),
+        "per_task_type": {k: {"n": v["n"], "success_rate": v["wins"] / v["n"]} for k, v in sorted(per_type.items())},
+        "samples": [{"seed": t.seed, "task_id": t.task_id, "task_type": t.task_type, "won": t.won,
+                     "score": t.score, "n_turns": t.n_turns, "actions": [x.action for x in t.turns]}
+                    for t in trajs],
+    }
+
+
+def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int,
+             sampler=None) -> dict:
+    """Play one episode per seed with the fixed eval generator; return the eval.json dict."""
+    from fedagent.rollout.episode import run_episodes_batched
+    from fedagent.core.seeds import torch_generator
+
+    gen = torch_generator(params.base_seed, "eval_sampling")
+    trajs = run_episodes_batched(
+        model, tokenizer, env, list(seeds), batch_size=min(params.batch, params.pool_size),
+        session_prefix=f"eval-r{round}", max_turns=params.max_turns, max_new_tokens=params.max_new_tokens,
+        temperature=params.temperature, generator=gen, max_prompt_tokens=params.max_prompt_tokens,
+        answer_format=params.answer_format, sampler=sampler, rollout_mode=params.rollout_mode,
+        history_length=params.history)
+    out = summarize(trajs, round)
+    turns = [x for t in trajs for x in t.turns]
+    out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0
+    out["params"] = dataclasses.asdict(params)
+    return out
+
+
+def load_val_set(path: Path) -> tuple[list[str], list[int]]:
+    """``val_set.json`` → (tasks, seeds); seeds must be 0..n-1 (index mode)."""
+    vs = json.loads(Path(path).read_text())
+    tasks, seeds = list(vs["tasks"]), [int(s) for s in vs["seeds"]]
+    if not tasks or seeds != list(range(len(seeds))):
+        raise ValueError(f"{path}: expected non-empty tasks and seeds 0..n-1")
+    return tasks, seeds
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent eval``."""
+    parser.add_argument("--model", type=Path, required=True, help="HF model dir (with manifest)")
+    parser.add_argument("--games", type=Path, required=True, help="games directory (plan/games)")
+    parser.add_argument("--val-set", type=Path, required=True, help="val_set.json")
+    parser.add_argument("--params", default="{}", help="JSON object of eval params (see EvalParams)")
+    parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--client", type=int, default=None, help="a client update's eval (eval.clients)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True, help="eval.json path")
+    parser.add_argument("--timings", type=Path, default=None,
+                        help="where to write the job's phase timings (JSON; wall clock, informational)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent eval``."""
+    from fedagent.core.atomic import atomic_write_json
+    from fedagent.envs.lifecycle import job_env_service
+    from fedagent.model.policy import load_policy
+    from fedagent.plan.tasks import games_kind
+
+    from fedagent.core.timing import PhaseClock
+
+    clock = PhaseClock()
+    raw = json.loads(args.params)
+    # The workflow passes the backend inside --params only for vllm (local evals' params stay as they were).
+    backend = raw.pop("backend", "local")
+    vllm_settings = raw.pop("vllm", None)
+    if backend not in ("local", "vllm"):
+        raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
+    params = EvalParams.from_dict(raw)
+    tasks, seeds = load_val_set(args.val_set)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Validation always runs on the unperturbed env: no env params (no WebShop arm) here. The
+    # service starts first and comes up while this process loads (and warms) the model.
+    with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
+                         max_turns=params.max_turns, answer_format=params.answer_format,
+                         source=games_kind(args.games), env_procs=params.env_procs, wait=False) as pending:
+        sampler = None
+        if backend == "vllm":
+            from fedagent.core.atomic import verify_manifest
+            from fedagent.evaluate.vllm import VllmEvalSettings, VllmSampler, make_llm
+            from fedagent.model.policy import load_tokenizer, stop_token_ids_for_dir
+
+            settings = dataclass_from_dict(VllmEvalSettings, dict(vllm_settings or {}), "eval.vllm")
+            verify_manifest(Path(args.model))
+            model, tok = None, load_tokenizer(args.model)
+            sampler = VllmSampler(make_llm(args.model, settings, params.base_seed),
+                                  stop_token_ids_for_dir(tok, args.model), params.base_seed)
+        else:
+            model, tok = load_policy(args.model, args.threads, device=params.device)
+        if backend == "local" and params.device == "cuda":
+            import torch
+
+            from fedagent.model.static_sampler import StaticSampler
+
+            model = model.to(torch.bfloat16)
+            sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
+                                    max_prompt_tokens=params.max_prompt_tokens,
+                                    max_new_tokens=params.max_new_tokens, mode=params.sampler)
+        clock.mark("model_loaded")
+        if backend == "local" and params.device == "cuda" and params.sampler != "eager":
+            sampler.warmup(params.temperature)
+            clock.mark("sampler_warm")
+        env = pending.ready()
+        clock.mark("env_ready")
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
+        with clock.phase("rollout"):
+            result = evaluate(model, tok, env, seeds, params, round=args.round, sampler=sampler)
+    if sampler is not None and sampler.first_token_time is not None:
+        clock.set("first_token", sampler.first_token_time)
+    server_json = Path(args.model) / "server.json"
+    if server_json.is_file():
+        dropped = json.loads(server_json.read_text()).get("dropped")
+        if dropped:
+            result["dropped_clients"] = [Path(d["dir"]).name for d in dropped]
+    if backend != "local":
+        result["backend"] = backend
+    if args.client is not None:
+        result["client"] = args.client
+    atomic_write_json(out, result)
+    if args.timings is not None:
+        # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.
+        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary()})
+    print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
+    return 0

@@ -1,0 +1,298 @@
+"""Batched sampling on one GPU: a static KV cache and a compiled decode step (the GPU fast path).
+
+:func:`fedagent.model.policy.sample` is the CPU path: a dynamic cache, one host sync per token, and
+byte-for-byte reproducible for a fixed thread count. On a GPU that loop is bound by launch
+overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for the whole job:
+
+- the batch is padded to ``batch_size`` rows (padding rows repeat row 0; their tokens are
+  dropped) and every prompt is left-padded to ``max_prompt_tokens`` columns;
+- one :class:`transformers.StaticCache` of ``max_prompt_tokens + max_new_tokens`` slots is
+  reset in place and reused by every call, with one 2-D attention mask of that full length
+  (the causal mask hides the slots not yet written, so the mask is constant while decoding);
+- the one-token decode step is one CUDA graph replay, made one of two ways (``mode``):
+  ``"compile"``: ``torch.compile`` (``mode="reduce-overhead"``: fused kernels in CUDA graphs),
+  compiled once per job (Dynamo traces in every process; the inductor artefacts land in the
+  cache dir ``TORCHINDUCTOR_CACHE_DIR`` that a run's jobs share); ``"graph"``: the eager
+  step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
+  kernels, a capture of well under a second); ``"eager"`` runs the step as it is;
+- sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
+  generator seeded from the caller's (derived) seed: the one random kernel runs outside the
+  graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
+  decode step is one graph replay plus a few tiny bookkeeping kernels; the cache positions
+  live on the device (no host-to-device copy per token); tokens are collected on the device
+  and copied to the host once; whether every row has stopped is checked every ``sync_every``
+  steps, never per token;
+- :meth:`StaticSampler.warmup` runs the compiled shapes once before the job needs them (the
+  train job calls it while its env service starts), without touching the sampling stream.
+
+The same code runs on the CPU with ``mode="eager"`` (the tests check it against the CPU
+sampler's greedy output on a tiny model).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from fedagent.model.policy import Generation, stop_token_ids
+
+
+class StaticSampler:
+    """A callable with :func:`fedagent.model.policy.sample`'s signature, bound to one model and shape."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
+                 mode: str = "compile", sync_every: int = 8):
+        from transformers import StaticCache
+
+        if mode not in MODES:
+            raise ValueError(f"sampler mode {mode!r}: expected one of {', '.join(MODES)}")
+        if batch_size < 1 or max_prompt_tokens < 1 or max_new_tokens < 1:
+            raise ValueError("batch_size, max_prompt_tokens and max_new_tokens must be >= 1")
+        self.model, self.mode = model, mode
+        self.device = next(model.parameters()).device
+        self.batch_size = int(batch_size)
+        self.width = int(max_prompt_tokens)
+        self.max_new_tokens = int(max_new_tokens)
+        self.sync_every = max(1, int(sync_every))
+        self.cache = StaticCache(config=model.config, max_cache_len=self.width + self.max_new_tokens)
+        self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
+        self.pad_id = int(tokenizer.pad_token_id)
+        if mode == "graph" and self.device.type != "cuda":
+            raise ValueError("sampler mode 'graph' needs a CUDA device")
+        if mode == "compile":
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
+            # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
+            self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False)
+        else:
+            self._decode = self._graph_step if mode == "graph" else self._decode_step
+            self._pick_first = _pick
+        self._graphs: dict[bool, tuple] = {}     # mode "graph": greedy? -> (graph, inputs, outputs)
+        self._slots = torch.arange(self.width + self.max_new_tokens, device=self.device)
+        self._cache_positions = torch.arange(self.width, self.width + self.max_new_tokens, device=self.device)
+        # transformers < 5 took explicit cache positions; 5.x static layers count their own.
+        import inspect
+
+        self._cache_pos_arg = "cache_position" in inspect.signature(type(model).forward).parameters
+        self._cuda_gen = None
+        self._warming = False
+        self.first_token_time: float | None = None    # wall clock of the first sampled token
+        self.calls = 0
+        self.tokens = 0                                # response tokens produced (real rows only)
+
+    @torch.no_grad()
+    def _decode_step(self, tok, pos, cache_pos, mask, noise, inv_t):
+        """One token for every row: forward the last token, then pick the next (one graph)."""
+        extra = {"cache_position": cache_pos} if self._cache_pos_arg else {}
+        out = self.model(input_ids=tok[:, None], position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True, **extra)
+        return _pick(out.logits[:, -1, :], noise, inv_t)
+
+    @torch.no_grad()
+    def _graph_step(self, tok, pos, cache_pos, mask, noise, inv_t):
+        """``_decode_step`` as one replay of a recorded CUDA graph (``mode="graph"``).
+
+        The graph reads its inputs from static buffers (filled here by device copies, no host
+        sync) and writes its outputs to static tensors. One graph per kind of call (sampling or
+        greedy), recorded on the first such call after three eager runs on a side stream (as
+        :class:`torch.cuda.CUDAGraph` asks). The KV write position is the static cache's own
+        device counter, advanced in place by every replay; the attention mask is built inside
+        the graph from the call's 2-D mask and the slot being written (``cache_pos``), so no
+        host-side mask logic runs per token.
+        """
+        greedy = noise is None
+        if greedy not in self._graphs:
+            st = {"tok": tok.clone(), "pos": pos.clone(), "slot": cache_pos.clone(), "mask": mask.clone(),
+                  "noise": None if greedy else noise.clone(), "inv_t": None if greedy else inv_t.clone()}
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            # The eager runs advance the cache's write counters: put them back. (The KV slots they
+            # write are at and after the current one, which the real steps overwrite before any
+            # query may attend them.)
+            counters = [(layer, layer.cumulative_length.clone()) for layer in self.cache.layers
+                        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self._masked_step(st)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            for layer, n in counters:
+                layer.cumulative_length.copy_(n)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._masked_step(st)
+            self._graphs[greedy] = (graph, st, out)
+        graph, st, out = self._graphs[greedy]
+        st["tok"].copy_(tok), st["pos"].copy_(pos), st["slot"].copy_(cache_pos), st["mask"].copy_(mask)
+        if not greedy:
+            st["noise"].copy_(noise), st["inv_t"].copy_(inv_t)
+        graph.replay()
+        return out
+
+    def _masked_step(self, st):
+        # Query at slot s attends the call's prompt/generated slots up to s; 4-D masks pass
+        # through transformers' mask creation as they are.
+        allowed = st["mask"].bool() & (self._slots <= st["slot"])[None, :]
+        return self._decode_step(st["tok"], st["pos"], st["slot"], allowed[:, None, None, :], st["noise"], st["inv_t"])
+
+    def _generator(self, generator: torch.Generator | None):
+        if generator is None:
+            return None
+        if generator.device == self.device:
+            return generator
+        # A device generator seeded from the caller's derived seed plus how many calls came
+        # before, so each call of a job draws fresh yet reproducible randomness.
+        if self._cuda_gen is None:
+            self._cuda_gen = torch.Generator(device=self.device)
+        self._cuda_gen.manual_seed((generator.initial_seed() + 1_000_003 * self.calls) % (2**63))
+        return self._cuda_gen
+
+    def _noise(self, temperature: float, gen):
+        """The Gumbel-max draw's ``Exp(1)`` noise for one step (``None`` when greedy)."""
+        if temperature == 0:
+            return None
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return torch.empty((self.batch_size, vocab), dtype=torch.float32, device=self.device).exponential_(
+            generator=gen)
+
+    def _check_finite(self, step: int) -> None:
+        if bool(self._bad.any()):
+            rows = self._bad.nonzero().flatten().tolist()
+            raise FloatingPointError(f"non-finite logits (NaN/inf) by decode step {step} in batch rows {rows} "
+                                     f"of sampler call {self.calls}: the rollout weights or activations are broken")
+
+    @torch.no_grad()
+    def __call__(self, model, tokenizer, prompts: Sequence[Sequence[int] | str], max_new_tokens: int,
+                 temperature: float, generator: torch.Generator | None) -> list[Generation]:
+        """Sample one answer per prompt (at most ``batch_size`` prompts per call)."""
+        if model is not self.model:
+            raise ValueError("StaticSampler is bound to the model it was built for")
+        if not prompts:
+            return []
+        if temperature > 0 and generator is None:
+            raise ValueError("sampling with temperature > 0 needs a local torch.Generator")
+        if max_new_tokens > self.max_new_tokens:
+            raise ValueError(f"max_new_tokens {max_new_tokens} > the sampler's {self.max_new_tokens}")
+        prompt_ids = [
+            list(tokenizer.encode(p, add_special_tokens=False)) if isinstance(p, str) else [int(t) for t in p]
+            for p in prompts
+        ]
+        n = len(prompt_ids)
+        if n > self.batch_size:
+            raise ValueError(f"{n} prompts > the sampler's batch size {self.batch_size}")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("empty prompt")
+        if any(len(p) > self.width for p in prompt_ids):
+            raise ValueError(f"a prompt is longer than max_prompt_tokens={self.width}")
+        gen = self._generator(generator)
+        self.calls += 1
+        self._bad = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        rows = prompt_ids + [prompt_ids[0]] * (self.batch_size - n)
+        B, W, N = self.batch_size, self.width, self.max_new_tokens
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, W + N), dtype=torch.long)
+        for i, p in enumerate(rows):
+            ids[i, W - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, W - len(p):] = 1        # prompt tokens, then every generated slot
+        pos = (mask[:, :W].cumsum(dim=1) - 1).clamp(min=0)
+        ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
+        self.cache.reset()   # in place: the compiled step keeps seeing the same cache tensors
+        extra = {"cache_position": torch.arange(W, device=self.device)} if self._cache_pos_arg else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1, **extra)
+        # 1/T as a device tensor, not a Python float: a float argument would become a CPU scalar
+        # input of the compiled step, and a CPU input keeps inductor from using CUDA graphs.
+        inv_t = torch.tensor(1.0 / temperature, device=self.device) if temperature > 0 else None
+        tok, finite = self._pick_first(out.logits[:, -1, :], self._noise(temperature, gen), inv_t)
+        del out
+        next_pos = pos[:, -1:] + 1
+        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+        finished[n:] = True                  # padding rows never hold the loop open
+        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        pad = torch.full((B,), self.pad_id, dtype=torch.long, device=self.device)
+        for step in range(max_new_tokens):
+            # A row with non-finite logits would make sampling meaningless (and a sampling kernel
+            # assert on the device). It is flagged on the device and raised as a clear error at
+            # the next host sync (no extra sync per token).
+            self._bad |= ~finite
+            tok = torch.where(finished, pad, tok)
+            tokens[:, step] = tok
+            finished = finished | torch.isin(tok, self.stops)
+            if self.first_token_time is None:
+                torch.cuda.synchronize(self.device) if self.device.type == "cuda" else None
+                self.first_token_time = time.time()
+            if step == max_new_tokens - 1:
+                break
+            if (step + 1) % self.sync_every == 0:
+                self._check_finite(step)
+                if bool(finished.all()):
+                    break
+            tok, finite = self._decode(tok, next_pos, self._cache_positions[step:step + 1], mask,
+                                       self._noise(temperature, gen), inv_t)
+            # Graph outputs are overwritten by the next replay: keep copies.
+            tok, finite = tok.clone(), finite.clone()
+            next_pos = next_pos + 1
+        self._check_finite(max_new_tokens)
+        host = tokens.cpu().tolist()
+        if self._warming:
+            return []
+        stop_set = set(self.stops.tolist())
+        gens = []
+        for p, r in zip(prompt_ids, host[:n]):
+            resp = []
+            for t in r:
+                resp.append(t)
+                if t in stop_set:
+                    break
+            # A row that stopped early holds pad ids after its stop token: cut above. A row
+            # cut by the length cap holds exactly the tokens it sampled.
+            resp = resp[:max_new_tokens]
+            done = bool(resp) and resp[-1] in stop_set
+            body = resp[:-1] if done else resp
+            self.tokens += len(resp)
+            gens.append(Generation(prompt_ids=p, response_ids=resp,
+                                   text=tokenizer.decode(body, skip_special_tokens=True), finished=done))
+        return gens
+
+    @torch.no_grad()
+    def warmup(self, temperature: float) -> float:
+        """Compile and capture the decode step on the job's shapes before the first real call.
+
+        A throwaway generator and a one-token prompt; the sampler's call counter (which seeds
+        every later call), its token count and its first-token time are left as they were, so
+        the job samples exactly what it would have without the warm-up. Returns its seconds.
+        """
+        t0 = time.time()
+        calls, first, tokens = self.calls, self.first_token_time, self.tokens
+        gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
+        self._warming = True
+        try:
+            if self.mode == "graph":
+                # One call of two tokens: the prefill, then one decode step, recorded on its first run.
+                self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
+            else:
+                # Two calls: CUDA graph trees record on the second run of a compiled function.
+                for _ in range(2):
+                    self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
+        finally:
+            self._warming = False
+            self.calls, self.first_token_time, self.tokens = calls, first, tokens
+        return time.time() - t0
+
+
+MODES = ("compile", "graph", "eager")
+
+
+def _pick(logits, noise, inv_t):
+    """Each row's next token and whether its logits were finite (Gumbel-max when sampling).
+
+    ``argmax(logits · (1/T) − log E)`` with ``E ~ Exp(1)`` draws from ``softmax(logits / T)``;
+    ``noise`` None is greedy. ``inv_t``: 1/T as a 0-dim tensor on the logits' device. A
+    non-finite row is picked from zeros (the caller raises on it at the next host sync).
+    """
+    logits = logits.float()
+    finite = torch.isfinite(logits).all(dim=-1)
+    logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
+    if noise is None:
+        return logits.argmax(dim=-1), finite
+    return (logits * inv_t - torch.log(noise)).argmax(dim=-1), finite

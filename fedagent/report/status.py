@@ -1,0 +1,213 @@
+"""``fedagent status [run]``: where a run stands, read from its output files only.
+
+Nothing here asks Snakemake, a log or a process table: a job is
+
+- ``finished``  its output is at the final path (a directory with a manifest that lists
+  exactly its files, sizes checked; a single file, written atomically);
+- ``dropped``   a client update that holds ``dropped.json`` (the job gave up after its
+  retries and the round may go on without it, ``clients.min_per_round``);
+- ``running``   its staging (``.partial-<name>``) or job env dir (``.env-<name>``) is there
+  but not its output: the job is running now, or was killed and has not been re-run;
+- ``failed``    only quarantined attempts (``_failed/<label>.attempt<N>``) are there;
+- ``consumed``  a temporary output (client update, aggregate, intermediate model) that is gone
+  while every job that reads it is finished (Snakemake deleted it, as configured);
+- ``missing``   none of the above.
+
+A round is complete when its model, eval and report are finished. ``--json`` prints the same
+as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fedagent.core.atomic import MANIFEST, STAGING_PREFIX, ManifestError, verify_manifest
+
+FINISHED, DROPPED, RUNNING, FAILED, CONSUMED, MISSING = (
+    "finished", "dropped", "running", "failed", "consumed", "missing")
+DROPPED_JSON = "dropped.json"
+
+
+def _label(run_dir: Path, path: Path) -> str:
+    return path.relative_to(run_dir).as_posix().replace("/", "__")
+
+
+def _attempts(run_dir: Path, path: Path) -> int:
+    """Quarantined attempts of ``path`` (killed or failed; stale copies not counted)."""
+    q = run_dir / "_failed"
+    return len(list(q.glob(f"{_label(run_dir, path)}.attempt*"))) if q.is_dir() else 0
+
+
+def _in_flight(path: Path) -> bool:
+    parent = path.parent
+    if (parent / f"{STAGING_PREFIX}{path.name}").exists() or (parent / f".env-{path.name}").exists():
+        return True
+    return any(parent.glob(f"{STAGING_PREFIX}{path.name}.*"))  # atomic_write_text's temp file
+
+
+def dir_state(run_dir: Path, path: Path) -> str:
+    """State of a directory output (see the module docstring; ``consumed`` is decided later)."""
+    if (path / MANIFEST).is_file():
+        try:
+            verify_manifest(path, check_hashes=False)
+        except ManifestError:
+            return FAILED if not _in_flight(path) else RUNNING
+        return DROPPED if (path / DROPPED_JSON).is_file() else FINISHED
+    if _in_flight(path):
+        return RUNNING
+    return FAILED if _attempts(run_dir, path) else MISSING
+
+
+def file_state(run_dir: Path, *paths: Path) -> str:
+    """State of a job whose outputs are single files written atomically."""
+    if all(p.is_file() for p in paths):
+        return FINISHED
+    if any(_in_flight(p) for p in paths):
+        return RUNNING
+    return FAILED if any(_attempts(run_dir, p) for p in paths) else MISSING
+
+
+def _round_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    for d in run_dir.glob("round_*"):
+        suffix = d.name.removeprefix("round_")
+        if d.is_dir() and suffix.isdigit():
+            out.append((int(suffix), d))
+    return sorted(out)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def round_status(run_dir: Path, r: int, rdir: Path, next_round_done: bool) -> dict:
+    """Jobs of round ``r`` (name -> state), the clients dropped, whether it is complete."""
+    jobs: dict[str, str] = {}
+    dropped = {}
+    if r == 0:
+        jobs["base_model"] = dir_state(run_dir, rdir / "model")
+    else:
+        jobs["select"] = file_state(run_dir, rdir / "selection.json")
+        sel = _read_json(rdir / "selection.json") if jobs["select"] == FINISHED else None
+        clients = [int(c) for c in (sel or {}).get("clients", [])]
+        if sel is None:  # no selection yet: show whatever client outputs are there
+            cdir = rdir / "clients"
+            clients = sorted(int(p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-"))
+                             for p in cdir.iterdir()
+                             if p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-").isdigit()) if cdir.is_dir() else []
+            clients = sorted(set(clients))
+        for c in clients:
+            cpath = rdir / "clients" / str(c)
+            jobs[f"train_client/{c}"] = dir_state(run_dir, cpath)
+            if jobs[f"train_client/{c}"] == DROPPED:
+                dropped[str(c)] = (_read_json(cpath / DROPPED_JSON) or {}).get("reason", "?")
+        jobs["aggregate"] = dir_state(run_dir, rdir / "aggregate")
+        jobs["merge"] = dir_state(run_dir, rdir / "model")
+    jobs["eval"] = file_state(run_dir, rdir / "eval.json")
+    jobs["report"] = file_state(run_dir, rdir / "summary.csv", rdir / "curves.png")
+    # Temporary outputs deleted once read: gone while their readers are finished.
+    if r > 0:
+        if jobs["merge"] in (MISSING,) and jobs["eval"] == FINISHED and next_round_done:
+            jobs["merge"] = CONSUMED
+        if jobs["aggregate"] == MISSING and jobs["merge"] in (FINISHED, CONSUMED):
+            jobs["aggregate"] = CONSUMED
+        for name, state in list(jobs.items()):
+            if name.startswith("train_client/") and state == MISSING and jobs["aggregate"] in (FINISHED, CONSUMED):
+                jobs[name] = CONSUMED
+    model_done = jobs.get("merge", jobs.get("base_model")) in (FINISHED, CONSUMED)
+    complete = model_done and jobs["eval"] == FINISHED and jobs["report"] == FINISHED
+    return {"round": r, "complete": complete, "jobs": jobs, "dropped": dropped}
+
+
+def run_status(run_dir: Path) -> dict:
+    """The whole run: plan jobs, every round on disk, the latest metrics."""
+    run_dir = Path(run_dir)
+    plan = run_dir / "plan"
+    out = {
+        "run": str(run_dir),
+        "plan": {
+            "games": dir_state(run_dir, plan / "games"),
+            "partition": file_state(run_dir, plan / "partition.json"),
+            "val_set": file_state(run_dir, plan / "val_set.json"),
+        },
+        "rounds": [],
+        "latest": None,
+    }
+    rounds = _round_dirs(run_dir)
+    done_evals = {r for r, d in rounds if (d / "eval.json").is_file()}
+    for r, rdir in rounds:
+        out["rounds"].append(round_status(run_dir, r, rdir, next_round_done=(r + 1) in done_evals))
+    for r, rdir in reversed(rounds):
+        ev = _read_json(rdir / "eval.json")
+        if ev is not None:
+            out["latest"] = {"round": r, **{k: ev.get(k) for k in ("n", "success_rate", "ci95", "score_mean",
+                                                                    "return_mean")}}
+            break
+    return out
+
+
+def finished_jobs(status: dict) -> set[str]:
+    """``"<job>"`` / ``"<job>@<round>"`` of every finished job (dropped clients count: their job ended)."""
+    done = {name for name, state in status["plan"].items() if state == FINISHED}
+    for rs in status["rounds"]:
+        done |= {f"{name}@{rs['round']:03d}" for name, state in rs["jobs"].items() if state in (FINISHED, DROPPED)}
+    return done
+
+
+def format_status(status: dict) -> str:
+    """Human-readable lines."""
+    lines = [f"run {status['run']}",
+             "plan: " + ", ".join(f"{k} {v}" for k, v in status["plan"].items())]
+    for rs in status["rounds"]:
+        head = f"round {rs['round']:03d}: {'complete' if rs['complete'] else 'incomplete'}"
+        lines.append(head + " | " + ", ".join(f"{k} {v}" for k, v in rs["jobs"].items()))
+        for c, why in rs["dropped"].items():
+            lines.append(f"  client {c} dropped: {why}")
+    latest = status["latest"]
+    if latest:
+        lines.append(f"latest eval: round {latest['round']:03d} success_rate {latest['success_rate']}"
+                     f" ci95 {latest['ci95']} score_mean {latest['score_mean']} (n={latest['n']})")
+    else:
+        lines.append("latest eval: none yet")
+    return "\n".join(lines)
+
+
+def resolve_run_dir(run: str | None, config_path: Path = Path("config/config.yaml")) -> Path:
+    """A run directory: ``run`` as a path if it is one, else ``<results_dir>/<run>`` of the config."""
+    if run is not None and Path(run).is_dir():
+        return Path(run)
+    results_dir, name = "results", run
+    try:
+        import yaml
+
+        cfg = yaml.safe_load(config_path.read_text()) or {}
+        results_dir = cfg.get("results_dir", results_dir)
+        name = name or cfg.get("run")
+    except OSError:
+        pass
+    return Path(results_dir) / (name or "default")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent status``."""
+    parser.add_argument("run", nargs="?", default=None,
+                        help="run directory, or run name under the config's results_dir (default: the config's run)")
+    parser.add_argument("--config", type=Path, default=Path("config/config.yaml"))
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point: 0, or 1 if the run directory does not exist."""
+    run_dir = resolve_run_dir(args.run, args.config)
+    if not run_dir.is_dir():
+        print(f"status: no run directory {run_dir}", file=sys.stderr)
+        return 1
+    status = run_status(run_dir)
+    print(json.dumps(status, indent=1, sort_keys=True) if args.json else format_status(status))
+    return 0

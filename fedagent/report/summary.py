@@ -1,0 +1,195 @@
+"""The run's summary table (pandas) and learning curve (matplotlib) from the eval.json files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean",
+                   "clients_dropped"]
+
+
+def summary_table(eval_files: list[Path]) -> pd.DataFrame:
+    """One row per round (sorted numerically), round 0 labelled ``base``."""
+    rows = []
+    for path in eval_files:
+        data = json.loads(Path(path).read_text())
+        low, high = data.get("ci95", [None, None])
+        rows.append({
+            "round": int(data["round"]),
+            "model": "base" if int(data["round"]) == 0 else "aggregated",
+            "n": data["n"],
+            "success_rate": data["success_rate"],
+            "ci95_low": low,
+            "ci95_high": high,
+            "score_mean": data.get("score_mean"),
+            "return_mean": data.get("return_mean"),
+            # clients dropped in this round (clients.min_per_round), space-separated ids
+            "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
+        })
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS).sort_values("round", kind="stable")
+    if table["round"].duplicated().any():
+        raise ValueError(f"duplicate rounds in eval files: {sorted(table['round'][table['round'].duplicated()])}")
+    return table.reset_index(drop=True)
+
+
+TIMING_COLUMNS = ["round", "train_jobs", "train_job_s", "cold_start_s", "cold_start_share", "generation_s",
+                  "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s"]
+
+
+def _bench_seconds(path: Path) -> float:
+    """Wall seconds of one job from its Snakemake benchmark file (first row's ``s``)."""
+    table = pd.read_csv(path, sep="\t")
+    return float(table["s"].iloc[0])
+
+
+def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clients: list[Path]) -> dict:
+    """One row of the per-round time split, summed over the round's jobs (seconds).
+
+    Train jobs: cold start (process start → first sampled token) and generation / training
+    phases from each client's ``metrics.json``; every job's wall time from its Snakemake
+    benchmark file; eval's split from ``eval_timings.json``. Wall clock, informational only.
+    """
+    by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
+    ev = json.loads(Path(eval_timings).read_text())
+    # A dropped client (clients.min_per_round) left dropped.json, no metrics: it trained nothing.
+    trained = [Path(c) for c in clients if (Path(c) / "metrics.json").is_file()]
+    train = [json.loads((c / "metrics.json").read_text()).get("timings", {}) for c in trained]
+    train_job_s = sum(v for k, v in by_name.items() if k.startswith("train_client_"))
+    cold = sum(t.get("cold_start_s") or 0.0 for t in train)
+    return {
+        "round": int(round_), "train_jobs": len(trained), "train_job_s": round(train_job_s, 3),
+        "cold_start_s": round(cold, 3),
+        "cold_start_share": round(cold / train_job_s, 4) if train_job_s else None,
+        "generation_s": round(sum(t.get("phases", {}).get("rollout", 0.0) for t in train), 3),
+        "training_s": round(sum(t.get("phases", {}).get("train", 0.0) for t in train), 3),
+        "aggregate_s": by_name.get("aggregate"), "merge_s": by_name.get("merge"), "eval_s": by_name.get("eval"),
+        "eval_cold_start_s": ev.get("cold_start_s"), "eval_generation_s": ev.get("phases", {}).get("rollout"),
+    }
+
+
+def timings_table(row: dict, prev: Path | None) -> pd.DataFrame:
+    """The previous round's table (rounds < r) plus this round's row."""
+    rows = pd.read_csv(prev).to_dict("records") if prev is not None else []
+    rows = [r for r in rows if int(r["round"]) != int(row["round"])] + [row]
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS).sort_values("round", kind="stable").reset_index(drop=True)
+
+
+CLIENT_COLUMNS = ["round", "client", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean"]
+
+
+def client_table(eval_files: list[Path]) -> pd.DataFrame:
+    """One row per (round, client) from per-client eval files (``eval.clients: true``)."""
+    rows = []
+    for path in eval_files:
+        data = json.loads(Path(path).read_text())
+        if data.get("client") is None:
+            raise ValueError(f"{path}: not a per-client eval (no 'client')")
+        low, high = data.get("ci95", [None, None])
+        rows.append({"round": int(data["round"]), "client": int(data["client"]), "n": data["n"],
+                     "success_rate": data["success_rate"], "ci95_low": low, "ci95_high": high,
+                     "score_mean": data.get("score_mean"), "return_mean": data.get("return_mean")})
+    return pd.DataFrame(rows, columns=CLIENT_COLUMNS).sort_values(["round", "client"], kind="stable").reset_index(drop=True)
+
+
+def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = None) -> None:
+    """Validation success rate per round with its 95 % interval (and client updates as circles)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(table["round"], table["success_rate"], "o-", color="tab:red", label="global model")
+    if table["ci95_low"].notna().all():
+        ax.fill_between(table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15,
+                        label="95 % interval")
+    if clients is not None and len(clients):
+        ax.scatter(clients["round"], clients["success_rate"], s=36, facecolors="none", edgecolors="tab:blue",
+                   label="client updates", zorder=3)
+    ax.set_xlabel("round (0 = base model)")
+    ax.set_ylabel("validation success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(list(table["round"]))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    # Fixed metadata so the same table gives the same bytes.
+    fig.savefig(out, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def link_latest(run_dir: Path, summary: Path, curves: Path, round_: int) -> bool:
+    """Point ``run_dir/summary.csv`` and ``curves.png`` at this round's files if it is the newest.
+
+    Relative symlinks, replaced atomically; a link to a later round is left alone (re-running
+    an earlier round's report must not hide later rounds). Returns whether links were updated.
+    """
+    run_dir = Path(run_dir)
+    current = run_dir / "summary.csv"
+    if current.is_symlink():
+        target = Path(os.readlink(current))
+        try:
+            if int(target.parent.name.removeprefix("round_")) > round_:
+                return False
+        except ValueError:
+            pass
+    for name, path in (("summary.csv", summary), ("curves.png", curves)):
+        rel = os.path.relpath(Path(path).resolve(), run_dir.resolve())
+        tmp = run_dir / f".partial-{name}.link"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(rel, tmp)
+        os.replace(tmp, run_dir / name)
+    return True
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of ``fedagent report``."""
+    parser.add_argument("--evals", type=Path, nargs="+", required=True)
+    parser.add_argument("--summary", type=Path, required=True)
+    parser.add_argument("--curves", type=Path, required=True)
+    parser.add_argument("--round", type=int, default=None, help="this report's round (with --timings)")
+    parser.add_argument("--eval-timings", type=Path, default=None, help="this round's eval_timings.json")
+    parser.add_argument("--benchmarks", type=Path, nargs="*", default=[], help="this round's Snakemake benchmark files")
+    parser.add_argument("--clients", nargs="*", default=[], help="this round's client update dirs ('none': round 0)")
+    parser.add_argument("--prev-timings", default="none", help="previous round's timings.csv ('none': round 0)")
+    parser.add_argument("--timings", type=Path, default=None, help="timings.csv to write (rounds 0..r)")
+    parser.add_argument("--client-evals", type=Path, nargs="*", default=[],
+                        help="per-client eval files: rows in --client-summary, circles on the curve")
+    parser.add_argument("--client-summary", type=Path, default=None,
+                        help="client_summary.csv to write (eval.clients; header only before any client eval)")
+    parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
+                        help="point RUN_DIR/summary.csv and curves.png at these files if newest")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fedagent report``: writes summary.csv and curves.png atomically."""
+    from fedagent.core.atomic import atomic_write_text
+
+    table = summary_table(args.evals)
+    atomic_write_text(args.summary, table.to_csv(index=False))
+    clients = client_table(args.client_evals) if args.client_evals else None
+    client_summary = getattr(args, "client_summary", None)
+    if clients is not None and client_summary is None:
+        raise SystemExit("fedagent report: --client-evals needs --client-summary (the file to write)")
+    if client_summary is not None:
+        table_c = clients if clients is not None else pd.DataFrame(columns=CLIENT_COLUMNS)
+        atomic_write_text(client_summary, table_c.to_csv(index=False))
+    tmp = args.curves.with_name(".partial-" + args.curves.name)
+    plot_curves(table, tmp, clients)
+    tmp.replace(args.curves)
+    if getattr(args, "timings", None) is not None:
+        if args.round is None or args.eval_timings is None:
+            raise SystemExit("fedagent report: --timings needs --round and --eval-timings")
+        clients = [Path(c) for c in args.clients if c != "none"]
+        prev = None if args.prev_timings == "none" else Path(args.prev_timings)
+        row = round_timings(args.round, args.eval_timings, args.benchmarks, clients)
+        atomic_write_text(args.timings, timings_table(row, prev).to_csv(index=False))
+    if args.link_latest is not None:
+        link_latest(args.link_latest, args.summary, args.curves, int(table["round"].max()))
+    return 0

@@ -1,0 +1,1 @@
+"""The server's step of a round: aggregate client updates, merge with a server optimizer, verify, drop records."""

@@ -1,0 +1,470 @@
+"""``fedagent verify``: recompute a round in float64 from the client updates and compare.
+
+A PPO critic (``critic/`` beside prev, in every client, the aggregate and the merged model:
+fedagent.model.critic_dir) is recomputed the same way with the same weights and server flags; its
+failures start with ``critic:``. Every value failure names the file it found. Every client's
+critic folder is called ``critic``, so whose critic it is comes from its content: each file must
+have the sha256 that the client update's own metrics.json recorded for its critic
+(``critic_sha256``; read through the verified manifest, no extra hashing), and the critic's
+aggregate.json must list exactly the actor's clients, each with ``/critic``.
+
+Aggregate. Tolerance, per element: |stored − exact| ≤ (M + 3) · u · S with u = 2⁻²⁴ (fp32
+unit roundoff) and S = Σ_i w_i |c_i − p| + |Δ_exact|. Why: aggregate forms fl(c_i − p) (one
+rounding), scales by an fp32-rounded weight (two more) and sums M terms recursively (M − 1
+roundings); the standard bound for that is (M + 2)·u·Σ|terms| + O(u²), and one more u
+covers the final fp32 store. Bounding by the magnitude of the *terms* (not of the result)
+keeps it sound when client deltas cancel, and it is far tighter than a fixed 1e-4: any
+tampering larger than a few fp32 ulps of the terms is caught. bf16/fp16 → fp32 is exact,
+so stored dtype adds nothing.
+
+Server step (``--model``), for all four server optimizers. The flags are the truth (what the
+run's config asked for; same flags and defaults as ``fedagent merge``): the merged dir's
+server.json must name the same optimizer and hyper-parameters, else verify fails (so a merge
+run with other values is caught, and a server.json edited to match is still caught by the
+values, which are recomputed from the flags); its step must be the previous state's step + 1
+(1 without ``--prev-server-state``) and its round the previous round + 1. The new and the
+previous ``server_state.safetensors`` must hold exactly the F32 tensors ``<slot>/<tensor>``
+with the model's shapes.
+
+The merge consumed the *stored* fp32 delta d (checked against the exact one above), the prev
+weights p (exact in fp32) and the stored fp32 state m₀, v₀ (round 1: ``init_state``, m₀ = 0,
+v₀ = fl(τ²)), so those are exact inputs here and the only error is the fp32 rounding of this
+one step. Each fp32 operation, rounding a hyper-parameter to fp32 included, errs by at most u
+times its result; an input already off by e carries e (times the factor it is multiplied by).
+The bounds are first order with every coefficient raised by one: the spare u·(magnitudes)
+exceeds all O(u²) terms (≤ k²u² times the same magnitudes, k ≤ 8) and float64's own 2⁻⁵³.
+Each bound also gets TINY = 2⁻¹⁴⁶ (8 subnormal ulps), where relative bounds fail.
+
+- FedAvg   w = p + ηd             e_w = 2u|p| + 4u|ηd|           (η→fp32, ×, +)
+- FedAvgM  m = βm₀ + d            e_m = 4u(|βm₀| + |d|)          (β→fp32, ×, +)
+           w = p + ηm             e_w = 2u|p| + 4u|ηm| + |η|e_m
+- FedAdam  m = β₁m₀ + (1−β₁)d     e_m = 4u(|β₁m₀| + |(1−β₁)d|)
+           v = β₂v₀ + (1−β₂)d²    e_v = 4uβ₂v₀ + 5u(1−β₂)d²      (fl(d²) adds one)
+- FedYogi  m as FedAdam;  v = v₀ − (1−β₂)d²·s, s = sign(v₀ − d²):  e_v = 2uv₀ + 5u(1−β₂)d²
+- Adam/Yogi w = p + q, q = ηm/(√v + τ), through √ (1 rounding), +τ (2), η·m̂ (2), ÷ (1), +p (1):
+    e_√   = min(e_v / (√v + √(v − e_v)), √e_v)     (|√a − √b| = |a − b|/(√a + √b) ≤ √|a − b|)
+    e_den = e_√ + 3u(√v + τ);   e_num = |η|e_m + 3u|ηm|
+    e_q   = (e_num + |q|·e_den) / (√v + τ − e_den) + 2u|q|   (|a'/b' − a/b| ≤ (|a'−a| + |a/b||b'−b|)/|b'|)
+    e_w   = 2u(|p| + |q|) + e_q
+  i.e. ≈ 14u relative on the quotient when m does not cancel (e_√ ≈ 2.5u√v, e_den ≲ 5.5u·den).
+
+Yogi's sign: fp32 takes sign(v₀ − fl(d²)), which differs from the exact sign (or is 0) only
+where |v₀ − d²| ≤ u·d². At elements with |v₀ − d²| ≤ 2u·d² + TINY all of s ∈ {−1, 0, 1} are
+honest; the branch nearest the stored v is used for v *and* w, so both must agree on one branch
+(another branch is a (1−β₂)·d² change, far outside tolerance). A 1e-4 relative change of any
+weight or state element is ~100× these tolerances, unless m itself cancels there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from fedagent.server.aggregate import AGG_JSON, DELTA_FILE, METRICS, WEIGHTINGS, AggregateError, check_structure, client_weights
+from fedagent.core.atomic import MANIFEST, ManifestError, verify_manifest
+from fedagent.model.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, critic_pairs, has_critic
+from fedagent.model.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
+from fedagent.server.dropout import is_dropped
+from fedagent.server.merge import SERVER_JSON, STATE_FILE
+from fedagent.server.optimizers import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
+
+U32 = 2.0 ** -24
+TINY = 2.0 ** -146
+WEIGHT = "weight"  # key of the model tensor among the recomputed slots ("m", "v")
+
+
+def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
+    ratio = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff / tol.clamp_min(1e-300))
+    i = int(torch.argmax(ratio.reshape(-1)))
+    bad = int((~(diff <= tol)).sum())
+    return (f"tensor {name!r}: {bad} element(s) outside tolerance; worst flat index {i}: "
+            f"|diff|={float(diff.reshape(-1)[i]):.3e} > tol={float(tol.reshape(-1)[i]):.3e}")
+
+
+# ---- the server step in float64: (value, error bound of fp32's result) per output --------
+
+Bound = tuple[torch.Tensor, torch.Tensor]
+
+
+def _axpy(p: torch.Tensor, eta: float, x: torch.Tensor, e_x: torch.Tensor | float) -> Bound:
+    """p + η·x as ``p.add_(x̂, alpha=η)`` gives it, x̂ being off by at most e_x."""
+    y = eta * x
+    return p + y, 2 * U32 * p.abs() + 4 * U32 * y.abs() + abs(eta) * e_x + TINY
+
+
+def _lin(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> Bound:
+    """a·x + b·y as ``x.mul_(a).add_(y, alpha=b)`` gives it (momentum / first moment)."""
+    ax, by = a * x, b * y
+    return ax + by, 4 * U32 * (ax.abs() + by.abs()) + TINY
+
+
+def _adam_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float) -> Bound:
+    """FedAdam's second moment β₂v₀ + (1−β₂)d²."""
+    a, b = beta2 * v0, (1 - beta2) * d2
+    return a + b, 4 * U32 * a + 5 * U32 * b + TINY
+
+
+def _yogi_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float, got_v: torch.Tensor) -> Bound:
+    """FedYogi's v₀ − (1−β₂)d²·sign(v₀ − d²), the sign taken from the stored v where rounding may flip it."""
+    c = 1 - beta2
+    s = torch.sign(v0 - d2)  # exact: d2 is exact in float64, and a subtraction keeps its sign
+    near = (v0 - d2).abs() <= 2 * U32 * d2 + TINY
+    if bool(near.any()):
+        vb, cd, gb = v0[near], c * d2[near], got_v[near]
+        branches = torch.stack([vb + cd, vb, vb - cd])  # s = −1, 0, +1
+        s[near] = (gb - branches).abs().argmin(0).to(s.dtype) - 1
+    return v0 - c * d2 * s, 2 * U32 * v0 + 5 * U32 * c * d2 + TINY
+
+
+def _adaptive_w(p: torch.Tensor, eta: float, m: Bound, v: Bound, tau: float) -> Bound:
+    """p + η·m/(√v + τ) as ``addcdiv_`` gives it from m̂ and v̂ (see the module docstring)."""
+    (m, e_m), (v, e_v) = m, v
+    r = v.sqrt()
+    e_r = torch.minimum(e_v / (r + (v - e_v).clamp_min(0).sqrt()), e_v.sqrt())
+    den = r + tau
+    e_den = e_r + 3 * U32 * den + TINY
+    num = eta * m
+    e_num = abs(eta) * e_m + 3 * U32 * num.abs() + TINY
+    q = num / den
+    # den − e_den ≤ 0 would mean no bound: the division gives inf there (e_num > 0).
+    e_q = (e_num + q.abs() * e_den) / (den - e_den).clamp_min(0) + 2 * U32 * q.abs() + TINY
+    return p + q, 2 * U32 * (p.abs() + q.abs()) + e_q + TINY
+
+
+def _fedavg(p, d, old, hp, got) -> dict[str, Bound]:
+    """w = p + ηd."""
+    return {WEIGHT: _axpy(p, hp["lr"], d, 0.0)}
+
+
+def _fedavgm(p, d, old, hp, got) -> dict[str, Bound]:
+    """m = βm₀ + d; w = p + ηm."""
+    m = _lin(hp["momentum"], old["m"], 1.0, d)
+    return {WEIGHT: _axpy(p, hp["lr"], *m), "m": m}
+
+
+def _adaptive(p, d, old, hp, got, *, yogi: bool) -> dict[str, Bound]:
+    """FedAdam / FedYogi: m, v, then w = p + ηm/(√v + τ)."""
+    m = _lin(hp["beta1"], old["m"], 1 - hp["beta1"], d)
+    d2 = d * d  # exact: 24-bit significands, fp32 exponents
+    v = _yogi_v(old["v"], d2, hp["beta2"], got["v"]) if yogi else _adam_v(old["v"], d2, hp["beta2"])
+    return {WEIGHT: _adaptive_w(p, hp["lr"], m, v, hp["tau"]), "m": m, "v": v}
+
+
+STEPS = {"fedavg": _fedavg, "fedavgm": _fedavgm,
+         "fedadam": partial(_adaptive, yogi=False), "fedyogi": partial(_adaptive, yogi=True)}
+
+
+def recompute(opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[str, torch.Tensor],
+              got: dict[str, torch.Tensor]) -> dict[str, Bound]:
+    """Float64 new weight and state of one tensor with fp32 error bounds.
+
+    All tensors float64; ``old`` is the previous state, ``got`` the stored new state (Yogi's
+    sign is resolved against it where rounding can flip it).
+    """
+    return STEPS[opt.name](p, d, old, opt.hparams(), got)
+
+
+# ---- inputs and their structure -----------------------------------------------------------
+
+@dataclass
+class ServerStep:
+    """Headers and server.json of the merged model dir and of the previous state (None: round 1)."""
+
+    model: dict[str, TensorInfo]
+    state: dict[str, TensorInfo]
+    meta: dict
+    prev_state: dict[str, TensorInfo] | None
+    prev_meta: dict | None
+
+
+def _load_server_step(model_dir: Path, prev_state_dir: Path | None) -> ServerStep:
+    """Read the headers and server.json files (no tensor data)."""
+    def meta(d: Path) -> dict:
+        m = json.loads((d / SERVER_JSON).read_text())
+        if not isinstance(m, dict):
+            raise ValueError(f"{d / SERVER_JSON} is not a JSON object")
+        return m
+
+    prev_state = read_header(prev_state_dir / STATE_FILE) if prev_state_dir else None
+    return ServerStep(tensor_index(model_dir), read_header(model_dir / STATE_FILE), meta(model_dir),
+                      prev_state, meta(prev_state_dir) if prev_state_dir else None)
+
+
+def _shape_failures(label: str, idx: dict[str, TensorInfo], want: dict[str, tuple[int, ...]]) -> list[str]:
+    """Names, F32 dtype and shapes of ``idx`` against ``want``."""
+    if set(idx) != set(want):
+        missing, extra = sorted(set(want) - set(idx)), sorted(set(idx) - set(want))
+        return [f"structure: {label} tensors differ from the model's: missing {missing[:5]}, extra {extra[:5]}"]
+    return [f"structure: {label} tensor {n!r} is {info.dtype}{list(info.shape)}, expected F32{list(want[n])}"
+            for n, info in idx.items() if info.shape != want[n] or info.dtype != "F32"]
+
+
+def _structure_failures(prev: dict[str, TensorInfo], delta: dict[str, TensorInfo], server: ServerStep | None,
+                        opt: ServerOptimizer) -> list[str]:
+    """Delta, merged weights and both server states against prev's names and shapes."""
+    shapes = {n: info.shape for n, info in prev.items()}
+    out = _shape_failures("aggregate delta", delta, shapes)
+    if server is None:
+        return out
+    slots = {f"{s}/{n}": shape for n, shape in shapes.items() for s in opt.slots}
+    out += _shape_failures("merged model", server.model, shapes)
+    out += _shape_failures(f"server state ({opt.name})", server.state, slots)
+    if server.prev_state is not None:
+        out += _shape_failures(f"previous server state ({opt.name})", server.prev_state, slots)
+    return out
+
+
+def _client_name(d: Path | str) -> tuple[str, ...]:
+    """How aggregate.json's client dirs are matched with verify's: the client folder's name, and
+    for a critic (every one is called ``critic``) its client folder's name too."""
+    d = Path(d)
+    return (d.parent.name, d.name) if d.name == CRITIC_DIR else (d.name,)
+
+
+def _summary_failures(summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float],
+                      agg_dir: Path) -> list[str]:
+    """aggregate.json against this run: weighting, clients and each recomputed weight."""
+    out = []
+    where = agg_dir / AGG_JSON
+    recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
+    if summary.get("weighting") != weighting:
+        out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")
+    if [_client_name(d) for d, _ in recorded if isinstance(d, str)] != [_client_name(d) for d in client_dirs] \
+            or len(recorded) != len(client_dirs):
+        out.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]} in {where}")
+        return out
+    for (d, w_rec), w in zip(recorded, weights):
+        if not isinstance(w_rec, (int, float)) or abs(w_rec - w) > 1e-12 * max(1.0, abs(w)):
+            out.append(f"aggregate.json: client {d} weight {w_rec} != recomputed {w}")
+    return out
+
+
+def _config_failures(label: str, meta: dict, opt: ServerOptimizer) -> list[str]:
+    """Optimizer and hyper-parameters recorded in a server.json against the flags."""
+    if meta.get("optimizer") != opt.name:
+        return [f"{label}: optimizer {meta.get('optimizer')!r} != --server-opt {opt.name}"]
+    rec, want = meta.get("hparams"), opt.hparams()
+    rec = rec if isinstance(rec, dict) else {}
+    return [f"{label}: hparams {k}={rec.get(k)!r} != {HPARAM_FLAGS.get(k, k)} {want.get(k)!r}"
+            for k in sorted(set(rec) | set(want)) if rec.get(k) != want.get(k)]
+
+
+def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
+    """server.json of the merged dir (and of the previous state) against the flags and each other."""
+    out = _config_failures("server.json", server.meta, opt)
+    if server.prev_meta is None:
+        chain = [("step", 0)]  # fresh state: step 1, whatever the round number
+    else:
+        out += _config_failures("previous server.json", server.prev_meta, opt)
+        chain = [(key, server.prev_meta.get(key)) for key in ("step", "round")]
+    for key, prev_value in chain:
+        got = server.meta.get(key)
+        if not isinstance(prev_value, int) or got != prev_value + 1:
+            out.append(f"server.json: {key} {got!r} != previous {key} {prev_value!r} + 1")
+    return out
+
+
+# ---- values -------------------------------------------------------------------------------
+
+def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: Sequence[dict[str, TensorInfo]],
+                        weights: Sequence[float], delta: TensorInfo, client_dirs: Sequence[Path]) -> list[str]:
+    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
+
+    A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
+    """
+    if not bool(torch.isfinite(p).all()):
+        return [f"prev: tensor {n!r} contains NaN/Inf"]
+    exact = torch.zeros_like(p)
+    mag = torch.zeros_like(p)
+    for c, w, cdir in zip(clients, weights, client_dirs):
+        ct = reader.read(c[n]).to(torch.float64)
+        if not bool(torch.isfinite(ct).all()):
+            return [f"client {cdir}: tensor {n!r} contains NaN/Inf"]
+        d = ct - p
+        exact.add_(d, alpha=w)
+        mag.add_(d.abs(), alpha=w)
+    mag.add_(exact.abs())
+    diff = (reader.read(delta).to(torch.float64) - exact).abs()
+    tol = (len(clients) + 3) * U32 * mag
+    return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)} in {delta.file}"]
+
+
+def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: TensorInfo, server: ServerStep,
+                          opt: ServerOptimizer) -> list[str]:
+    """Stored new weight and state of tensor ``n`` against the float64 server step."""
+    def read(info: TensorInfo) -> torch.Tensor:
+        return reader.read(info).to(torch.float64)
+
+    if server.prev_state is None:
+        old = {s: t.to(torch.float64) for s, t in opt.init_state(p.to(torch.float32)).items()}
+    else:
+        old = {s: read(server.prev_state[f"{s}/{n}"]) for s in opt.slots}
+    got = {WEIGHT: read(server.model[n]), **{s: read(server.state[f"{s}/{n}"]) for s in opt.slots}}
+    out = []
+    for key, (want, tol) in recompute(opt, p, read(delta), old, got).items():
+        diff = (got[key] - want).abs()
+        if not bool((diff <= tol).all()):
+            label, name, info = (("merged model", n, server.model[n]) if key == WEIGHT
+                                 else ("server state", f"{key}/{n}", server.state[f"{key}/{n}"]))
+            out.append(f"{label}: {_worst(name, diff, tol)} in {info.file}")
+    return out
+
+
+def _manifest_failures(dirs: Sequence[Path]) -> list[str]:
+    """Every directory's manifest (one run lists every problem); two threads hash in parallel."""
+    def problem(d: Path) -> str | None:
+        try:
+            verify_manifest(d)
+        except ManifestError as exc:
+            return f"manifest: {exc}"
+        return None
+
+    unique: dict[Path, Path] = {}
+    for d in dirs:  # the previous state dir is usually prev itself: hash it once
+        unique.setdefault(d.resolve(), d)
+    with ThreadPoolExecutor(2) as pool:
+        return [f for f in pool.map(problem, unique.values()) if f]
+
+
+def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, agg_dir: Path, *,
+                 model_dir: Path | None = None, opt: ServerOptimizer | None = None,
+                 prev_state_dir: Path | None = None) -> list[str]:
+    """Return a list of failures (empty = the round verifies).
+
+    With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
+    ``prev_state_dir`` (None: fresh state, as in round 1).
+    """
+    opt = opt or FedAvg()
+    prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
+    model_dir = Path(model_dir) if model_dir else None
+    prev_state_dir = Path(prev_state_dir) if prev_state_dir else None
+    client_dirs = [Path(d) for d in client_dirs]
+    if prev_state_dir is not None and model_dir is None:
+        return ["usage: --prev-server-state needs --model"]
+    dirs = [prev_dir, *client_dirs, agg_dir] + [d for d in (model_dir, prev_state_dir) if d is not None]
+    failures = _manifest_failures(dirs)
+    if failures:
+        return failures
+    client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
+    try:
+        weights = client_weights(client_dirs, weighting)
+        critic = critic_pairs(prev_dir, client_dirs)
+    except (AggregateError, OSError, ValueError, KeyError) as exc:
+        return [f"structure: {exc}"]
+    failures = _verify_model(prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir)
+    if critic is not None:
+        # PPO (fedagent.model.critic_dir): whose critic each is, then the critic's aggregate and server
+        # step, same weights and flags.
+        failures += [f"critic: {f}" for f in _critic_identity_failures(client_dirs, agg_dir)]
+        failures += [f"critic: {f}" for f in _verify_model(
+            critic[0], critic[1], weighting, weights, critic_of(agg_dir), model_dir and critic_of(model_dir), opt,
+            prev_state_dir and critic_of(prev_state_dir))]
+    elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
+        failures.append(f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
+                        f"but prev {prev_dir} and the clients have none")
+    return failures
+
+
+def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> list[str]:
+    """Each client's ``critic/`` is the one its update recorded, and the critic's aggregate.json
+    lists the actor's clients (see the module docstring). Manifests are verified already."""
+    out, recorded, found, who = [], {}, {}, {}
+    for d in client_dirs:
+        mpath = d / METRICS
+        try:
+            metrics = json.loads(mpath.read_text())
+            files = json.loads((d / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            out.append(f"identity: cannot read {mpath} or {d / MANIFEST} ({exc})")
+            continue
+        rec = metrics.get(CRITIC_RECORD) if isinstance(metrics, dict) else None
+        if not isinstance(rec, dict) or not rec:
+            out.append(f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
+                       f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)")
+            continue
+        prefix = CRITIC_DIR + "/"
+        recorded[d] = rec
+        found[d] = {rel[len(prefix):]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
+        who[d] = f"client {metrics.get('client')!r}, round {metrics.get('round')!r}"
+    for d, rec in recorded.items():
+        if found[d] == rec:
+            continue
+        bad = sorted(k for k in set(rec) | set(found[d]) if rec.get(k) != found[d].get(k))
+        owner = [o for o, r in recorded.items() if o != d and r == found[d]]
+        origin = (f"it is the critic of the update {owner[0]} ({who[owner[0]]})" if owner
+                  else "a critic from another client or round?")
+        out.append(f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
+                   f"update ({who[d]}; {len(bad)} file(s) differ): {origin}")
+    try:
+        actor = json.loads((agg_dir / AGG_JSON).read_text()).get("clients", [])
+        crit = json.loads((critic_of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
+        want = [str(critic_of(c.get("dir"))) for c in actor]
+        got = [c.get("dir") for c in crit]
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        return out + [f"structure: cannot read the aggregate.json files of {agg_dir} ({exc})"]
+    if got != want:
+        out.append(f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
+                   f"{want} ({agg_dir / AGG_JSON})")
+    return out
+
+
+def _verify_model(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, weights: Sequence[float],
+                  agg_dir: Path, model_dir: Path | None, opt: ServerOptimizer,
+                  prev_state_dir: Path | None) -> list[str]:
+    """One model's aggregate (and server step): the actor, or its critic (manifests checked already)."""
+    try:
+        prev, clients = check_structure(prev_dir, client_dirs)
+        delta = read_header(agg_dir / DELTA_FILE)
+        summary = json.loads((agg_dir / AGG_JSON).read_text())
+        server = _load_server_step(model_dir, prev_state_dir) if model_dir else None
+    except (AggregateError, FormatError, OSError, ValueError, KeyError) as exc:
+        return [f"structure: {exc}"]
+    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir)
+    failures += _structure_failures(prev, delta, server, opt)
+    if server is not None:
+        failures += _meta_failures(server, opt)
+    if failures:
+        return failures
+    with TensorReader() as reader:
+        for n in prev:
+            p = reader.read(prev[n]).to(torch.float64)
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs)
+            if server is not None:
+                failures += _server_step_failures(reader, n, p, delta[n], server, opt)
+    return failures
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fedagent verify`` (server-step flags and defaults as ``fedagent merge``)."""
+    parser.add_argument("--prev", required=True, type=Path)
+    parser.add_argument("--clients", required=True, nargs="+", type=Path)
+    parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
+    parser.add_argument("--aggregate", required=True, type=Path)
+    parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
+    add_server_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: 0 if everything matches, 1 (printing every failure) otherwise."""
+    opt, state = optimizer_from_args(args)
+    failures = verify_round(args.prev, args.clients, args.weighting, args.aggregate, model_dir=args.model,
+                            opt=opt, prev_state_dir=state)
+    if failures:
+        for f in failures:
+            print(f"verify: FAIL {f}", file=sys.stderr)
+        return 1
+    extra = ""
+    if args.model is not None:
+        hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
+        extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
+    print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
+    return 0
