@@ -1,5 +1,5 @@
 # fedagent: federated RL of LLM agents. Every round is a cached graph of file-producing jobs:
-#   select → train_client ×M → aggregate → merge → eval      (round 0: base_model → eval)
+#   select → train_client ×M → aggregate → merge → eval      (round 0: base_model [→ warm_start] → eval)
 # Rules are wiring only; all logic lives in the `fedagent` package (called through its CLI).
 
 configfile: "config/config.yaml"
@@ -7,6 +7,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/common.smk"
 include: "rules/plan.smk"
+include: "rules/warm_start.smk"
 include: "rules/webshop.smk"
 include: "rules/train.smk"
 include: "rules/aggregate.smk"

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
     "alfworld-pool": ("fedagent.envs.alfworld.catalogue", "the ALFWorld task catalogue of a run (plan/games)"),
     "labels": ("fedagent.evaluate.labels", "hardness labels: a reference policy plays every train task once"),
+    "demo-pool": ("fedagent.plan.demo_pool", "set aside the warm start's demo tasks (train tasks no client owns)"),
+    "warm-start": ("fedagent.train.warm_start", "fine-tune the base model on expert demonstrations (round 0's model)"),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.plan.val_set", "fix the validation tasks"),
     "select": ("fedagent.plan.selection", "choose the clients of one round"),

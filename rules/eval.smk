@@ -11,7 +11,9 @@ rule eval:
         # Phase timings (wall clock) beside eval.json, which stays byte-identical across re-runs.
         timings=f"{RUN}/round_{{round}}/eval_timings.json",
     params:
-        eval=EVAL_PARAMS,
+        # warm_start.enabled: round 0's eval.json is labelled as the warm start's (inside the params, so
+        # the shell command and every other run's params stay as they were)
+        eval=lambda w: EVAL_PARAMS_WARM_START if WARM_START and int(w.round) == 0 else EVAL_PARAMS,
     threads: config["eval"]["threads"]
     resources:
         gpu=1 if config["eval"]["backend"] == "vllm" else 0,

@@ -24,6 +24,7 @@ rule partition:
     input:
         games=GAMES,
         labels=labels_input,
+        demo_pool=DEMO_POOL if WARM_START else [],
     output:
         PARTITION,
     params:
@@ -32,7 +33,10 @@ rule partition:
         strategy=config["partition"]["strategy"],
         min_tasks=config["partition"]["min_tasks_per_client"],
         knobs=PARTITION_KNOBS,
-        labels=lambda w, input: f"--labels {input.labels}" if input.labels else "",
+        # --labels (hardness) and --exclude (the warm start's demo pool), derived from input: the shell
+        # command and the recorded params of a run with neither stay as they were (no re-run).
+        labels=lambda w, input: " ".join(([f"--labels {input.labels}"] if input.labels else [])
+                                         + ([f"--exclude {input.demo_pool}"] if input.demo_pool else [])),
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -84,7 +88,7 @@ rule val_set:
 rule base_model:
     output:
         # every round's KL reference by default: kept always, protected() when asked
-        protected(directory(model_dir(0))) if config["keep"]["protect_models"] else directory(model_dir(0)),
+        protected(directory(BASE_DIR)) if config["keep"]["protect_models"] else directory(BASE_DIR),
     params:
         command=BASE_MODEL_COMMAND,
         quarantine=QUARANTINE,

@@ -12,7 +12,8 @@ def report_inputs(w):
     """Evals of rounds 0..r; this round's job timings (client metrics, eval timings, Snakemake
     benchmark files); the previous round's timings.csv (so the table has every round)."""
     r = int(w.round)
-    d = {"evals": [f"{round_dir(k)}/eval.json" for k in range(0, r + 1)],
+    d = {"evals": ([f"{round_dir(0)}/base_eval.json"] if WARM_START else [])
+                  + [f"{round_dir(k)}/eval.json" for k in range(0, r + 1)],
          "eval_timings": f"{round_dir(r)}/eval_timings.json",
          "benchmarks": [f"{RUN}/benchmarks/round_{r:03d}/eval.tsv"]}
     if r >= 1:

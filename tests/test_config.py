@@ -63,15 +63,19 @@ def test_missing_file_is_named(tmp_path):
     ({"train.residual_dtype": "bfloat16", "train.device": "cuda", "train.backend": "verl", "train.ref_anchor": "round"},
      "config key 'train.residual_dtype': 'bfloat16' is implemented for train.backend=local only (verl keeps its "
      "own mixed precision)", "train-client-verl"),
+    ({"warm_start.enabled": True, "rollout.mode": "concat"},
+     "config key 'warm_start.enabled': the expert warm start plays its demonstrations windowed (got "
+     "rollout.mode='concat')", "warm-start"),
 ])
 def test_local_only_features_are_refused_with_their_own_message(overrides, message, job):
     """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job
     that carries the rule's keys."""
     import fedagent.train.local  # noqa: F401  (registers the train-client JobKeys)
     import fedagent.train.verl.backend  # noqa: F401  (registers the train-client-verl JobKeys)
+    import fedagent.train.warm_start  # noqa: F401  (registers the warm-start JobKeys)
     from fedagent.core.config import JOB_KEYS, REQUIREMENTS
 
-    assert len(REQUIREMENTS) == 6
+    assert len(REQUIREMENTS) == 7
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "config" / "config.yaml", overrides)
     assert str(err.value) == message

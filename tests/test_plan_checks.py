@@ -189,6 +189,8 @@ ENTRY_POINTS = {
     "eval": lambda v, tmp: importlib.import_module("fedagent.evaluate.validation").EvalParams.from_dict(v),
     "train-client-verl": lambda v, tmp: importlib.import_module("fedagent.train.verl.backend").check_job_keys(v),
     "critic-init": lambda v, tmp: importlib.import_module("fedagent.model.critic").check_job_keys(v),
+    "warm-start": lambda v, tmp: importlib.import_module("fedagent.train.warm_start").WarmStartParams.from_dict(v),
+    "demo-pool": lambda v, tmp: importlib.import_module("fedagent.plan.demo_pool").check_job_keys(v),
     "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(["t0"], v["n"]),
     "select": lambda v, tmp: importlib.import_module("fedagent.plan.selection").select_clients(
         v["base_seed"], 1, v["total"], v["per_round"]),

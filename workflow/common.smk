@@ -52,8 +52,15 @@ def round_dir(r):
 
 
 def model_dir(r):
-    """The global model after round r (round 0: the base model)."""
+    """The global model after round r (round 0: the base model, or its warm start)."""
     return f"{round_dir(r)}/model"
+
+
+# Expert warm start (rules/warm_start.smk): the base model lives in round_000/base/ and round 0's
+# model is its fine-tune on the demo pool's expert demonstrations; else the base model is round 0's.
+WARM_START = config["warm_start"]["enabled"]
+DEMO_POOL = f"{RUN}/plan/demo_pool.json"
+BASE_DIR = f"{round_dir(0)}/base" if WARM_START else model_dir(0)
 
 
 def selected_clients(r):
@@ -165,6 +172,20 @@ EVAL_PARAMS = as_json({
     "answer_format": config["rollout"]["answer_format"],
     **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
+})
+
+# warm_start.enabled: round 0's two evals carry what they score (eval.json's "label").
+EVAL_PARAMS_WARM_START = as_json({**json.loads(EVAL_PARAMS), "label": "warm_start"})
+EVAL_PARAMS_BASE = as_json({**json.loads(EVAL_PARAMS), "label": "base"})
+
+# The warm-start job: its own knobs, and the rollout's budgets and format (its demos are rollouts).
+WARM_START_PARAMS = as_json({
+    "base_seed": config["seed"],
+    **{k: config["warm_start"][k] for k in ("epochs", "lr", "mini_batch_size", "only_won")},
+    **{k: config["train"][k] for k in ("micro_batch_size", "max_turns", "max_prompt_tokens", "device")},
+    "pool_size": config["env"]["pool_size"],
+    "answer_format": config["rollout"]["answer_format"],
+    "history": config["rollout"]["history"],
 })
 
 # Hardness labels: the reference policy plays the train tasks as training does (its

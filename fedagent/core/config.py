@@ -61,7 +61,7 @@ JOB_KEYS: dict[str, "JobKeys"] = {}
 # The modules that define a JobKeys (importing them fills JOB_KEYS; the tests do).
 JOB_MODULES = ("fedagent.model.critic", "fedagent.envs.textworld_games", "fedagent.partition", "fedagent.plan.val_set", "fedagent.plan.selection",
                "fedagent.train.local", "fedagent.server.aggregate", "fedagent.server.optimizers", "fedagent.evaluate.validation",
-               "fedagent.train.verl.backend")
+               "fedagent.train.verl.backend", "fedagent.plan.demo_pool", "fedagent.train.warm_start")
 
 
 @dataclass(frozen=True)

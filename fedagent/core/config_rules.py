@@ -170,9 +170,29 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
                 "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
                 {"train.algorithm": "ppo", "rollout.mode": "concat"}),
+    Requirement("warm_start.enabled", "warm_start.enabled", lambda on: bool(on), "rollout.mode", "windowed",
+                "the expert warm start plays its demonstrations windowed (got rollout.mode={got!r})",
+                {"warm_start.enabled": True, "rollout.mode": "concat"}),
 )
 for _req in REQUIREMENTS:
     cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
+
+
+@cross_rule("warm_start.demos", ["warm_start.enabled", "warm_start.demos", "env.kind", "env.train_games",
+                                 "clients.total", "partition.min_tasks_per_client"],
+            violation={"warm_start.enabled": True, "warm_start.demos": 4})
+def _demos_leave_the_clients_their_tasks(get):
+    # TextWorld / ALFWorld catalogues have env.train_games train tasks (WebShop's goal count is the
+    # catalogue's: the demo-pool job checks against that, passing it as env.train_games); the demo
+    # pool is taken out before the partition.
+    if not get("warm_start.enabled") or get("env.kind") == "webshop":
+        return None
+    need = get("clients.total") * get("partition.min_tasks_per_client")
+    if get("warm_start.demos") + need > get("env.train_games"):
+        return (f"{get('warm_start.demos')} demo tasks leave {get('env.train_games') - get('warm_start.demos')} of "
+                f"env.train_games={get('env.train_games')} for {get('clients.total')} clients × "
+                f"partition.min_tasks_per_client={get('partition.min_tasks_per_client')}")
+    return None
 
 
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],

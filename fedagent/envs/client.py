@@ -178,6 +178,11 @@ class EnvClient:
 
         return self._batch("/reset_batch", bodies, book)
 
+    def expert_many(self, session_ids: Sequence[str]) -> list[str | None]:
+        """POST /expert_batch: each session's expert action (None once its episode is over)."""
+        sids = _distinct([str(s) for s in session_ids], "expert_many")
+        return [r["action"] for r in self._batch("/expert_batch", [{"session_id": sid} for sid in sids])]
+
     def close_many(self, session_ids: Sequence[str]) -> list[dict]:
         """POST /close_batch (retried; idempotent on the service)."""
         sids = [str(s) for s in session_ids]

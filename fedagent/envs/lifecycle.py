@@ -83,12 +83,14 @@ def env_service(
     answer_format: str = "think_action",
     env_params: dict | None = None,
     wait: bool = True,
+    expert: bool = False,
 ) -> Iterator[EnvClient]:
     """Run a service for ``task_ids`` of ``games_dir`` while the block runs; yield its client.
 
     ``source`` None: the catalogue's own (``games.json`` ``source``; TextWorld if absent).
     ``wait`` False: yield a :class:`PendingEnv` at once (its ``ready()`` gives the client), so
-    the caller's own start-up overlaps the service's.
+    the caller's own start-up overlaps the service's. ``expert``: the service's envs carry their
+    expert (``/expert_batch``, the warm start's demonstrations).
     """
     if source is None:
         source = games_source(games_dir)
@@ -108,6 +110,8 @@ def env_service(
             "--answer-format", answer_format]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
+    if expert:
+        cmd += ["--expert"]
     if env_params:
         cmd += ["--env-params", json.dumps(env_params, sort_keys=True)]
     if create_timeout is not None:

@@ -15,7 +15,7 @@ MAX_TEXT_CHARS = 16 * 1024
 # (plain ASCII) twice over, still a bounded buffer.
 MAX_BATCH_BODY_BYTES = 2 * MAX_BATCH_ITEMS * MAX_TEXT_CHARS
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
-BATCH_PATHS = ("/create_batch", "/reset_batch", "/step_batch", "/close_batch")
+BATCH_PATHS = ("/create_batch", "/reset_batch", "/step_batch", "/close_batch", "/expert_batch")
 
 
 class _Strict(BaseModel):
@@ -134,3 +134,14 @@ class ResetBatchResponse(BaseModel):
     """Body of /reset_batch: one entry per item, in item order."""
 
     results: list[ResetResponse | StepItemError]
+
+
+class ExpertResponse(BaseModel):
+    """The expert's next action in a session (``None`` once its episode is over)."""
+
+    session_id: str
+    action: str | None
+
+
+class ExpertBatchResponse(BaseModel):
+    results: list[ExpertResponse | ItemError]

@@ -20,6 +20,10 @@ Protocol (FACTS §4, issue 3):
   ``{error: {status, detail}}`` with the status ``/step`` would have answered (404, 409, 422;
   500 if the env raised). One bad item never fails the others.
 - ``POST /close {session_id}``: idempotent; returns the env to the pool.
+- ``POST /expert_batch {items: [{session_id}, ...]}`` (a service started with ``expert=True`` only,
+  else 404): each session's expert action from its current state (the env's ``expert_action``:
+  TextWorld's walkthrough, ALFWorld's planner, WebShop's oracle), ``null`` once the episode is over.
+  What the warm start's demonstrations are played with (:mod:`fedagent.train.warm_start`).
 - ``POST /create_batch``, ``/reset_batch``, ``/close_batch`` ``{items: [...]}``: the same
   per item (items are the single endpoint's bodies), run concurrently, results in item
   order with per-item errors like ``/step_batch``. A ``/create_batch`` of more new sessions
@@ -35,13 +39,10 @@ unknown session, 409 protocol order, 401 bad token), never a 500.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hashlib
 import random
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from fastapi import FastAPI, HTTPException, Request
@@ -51,127 +52,13 @@ from pydantic import BaseModel, ValidationError
 
 from fedagent.envs.base import StepResult, TaskSource
 from fedagent.envs.guard import GuardMiddleware
+from fedagent.envs.sessions import EnvPool, Session, ThreadCalls  # noqa: F401 - re-exported
 from fedagent.envs.protocol import (BATCH_PATHS, MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES,  # noqa: F401 - MAX_TEXT_CHARS
                                     MAX_TEXT_CHARS, BatchRequest, HealthResponse, ResetBatchResponse, ResetRequest,
                                     ResetResponse, SessionBatchResponse, SessionRequest, SessionResponse,
-                                    StepBatchResponse, StepRequest, StepResponse)
+                                    StepBatchResponse, StepRequest, StepResponse, ExpertBatchResponse, ExpertResponse)
 from fedagent.rollout.parsing import parse_action
 from fedagent.rollout.prompts import PROMPT_TEMPLATES
-
-# ---------------------------------------------------------------- pool and sessions
-class EnvPool:
-    """A fixed set of envs; ``borrow`` waits (async, FIFO) while none is free."""
-
-    def __init__(self, envs: Sequence[Any]):
-        """Own ``envs``; all start free."""
-        self.total = len(envs)
-        self._free = list(envs)
-        self._waiters: list[asyncio.Future] = []
-
-    @property
-    def free(self) -> int:
-        """Number of envs not lent out."""
-        return len(self._free)
-
-    async def borrow(self, timeout: float | None = None):
-        """Take an env, waiting at most ``timeout`` seconds (None: forever)."""
-        if self._free:
-            return self._free.pop()
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            # wait on a shield so a timeout/cancel never loses an env handed to `fut`
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.release(fut.result())     # handed over just as we gave up: give it back
-            else:
-                fut.cancel()
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
-            raise
-
-    def release(self, env) -> None:
-        """Return ``env``: hand it to the oldest live waiter, else put it back."""
-        while self._waiters:
-            fut = self._waiters.pop(0)
-            if not fut.done():
-                fut.set_result(env)
-                return
-        self._free.append(env)
-
-
-@dataclass
-class Session:
-    """Server-side state of one session."""
-
-    session_id: str
-    ready: asyncio.Future                   # resolves when the env is borrowed
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    env: Any = None
-    closed: bool = False
-    task_id: str | None = None
-    task_type: str = ""
-    next_step_id: int = 0
-    turns: int = 0
-    done: bool = False
-    last_obs: str = ""
-    last_admissible: list[str] = field(default_factory=list)
-    last_score: float = 0.0
-    last_won: bool = False
-    replay: tuple[int, str, dict] | None = None   # (step_id, text, response) of the last step
-
-
-class ThreadCalls:
-    """Runs blocking env calls on an executor; results reach the loop one wake-up per burst.
-
-    ``run_in_executor`` wakes the event loop once per finished call; a /step_batch of 64
-    items finishes 64 calls at nearly the same time, and those wake-ups cost more than a
-    fast env step. Here a finished call queues its result and only the first one of a burst
-    schedules the drain.
-    """
-
-    def __init__(self, executor: ThreadPoolExecutor):
-        """Use ``executor``'s threads."""
-        self.executor = executor
-        self._done: collections.deque = collections.deque()
-        self._lock = threading.Lock()
-        self._drain_pending = False
-
-    def run(self, loop, fn, *args) -> asyncio.Future:
-        """Start ``fn(*args)`` in a thread; the returned future resolves on ``loop``."""
-        fut = loop.create_future()
-        self.executor.submit(self._call, loop, fut, fn, args)
-        return fut
-
-    def _call(self, loop, fut, fn, args) -> None:
-        try:
-            self._done.append((fut, fn(*args), None))
-        except BaseException as exc:   # noqa: BLE001 - handed to the awaiting coroutine
-            self._done.append((fut, None, exc))
-        with self._lock:
-            if self._drain_pending:
-                return                   # the pending drain will also take this result
-            self._drain_pending = True
-        try:
-            loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:             # loop closed at shutdown: nobody is waiting
-            pass
-
-    def _drain(self) -> None:
-        with self._lock:
-            self._drain_pending = False  # before draining: a result queued from now on re-schedules
-        while self._done:
-            fut, out, exc = self._done.popleft()
-            if fut.cancelled():
-                continue
-            if exc is None:
-                fut.set_result(out)
-            elif isinstance(exc, StopIteration):   # a future refuses StopIteration itself
-                fut.set_exception(RuntimeError(f"env call raised {exc!r}"))
-            else:
-                fut.set_exception(exc)
-
 
 def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
     """The pure seed → task map: index mode ``tasks[seed % n]``, draw mode a local-RNG draw."""
@@ -210,11 +97,13 @@ def build_app(
     env_threads: bool = True,
     env_procs: int = 0,
     answer_format: str = "think_action",
+    expert: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool.
 
     ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of
-    an answer for it to be a valid (non-no-op) turn.
+    an answer for it to be a valid (non-no-op) turn. ``expert``: envs made with their expert
+    (``make_env(..., policy_commands=True)``) and the ``/expert_batch`` endpoint.
     """
     tasks = list(task_ids)
     if not tasks:
@@ -238,7 +127,11 @@ def build_app(
         type_counts[t] = type_counts.get(t, 0) + 1
 
     workers = []
-    if env_procs > 0:
+    if expert and env_procs > 0:
+        raise ValueError("an expert service keeps its envs in process (env_procs 0)")
+    if expert:
+        env_list = [task_source.make_env(max_turns, policy_commands=True) for _ in range(pool_size)]
+    elif env_procs > 0:
         # Envs live in worker processes (GIL-bound envs step in parallel); see envs/pool.py.
         from fedagent.envs.pool import process_envs
 
@@ -473,6 +366,22 @@ def build_app(
     async def close_batch(req: BatchRequest) -> dict:
         """Many /closes in one round trip (idempotent each); results in item order."""
         return await _run_batch("close", SessionRequest, _close, req.items)
+
+    async def _expert(req: SessionRequest) -> ExpertResponse:
+        """The expert's next action in the session's current state (None once it is done)."""
+        s = await get_session(req.session_id)
+        async with s.lock:
+            if s.task_id is None:
+                raise HTTPException(409, "expert before reset")
+            action = None if s.done else await in_thread(s.env.expert_action)
+            return ExpertResponse(session_id=req.session_id, action=action)
+
+    @app.post("/expert_batch", response_model=ExpertBatchResponse)
+    async def expert_batch(req: BatchRequest) -> dict:
+        """Many sessions' expert actions in one round trip; results in item order."""
+        if not expert:
+            raise HTTPException(404, "this service has no expert (started without expert=True)")
+        return await _run_batch("expert", SessionRequest, _expert, req.items)
 
     async def _close(req: SessionRequest) -> SessionResponse:
         """End the session and return its env (idempotent: an unknown id is fine)."""

@@ -43,20 +43,22 @@ def clean_observation(text: str, objective: str | None = None) -> str:
     return _BLANKS.sub("\n\n", text).strip()
 
 
-def _request_infos():
+def _request_infos(policy_commands: bool = False):
     import textworld
 
     return textworld.EnvInfos(
         admissible_commands=True, won=True, lost=True, score=True, max_score=True,
-        objective=True, feedback=True,
+        objective=True, feedback=True, policy_commands=policy_commands,
     )
 
 
 class TextWorldEnv:
     """A pool slot able to play the games in ``game_paths`` (id → .z8 path)."""
 
-    def __init__(self, game_paths: Mapping[str, Path], *, max_turns: int = 50, cache_size: int = 8):
-        """Remember the games; nothing is loaded until the first reset."""
+    def __init__(self, game_paths: Mapping[str, Path], *, max_turns: int = 50, cache_size: int = 8,
+                 policy_commands: bool = False):
+        """Remember the games; nothing is loaded until the first reset. ``policy_commands``: ask
+        TextWorld for the winning commands from every state (the expert, :meth:`expert_action`)."""
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         self.game_paths = {k: Path(v) for k, v in game_paths.items()}
@@ -69,6 +71,8 @@ class TextWorldEnv:
         self._turns = 0
         self._done = True
         self._last = None
+        self.policy_commands = bool(policy_commands)
+        self._plan: list[str] = []
 
     def _load(self, task_id: str):
         if task_id in self._cache:
@@ -79,7 +83,7 @@ class TextWorldEnv:
         import textworld
 
         with _LOAD_LOCK:
-            env = textworld.start(str(self.game_paths[task_id]), request_infos=_request_infos())
+            env = textworld.start(str(self.game_paths[task_id]), request_infos=_request_infos(self.policy_commands))
         self._cache[task_id] = env
         while len(self._cache) > self.cache_size:
             _, old = self._cache.popitem(last=False)
@@ -94,6 +98,7 @@ class TextWorldEnv:
         self._objective = state["objective"] or ""
         self._turns, self._done = 0, False
         obs = clean_observation(state["feedback"], self._objective)
+        self._plan = list(state.get("policy_commands") or []) if self.policy_commands else []
         self._last = StepResult(obs, 0.0, False, False, list(state["admissible_commands"]),
                                 self._score(state))
         return ResetResult(obs, self._objective, list(state["admissible_commands"]), task_id, TASK_TYPE)
@@ -112,6 +117,7 @@ class TextWorldEnv:
             return StepResult(last.observation, 0.0, True, last.won, last.admissible_commands, last.score)
         state, _score, done = self._env.step(action)
         self._turns += 1
+        self._plan = list(state.get("policy_commands") or []) if self.policy_commands else []
         won, lost = bool(state["won"]), bool(state["lost"])
         self._done = bool(done) or won or lost or self._turns >= self.max_turns
         result = StepResult(
@@ -124,6 +130,14 @@ class TextWorldEnv:
         )
         self._last = result
         return result
+
+    def expert_action(self) -> str | None:
+        """The walkthrough expert's next command from the current state (TextWorld's
+        ``policy_commands``: the quest's winning commands, recomputed after every step), or None
+        when it has none (the episode is over)."""
+        if not self.policy_commands:
+            raise RuntimeError("expert_action needs an env made with policy_commands=True")
+        return self._plan[0] if self._plan and not self._done else None
 
     def close(self) -> None:
         """Close every loaded game."""

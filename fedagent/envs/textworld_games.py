@@ -221,12 +221,13 @@ class TextWorldTaskSource:
         """Absolute path of the task's .z8 file."""
         return self.games_dir / self.games["files"][task_id]
 
-    def make_env(self, max_turns: int):
-        """A fresh :class:`TextWorldEnv` able to play every game of this directory."""
+    def make_env(self, max_turns: int, *, policy_commands: bool = False):
+        """A fresh :class:`TextWorldEnv` able to play every game of this directory (``policy_commands``:
+        with the walkthrough expert, :meth:`TextWorldEnv.expert_action`)."""
         from fedagent.envs.textworld_env import TextWorldEnv
 
         paths = {gid: self.games_dir / rel for gid, rel in self.games["files"].items()}
-        return TextWorldEnv(paths, max_turns=max_turns)
+        return TextWorldEnv(paths, max_turns=max_turns, policy_commands=policy_commands)
 
 
 # The `fedagent games` job's flags and the config keys they come from (rules/plan.smk).

@@ -153,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
     raw = json.loads(args.params)
     # The workflow passes the backend inside --params only for vllm (local evals' params stay as they were).
     backend = raw.pop("backend", "local")
+    # warm_start.enabled: what round 0's model is (base | warm_start), recorded in eval.json
+    label = raw.pop("label", None)
+    if label not in (None, "base", "warm_start"):
+        raise ValueError(f"eval label must be 'base' or 'warm_start', got {label!r}")
     vllm_settings = raw.pop("vllm", None)
     if backend not in ("local", "vllm"):
         raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
@@ -207,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         result["backend"] = backend
     if args.client is not None:
         result["client"] = args.client
+    if label is not None:
+        result["label"] = label
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.

@@ -102,6 +102,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=42, help="data_seed (never the run's seed)")
     parser.add_argument("--knobs", default="{}", help="JSON object of the strategy's knobs")
     parser.add_argument("--labels", type=Path, default=None, help="hardness labels file")
+    parser.add_argument("--exclude", type=Path, default=None,
+                        help="demo_pool.json: train tasks kept out of every shard (the warm start's demos)")
     parser.add_argument("--out", type=Path, required=True)
 
 
@@ -119,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
             print("fedagent partition: strategy hardness needs --labels", file=sys.stderr)
             return 2
         labels = load_labels(args.labels)
-    ctx = PartitionContext(list(index["train"]), args.clients, args.min_tasks, args.seed, knobs,
+    train = list(index["train"])
+    excluded = None
+    if args.exclude is not None:
+        from fedagent.plan.demo_pool import load_demo_tasks
+
+        excluded = set(load_demo_tasks(args.exclude))
+        train = [t for t in train if t not in excluded]
+    ctx = PartitionContext(train, args.clients, args.min_tasks, args.seed, knobs,
                            task_types_of(args.games, index), labels)
     clients, stats = compute(ctx, args.strategy, kind=games_kind(args.games))
     if labels is not None:
@@ -136,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         "games_sha256": index["sha256"],
         "catalogue_sha256": hashlib.sha256((Path(args.games) / GAMES_INDEX).read_bytes()).hexdigest(),
         "labels_sha256": hashlib.sha256(args.labels.read_bytes()).hexdigest() if labels is not None else None,
+        **({"excluded": sorted(excluded)} if excluded is not None else {}),
         "sizes": {c: len(ts) for c, ts in clients.items()},
         "stats": stats,
         "clients": clients,

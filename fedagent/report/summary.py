@@ -13,15 +13,23 @@ SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high
                    "clients_dropped"]
 
 
+# Row order within a round: the base model before the warm start made from it.
+_MODEL_ORDER = {"base": 0, "warm_start": 1, "aggregated": 2}
+
+
 def summary_table(eval_files: list[Path]) -> pd.DataFrame:
-    """One row per round (sorted numerically), round 0 labelled ``base``."""
+    """One row per round (sorted numerically), round 0 labelled ``base``.
+
+    With the expert warm start (``warm_start.enabled``) round 0 has two rows: ``base`` (the base
+    model, ``round_000/base_eval.json``) and ``warm_start`` (round 0's model), as each eval.json's
+    ``label`` says."""
     rows = []
     for path in eval_files:
         data = json.loads(Path(path).read_text())
         low, high = data.get("ci95", [None, None])
         rows.append({
             "round": int(data["round"]),
-            "model": "base" if int(data["round"]) == 0 else "aggregated",
+            "model": data.get("label") or ("base" if int(data["round"]) == 0 else "aggregated"),
             "n": data["n"],
             "success_rate": data["success_rate"],
             "ci95_low": low,
@@ -31,9 +39,12 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
             # clients dropped in this round (clients.min_per_round), space-separated ids
             "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
         })
-    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS).sort_values("round", kind="stable")
-    if table["round"].duplicated().any():
-        raise ValueError(f"duplicate rounds in eval files: {sorted(table['round'][table['round'].duplicated()])}")
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    table = table.assign(_order=table["model"].map(_MODEL_ORDER).fillna(3)).sort_values(
+        ["round", "_order"], kind="stable").drop(columns="_order")
+    dup = table[["round", "model"]].duplicated()
+    if dup.any():
+        raise ValueError(f"duplicate rounds in eval files: {sorted(table['round'][dup])}")
     return table.reset_index(drop=True)
 
 
@@ -104,14 +115,21 @@ def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = N
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    # warm_start.enabled: round 0's base row is a separate point; the curve starts at the warm start
+    base = table[(table["model"] == "base") & table["round"].duplicated(keep=False)]
+    table = table.drop(index=base.index)
     ax.plot(table["round"], table["success_rate"], "o-", color="tab:red", label="global model")
     if table["ci95_low"].notna().all():
         ax.fill_between(table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15,
                         label="95 % interval")
+    if len(base):
+        ax.errorbar(base["round"], base["success_rate"], yerr=[base["success_rate"] - base["ci95_low"],
+                    base["ci95_high"] - base["success_rate"]], fmt="s", color="tab:gray", capsize=3,
+                    label="base model (before the warm start)")
     if clients is not None and len(clients):
         ax.scatter(clients["round"], clients["success_rate"], s=36, facecolors="none", edgecolors="tab:blue",
                    label="client updates", zorder=3)
-    ax.set_xlabel("round (0 = base model)")
+    ax.set_xlabel("round (0 = warm start)" if len(base) else "round (0 = base model)")
     ax.set_ylabel("validation success rate")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xticks(list(table["round"]))

@@ -77,6 +77,7 @@ def run_episodes(
     answer_format: str = "think_action",
     sampler=None,
     rollout_mode: str = "windowed",
+    expert: bool = False,
 ) -> list[Trajectory]:
     """Play one episode per seed, all sessions in lockstep; returns trajectories in seed order.
 
@@ -93,10 +94,19 @@ def run_episodes(
     (:class:`fedagent.rollout.concat.ConcatChat`): each turn is generated from the previous
     context + its response + the recovered glue, and stores that whole context; an episode
     whose context passes ``max_prompt_tokens`` ends there (never truncated mid-episode).
+
+    ``expert``: no model samples; each turn's answer is the env's expert's (``env.expert_many``:
+    a service started with ``expert=True``), written in the same format after the same prompt
+    (:func:`fedagent.rollout.expert.expert_generation`) — the warm start's demonstrations.
+    ``model`` may then be None. Windowed mode only.
     """
     if rollout_mode not in ROLLOUT_MODES:
         raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {rollout_mode!r}")
     concat = rollout_mode == "concat"
+    if expert and concat:
+        raise ValueError("expert demonstrations are played in windowed mode")
+    if expert:
+        from fedagent.rollout.expert import expert_generation
     if concat:
         from fedagent.rollout.concat import ConcatChat
     sample_fn = sample if sampler is None else sampler
@@ -145,7 +155,11 @@ def run_episodes(
                                   max_prompt_tokens, answer_format)
                     for i in active
                 ]
-            gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
+            if expert:
+                actions = env.expert_many([sids[i] for i in active])
+                gens = [expert_generation(tokenizer, p, a, answer_format) for p, a in zip(prompts, actions)]
+            else:
+                gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
             # the answer includes its prefilled start
             results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
             for i, g, r in zip(active, gens, results):

@@ -148,6 +148,11 @@ class AlfworldEnv:
             raise RuntimeError("expert_plan needs an env made with policy_commands=True")
         return list(self._plan)
 
+    def expert_action(self) -> str | None:
+        """The planner's next command from the current state (:meth:`expert_plan`), or None."""
+        plan = self.expert_plan()
+        return plan[0] if plan else None
+
     def close(self) -> None:
         """Release the PDDL env and its planner library."""
         if self._env is not None:

@@ -213,6 +213,36 @@ class WebShopEnv:
                     break
         return None
 
+    def expert_action(self) -> str | None:
+        """The oracle's next action from the current page (the expert of the warm start), or None
+        when the episode is over.
+
+        search page: ``search[<instruction>]`` (the goal's instruction up to its option clause); results:
+        the goal's product when shown, else the next page, else back to search is pointless, so the top
+        result (a demo that may not win: the warm start can keep only won demos); item page of the goal's
+        product: each goal option value not yet chosen, then ``buy now``; another item or a sub-page: back.
+        """
+        if self.goal is None or self._done:
+            return None
+        target = self.goal["asin"].lower()
+        if self.page == "search":
+            return f"search[{self.goal['instruction_text'].split(' with ')[0].split(', and price')[0].strip()}]"
+        if self.page == "results":
+            if target in self._clickables:
+                return f"click[{target}]"
+            if "next >" in self._clickables:
+                return "click[next >]"
+            shown = [c for c in self._clickables if c.upper() in self.view.products]
+            return f"click[{shown[0]}]" if shown else "click[back to search]"
+        if self.page == "item":
+            if self.asin.lower() != target and target in [a.lower() for a in self.results]:
+                return "click[< prev]"
+            for value in reward_mod.option_values(self.goal["goal_options"]):
+                if value in self._clickables and value not in self.options.values():
+                    return f"click[{value}]"
+            return "click[buy now]"
+        return "click[< prev]"                            # a sub-page: back to the item
+
     def open_item(self, asin: str) -> None:
         """Jump to ``asin``'s item page (oracle tests and benchmarks only; no turn is spent)."""
         if asin not in self.view.products:

@@ -55,8 +55,9 @@ class WebShopTaskSource:
         """The goal's top-level category; KeyError for an unknown id."""
         return self.goals[task_id]["category"]
 
-    def make_env(self, max_turns: int = 15):
-        """A fresh env over the shared view and goal table."""
+    def make_env(self, max_turns: int = 15, *, policy_commands: bool = False):
+        """A fresh env over the shared view and goal table (its oracle needs no flag: ``policy_commands``
+        is accepted for the service's expert mode)."""
         from fedagent.envs.webshop.env import WebShopEnv
 
         return WebShopEnv(self.view, self.goals, max_turns=max_turns)
