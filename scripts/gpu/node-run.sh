@@ -11,6 +11,9 @@ set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
+# The run's environment must import and play here before any job starts (one line naming what is missing).
+kind=$(python3 -c "import yaml,sys; print((yaml.safe_load(open(sys.argv[1])).get('env') or {}).get('kind') or 'textworld')" "$cfg")
+scripts/gpu/node-setup.sh check "$kind" || exit 1
 WARM_CONFIG=${WARM_CONFIG:-$cfg} source scripts/gpu/warm.sh
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
