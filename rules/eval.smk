@@ -17,6 +17,7 @@ rule eval:
     threads: config["eval"]["threads"]
     resources:
         gpu=1 if config["eval"]["backend"] == "vllm" else 0,
+        gpu_mem_mb=EVAL_GPU_MEM_MIB,     # as train_client's (eval.gpu_mem_gb or the estimate; 0 on the CPU)
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -42,6 +43,9 @@ rule eval_client:
     params:
         eval=EVAL_PARAMS,
     threads: config["eval"]["threads"]
+    resources:
+        gpu=1 if config["eval"]["backend"] == "vllm" else 0,
+        gpu_mem_mb=EVAL_GPU_MEM_MIB,
     conda:
         "../envs/fedagent.yaml"
     log:

@@ -23,6 +23,9 @@ rule train_client:
         drop_at_attempt=DROP_AT_ATTEMPT,
         # GPUs of one verl job (Slurm: --gpus; local: counted against --resources gpu=N if given).
         gpu=config["train"]["verl"]["gpus"] if config["train"]["backend"] == "verl" else 0,
+        # GPU memory, MiB (train.gpu_mem_gb or fedagent.model.memory's estimate; 0 on the CPU): the
+        # profile's --resources gpu_mem_mb=<card> keeps concurrent GPU jobs within the card.
+        gpu_mem_mb=TRAIN_GPU_MEM_MIB,
     conda:
         "../envs/fedagent.yaml"
     log:

@@ -35,6 +35,7 @@ rule warm_start:
     threads: config["train"]["threads"]
     resources:
         gpu=1 if config["train"]["device"] == "cuda" else 0,
+        gpu_mem_mb=TRAIN_GPU_MEM_MIB,    # a train job's weights, AdamW and micro-batch (it samples nothing)
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -61,6 +62,7 @@ rule eval_base:
     threads: config["eval"]["threads"]
     resources:
         gpu=1 if config["eval"]["backend"] == "vllm" else 0,
+        gpu_mem_mb=EVAL_GPU_MEM_MIB,
     conda:
         "../envs/fedagent.yaml"
     log:

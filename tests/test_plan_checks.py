@@ -163,7 +163,8 @@ def test_every_cross_rule_is_checked_at_plan_time_and_by_each_job_that_carries_i
         for jk in carriers:
             with pytest.raises(fc.ConfigError, match=f"config key '{rule.key}'"):
                 jk.check(jk.from_config(bad))
-        assert carriers or rule.key == "model", f"no job checks cross rule {rule.key}"
+        assert carriers or rule.key in fc.PLAN_ONLY_RULES, f"no job checks cross rule {rule.key}"
+    assert fc.PLAN_ONLY_RULES == {"model", "train.gpu_mem_gb", "eval.gpu_mem_gb"}   # keys no job carries
 
 
 def test_every_schema_constraint_is_refused_at_plan_time():

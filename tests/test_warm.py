@@ -219,6 +219,37 @@ def test_sigterm_to_the_client_reaches_the_job(server, tmp_path):
     assert not _alive(pid)
 
 
+# What a GPU job's environment may hold (Slurm's CUDA_VISIBLE_DEVICES, a user's JAX choice); the env
+# service it starts must run without any of it (fedagent.envs.serve.NO_ACCELERATOR_ENV, issue 27).
+GPU_JOB_ENV = {"CUDA_VISIBLE_DEVICES": "0", "JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+
+
+@pytest.mark.parametrize("path", ["spawned", "warm"])
+def test_env_services_see_no_accelerator_on_both_start_paths(server, tmp_path, monkeypatch, path):
+    """lifecycle.env_service from a GPU job's environment: the service process (spawned by the job, or
+    forked by the warm server through the light client) runs with no visible GPU and JAX on the CPU,
+    as it reports in its ready file (written by the service process itself, from its os.environ)."""
+    from fedagent.envs.lifecycle import env_service
+    from fedagent.envs.serve import NO_ACCELERATOR_ENV
+
+    sock, log, server_pid = server
+    for key, value in {**_env(), **GPU_JOB_ENV}.items():
+        monkeypatch.setenv(key, value)                 # this process is the GPU job
+    if path == "warm":
+        monkeypatch.setenv(SOCKET_ENV, sock)
+    else:
+        monkeypatch.delenv(SOCKET_ENV, raising=False)
+    workdir = tmp_path / "job"
+    with env_service(tw_games_dir(), "train", ["tw-train-0000"], workdir, mode="index", pool_size=1,
+                     max_turns=2) as client:
+        assert client.health()["ok"]
+        ready = json.loads(next(workdir.glob("env-*-ready.json")).read_text())
+        parent = _ppid(ready["pid"])
+    assert parent == (server_pid if path == "warm" else os.getpid()), (path, parent)   # warm: the guard let it fork
+    assert ready["accelerator_env"] == NO_ACCELERATOR_ENV == {
+        "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
 def test_a_killed_client_takes_its_job_down(server, tmp_path):
     sock, log, _pid = server
     client, pid = _start_service(sock, tw_games_dir(), tmp_path)

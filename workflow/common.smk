@@ -147,7 +147,7 @@ def rollout_params():
 
 TRAIN_PARAMS = as_json({
     "base_seed": config["seed"],
-    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "fedprox_mu")),
+    **job_params("train", ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "fedprox_mu", "gpu_mem_gb")),
     # PPO rides in the same JSON only when chosen (a GRPO run's params stay as they were);
     # critic_path is round 0's business (base_model), not a client's.
     **({"algorithm": "ppo", **{k: v for k, v in config["train"]["ppo"].items() if k != "critic_path"}}
@@ -168,7 +168,7 @@ EVAL_PARAMS = as_json({
     "base_seed": config["seed"],
     "pool_size": config["env"]["pool_size"],
     **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
-    **job_params("eval", ("threads", "n", "clients", "backend", "vllm")),
+    **job_params("eval", ("threads", "n", "clients", "backend", "vllm", "gpu_mem_gb")),
     "answer_format": config["rollout"]["answer_format"],
     **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
@@ -187,6 +187,25 @@ WARM_START_PARAMS = as_json({
     "answer_format": config["rollout"]["answer_format"],
     "history": config["rollout"]["history"],
 })
+
+# GPU memory (MiB) a train_client / eval job declares as its `gpu_mem_mb` resource: train.gpu_mem_gb /
+# eval.gpu_mem_gb, else fedagent.model.memory's estimate; 0 on the CPU. The profile caps the sum of
+# the running jobs' at the card (--resources gpu_mem_mb=N), which is also the card size a vLLM
+# engine's gpu_memory_utilization share is taken of. A resource, not a param: it re-runs nothing.
+def gpu_mem_mib(job):
+    from fedagent.model.memory import job_gpu_mib
+
+    cap = workflow.global_resources.get("gpu_mem_mb")
+    cap = cap.value if cap is not None and cap.value is not None else None
+    try:
+        return job_gpu_mib(config, job, card_mib=int(cap) if cap else None)
+    except ValueError as exc:
+        print(f"fedagent: invalid config: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+TRAIN_GPU_MEM_MIB = gpu_mem_mib("train")
+EVAL_GPU_MEM_MIB = gpu_mem_mib("eval")
 
 # Hardness labels: the reference policy plays the train tasks as training does (its
 # temperature and budgets); the sampler is seeded from data_seed (labels are part of plan/).

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedagent.core.config_rules import (CROSS_RULES, REQUIREMENTS, CrossRule, Requirement,  # noqa: F401 - re-exported
+from fedagent.core.config_rules import (CROSS_RULES, PLAN_ONLY_RULES, REQUIREMENTS, CrossRule, Requirement,  # noqa: F401 - re-exported
                                         check_cross_fields, check_experiment_fields, cross_rule, run_cross_rules)
 from fedagent.core.schema import (MODEL_KEYWORDS, SCHEMA_PATH, ConfigError, check_value,  # noqa: F401 - re-exported
                                   coerce_cli_strings, coerce_scalar, get_path, leaf_keys, load_schema, schema,

@@ -29,6 +29,9 @@ class CrossRule:
 
 
 CROSS_RULES: list[CrossRule] = []
+# Rules over keys no job carries (only planning reads them: the base model's source, the GPU jobs'
+# Snakemake resources), so planning alone applies them.
+PLAN_ONLY_RULES: set[str] = {"model"}
 
 
 def cross_rule(key: str, needs: Iterable[str], violation: Mapping[str, Any]):
@@ -193,6 +196,24 @@ def _demos_leave_the_clients_their_tasks(get):
                 f"env.train_games={get('env.train_games')} for {get('clients.total')} clients × "
                 f"partition.min_tasks_per_client={get('partition.min_tasks_per_client')}")
     return None
+
+
+def _gpu_mem_on_cpu(section: str, gpu_backend: str):
+    def check(get):
+        if (get(f"{section}.gpu_mem_gb") is not None and get(f"{section}.device") == "cpu"
+                and get(f"{section}.backend") != gpu_backend):
+            return (f"{get(f'{section}.gpu_mem_gb')} GiB for a job on the CPU ({section}.device cpu, "
+                    f"{section}.backend {get(f'{section}.backend')}): set {section}.device cuda, or leave it null")
+        return None
+    return check
+
+
+# GPU memory is declared by GPU jobs only (fedagent.model.memory.job_gpu_mib).
+for _section, _gpu_backend in (("train", "verl"), ("eval", "vllm")):
+    PLAN_ONLY_RULES.add(f"{_section}.gpu_mem_gb")
+    cross_rule(f"{_section}.gpu_mem_gb",
+               [f"{_section}.gpu_mem_gb", f"{_section}.device", f"{_section}.backend"],
+               violation={f"{_section}.gpu_mem_gb": 8})(_gpu_mem_on_cpu(_section, _gpu_backend))
 
 
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],

@@ -2,7 +2,8 @@
 
 Each train/eval job starts its own ``fedagent serve-env`` child on a Unix socket inside
 the job's ``workdir`` (or loopback TCP on an OS-assigned port with a random token), so two
-jobs on one machine never share or squat an address. The child's log goes to
+jobs on one machine never share or squat an address. The child runs with no visible accelerator
+(:data:`fedagent.envs.serve.NO_ACCELERATOR_ENV`), whether spawned or forked by a warm server. The child's log goes to
 ``workdir/env-<tag>.log`` and its tail is quoted in any startup error.
 """
 
@@ -23,7 +24,7 @@ from typing import Iterator, Sequence
 
 from fedagent.core.atomic import atomic_write_json
 from fedagent.envs.client import EnvClient
-from fedagent.envs.serve import TOKEN_ENV
+from fedagent.envs.serve import NO_ACCELERATOR_ENV, TOKEN_ENV
 
 UDS_MAX = 100          # AF_UNIX sun_path is 108 bytes on Linux (104 on macOS); keep a margin
 STOP_GRACE_S = 5.0
@@ -116,7 +117,9 @@ def env_service(
         cmd += ["--env-params", json.dumps(env_params, sort_keys=True)]
     if create_timeout is not None:
         cmd += ["--create-timeout", str(create_timeout)]
-    env = dict(os.environ)
+    # No accelerator for the service, from its first instruction (and, through the warm client, in
+    # the job's environment a warm server forks it with): serve.NO_ACCELERATOR_ENV.
+    env = {**os.environ, **NO_ACCELERATOR_ENV}
     if tcp:
         token = token or secrets.token_hex(16)       # loopback is shared by every local user
         cmd += ["--host", "127.0.0.1", "--port", "0"]

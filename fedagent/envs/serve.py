@@ -2,8 +2,15 @@
 
 Binds a Unix socket (``--uds``) or loopback TCP (``--port 0`` = OS-assigned) *before*
 uvicorn starts, so the bound address is known; once the server accepts requests it writes
-``--ready-file`` atomically (``{"pid", "uds"|"host"+"port"}``). The service exits when its
-parent process dies (orphaned services must not hold pools or sockets forever).
+``--ready-file`` atomically (``{"pid", "uds"|"host"+"port", "accelerator_env"}``). The service exits
+when its parent process dies (orphaned services must not hold pools or sockets forever).
+
+An env service never touches an accelerator: before anything else it puts
+:data:`NO_ACCELERATOR_ENV` into its own environment (:mod:`fedagent.envs.lifecycle` also starts it
+with them, so a spawned service has them from its first instruction and a service forked by the
+warm server gets them with the job's environment). On a GPU node a library imported by an
+environment would otherwise take the card: ``bm25s`` (WebShop's search) imports JAX when it is
+installed, and JAX's GPU client preallocates 75 % of device memory in every service (issue 27).
 """
 
 from __future__ import annotations
@@ -21,6 +28,37 @@ from pathlib import Path
 from fedagent.core.atomic import atomic_write_json
 
 TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
+
+# What an env service runs with (docs/architecture.md, "Env services never touch an accelerator"):
+NO_ACCELERATOR_ENV = {
+    # No CUDA device visible to the CUDA runtime/driver: covers torch, TensorFlow, CuPy, numba and
+    # JAX's CUDA plugin alike (read when CUDA initialises, i.e. lazily, after the fork or exec).
+    "CUDA_VISIBLE_DEVICES": "",
+    # JAX: the CPU backend only, so it never loads its CUDA plugin (read when jax is imported).
+    "JAX_PLATFORMS": "cpu",
+    # Belt and braces: had a JAX GPU client started anyway, it would not preallocate 75 % of the card.
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+# Not set: NVIDIA_VISIBLE_DEVICES is read by the container runtime when a container starts, by
+# nothing inside a process (setting it here would hide nothing); HIP/ROCR_VISIBLE_DEVICES are AMD's.
+
+
+class AcceleratorEnvError(RuntimeError):
+    """A library that grabs a device at import was imported before the service could hide the GPU."""
+
+
+def hide_accelerators() -> dict[str, str]:
+    """Put :data:`NO_ACCELERATOR_ENV` into this process's environment; the values now in force.
+
+    Raises :class:`AcceleratorEnvError` when JAX was imported before (only possible in a job forked
+    from a warm server that preloaded it): JAX read its platforms then, under the server's environment.
+    """
+    if "jax" in sys.modules and os.environ.get("JAX_PLATFORMS") != NO_ACCELERATOR_ENV["JAX_PLATFORMS"]:
+        raise AcceleratorEnvError(
+            "jax was imported before the env service could set JAX_PLATFORMS=cpu (a warm server that "
+            "preloads jax?): it would take the GPU. Start the warm server without jax in its preload")
+    os.environ.update(NO_ACCELERATOR_ENV)
+    return {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -104,12 +142,15 @@ def bind_socket(args: argparse.Namespace) -> tuple[socket.socket, dict]:
 
 
 async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
+    """Serve until stopped; the ready file says where, and with which accelerator variables (as this
+    process reads them once its sources are built)."""
     task = asyncio.create_task(server.serve(sockets=[sock]))
     parent = os.getppid()
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if ready_file is not None and server.started:
-        atomic_write_json(ready_file, {"pid": os.getpid(), **where})
+        atomic_write_json(ready_file, {"pid": os.getpid(), **where,
+                                       "accelerator_env": {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}})
     while not task.done():
         if os.getppid() != parent:          # parent died: we were re-parented
             print("serve-env: parent process gone, shutting down", file=sys.stderr, flush=True)
@@ -150,6 +191,7 @@ def _exit_on_signal(signum, _frame):
 
 def run(args: argparse.Namespace) -> int:
     """Build the app for the games directory and serve it until SIGTERM/SIGINT."""
+    hide_accelerators()            # first: before any environment's library is imported
     import uvicorn
 
     from fedagent.envs.service import build_app

@@ -141,7 +141,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``fedagent eval``."""
+    """Entry point of ``fedagent eval``: a CUDA out-of-memory error exits with one message naming
+    the knobs (:func:`fedagent.model.memory.oom_names_the_knobs`)."""
+    from fedagent.model.memory import oom_names_the_knobs
+
+    with oom_names_the_knobs("eval"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The eval job itself."""
     from fedagent.core.atomic import atomic_write_json
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.model.policy import load_policy

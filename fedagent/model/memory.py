@@ -1,6 +1,34 @@
-"""GPU memory: the sizes a job asks of the card (vLLM's KV cache)."""
+"""GPU memory: the sizes a job asks of the card (vLLM's KV cache) and what a GPU job will hold.
+
+:func:`job_gpu_mib` is what a ``train_client`` / ``eval`` job declares to Snakemake as its
+``gpu_mem_mb`` resource (MiB): the profile caps the sum over the jobs running at once at the card's
+size, so a round's concurrent GPU jobs never OOM each other (docs/gpu.md, "GPU memory"). Its
+estimate is a conservative model of the local backend's job, from the model's shape
+(:func:`model_shape`: a ``config.json`` dict, or :data:`SMOLLM2_135M` / :data:`TINY` for the
+built-in sources) and the job's knobs — the terms are :func:`train_terms` / :func:`eval_terms`.
+An explicit ``train.gpu_mem_gb`` / ``eval.gpu_mem_gb`` replaces it. :func:`oom_names_the_knobs`
+turns a CUDA out-of-memory error of a job into one message naming the knobs.
+
+Plan-time code: stdlib only (the Snakefile imports it; torch is looked up only if already imported).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+MIB = 2**20
+GIB = 2**30
+# CUDA context, cuBLAS/cuDNN workspaces, the caching allocator's slack, compiled graphs' memory pools
+# and the sampler's CUDA graphs: a fixed part of every GPU job (measured: a context alone ≈ 0.5 GiB
+# on the H200; torch.compile's graphs and the allocator's rounding add the rest).
+FIXED_BYTES = int(1.5 * GIB)
+MARGIN = 1.25           # on the modelled terms: fragmentation, temporaries the model leaves out
 
 
 def kv_cache_bytes(gb: float) -> int:
@@ -8,3 +36,190 @@ def kv_cache_bytes(gb: float) -> int:
     if not gb > 0:
         raise ValueError(f"kv_cache_gb must be > 0, got {gb}")
     return int(float(gb) * 2**30)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of a decoder-only (Llama-style) model's config."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+
+def model_shape(config: Mapping) -> ModelShape:
+    """The shape of an HF ``config.json`` dict (Llama field names; GQA's ``num_key_value_heads``)."""
+    try:
+        hidden, layers, heads = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+        intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
+    except KeyError as exc:
+        raise ValueError(f"model config has no {exc.args[0]!r}: cannot estimate its GPU memory "
+                         "(set train.gpu_mem_gb / eval.gpu_mem_gb)") from None
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    return ModelShape(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
+                      bool(config.get("tie_word_embeddings", False)))
+
+
+# SmolLM2-135M(-Instruct)'s config.json (what base_model.smollm2_architecture writes; tests check it).
+SMOLLM2_135M = model_shape({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                            "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                            "tie_word_embeddings": True})
+# base_model_tiny.build_model's defaults (a vocabulary bound above its byte-level BPE's size).
+TINY = model_shape({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "intermediate_size": 128, "vocab_size": 4096, "tie_word_embeddings": False})
+
+
+def shape_of_source(source: str) -> ModelShape:
+    """The shape of the config's ``model``: ``smollm2``, ``tiny`` or a local HF dir (its config.json)."""
+    if source == "smollm2":
+        return SMOLLM2_135M
+    if source == "tiny":
+        return TINY
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model {source!r}: no config.json to estimate its GPU memory from "
+                         "(set train.gpu_mem_gb / eval.gpu_mem_gb)")
+    return model_shape(json.loads(path.read_text()))
+
+
+def param_count(s: ModelShape) -> int:
+    """Parameters of a Llama-style decoder (no biases): embedding, per layer q/k/v/o + gated MLP + 2
+    norms, the final norm, and the LM head unless tied to the embedding."""
+    attn = s.hidden * s.heads * s.head_dim * 2 + s.hidden * s.kv_heads * s.head_dim * 2
+    per_layer = attn + 3 * s.hidden * s.intermediate + 2 * s.hidden
+    return s.vocab * s.hidden * (1 if s.tied else 2) + s.layers * per_layer + s.hidden
+
+
+def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 2) -> int:
+    """Bytes of a static KV cache: K and V, every layer, ``batch`` rows of ``tokens`` positions."""
+    return 2 * s.layers * s.kv_heads * s.head_dim * tokens * batch * dtype_bytes
+
+
+def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int) -> int:
+    """Saved activations of a training forward (bf16 autocast, no checkpointing): per token and
+    layer the norms' outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream;
+    plus, for the response tokens only (grpo.forward_logprobs runs the LM head on those), the logits
+    (bf16, fp32 over the temperature), their log-softmax, its gradient and the entropy's exp."""
+    per_token_layer = 2 * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) + 4 * 2 * s.hidden
+    return rows * (tokens * s.layers * per_token_layer + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
+
+
+def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_prompt_tokens: int,
+                max_new_tokens: int, response_tokens: int | None = None, reference: bool = True,
+                ppo: bool = False) -> dict[str, int]:
+    """Bytes of a local-backend ``train-client`` job on cuda, by term (before margin and fixed part):
+    fp32 master weights + gradients + AdamW's two moments (16 B/param), the KL reference (fp32 copy),
+    the bf16 rollout copy, the sampler's static KV cache (``pool_size`` rows of prompt + new tokens),
+    one micro-batch's activations and response logits (``response_tokens`` per row: one turn's
+    ``max_new_tokens`` windowed, every turn's in concat mode); PPO: its critic (16 B/param more)."""
+    p = param_count(s)
+    tokens = max_prompt_tokens + max_new_tokens
+    return {"policy_and_adamw": 16 * p, "reference": 4 * p if reference else 0, "rollout_copy": 2 * p,
+            "critic": 16 * p if ppo else 0,
+            "kv_cache": kv_cache_size(s, batch=pool_size, tokens=tokens),
+            "activations": _activations(s, micro_batch_size, tokens,
+                                        max_new_tokens if response_tokens is None else response_tokens)}
+
+
+def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tokens: int) -> dict[str, int]:
+    """Bytes of a local-backend ``eval`` job on cuda: the weights (loaded fp32, then bf16), the static
+    KV cache (``batch`` rows), the prefill's transient activations (one layer's hidden states, q/k/v
+    and MLP, bf16) and its last-position logits (the sampler keeps one: bf16 + fp32)."""
+    p = param_count(s)
+    tokens = max_prompt_tokens + max_new_tokens
+    per_token = 2 * (4 * s.hidden + 2 * s.kv_heads * s.head_dim + 3 * s.intermediate)
+    return {"weights": 4 * p, "kv_cache": kv_cache_size(s, batch=batch, tokens=tokens),
+            "prefill": batch * (max_prompt_tokens * per_token + s.vocab * 6)}
+
+
+def estimate_bytes(terms: Mapping[str, int], extra: int = 0) -> int:
+    """The declared size: margin × the modelled terms + ``extra`` (a vLLM engine's fixed share) + the fixed part."""
+    return int(MARGIN * sum(terms.values())) + int(extra) + FIXED_BYTES
+
+
+def _vllm_share(section: Mapping, card_mib: int | None) -> int:
+    """Bytes a vLLM engine holds beyond what the terms model: its fixed KV cache (``kv_cache_gb``),
+    else its ``gpu_memory_utilization`` share of the card (0 when no card size is known: no cap,
+    nothing to count against)."""
+    if section.get("kv_cache_gb"):
+        return kv_cache_bytes(section["kv_cache_gb"])
+    return int(float(section["gpu_memory_utilization"]) * card_mib * MIB) if card_mib else 0
+
+
+def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
+    """``gpu_mem_mb`` of a ``train`` or ``eval`` job of a validated config (0 for a CPU job).
+
+    ``train.gpu_mem_gb`` / ``eval.gpu_mem_gb`` when set; else the estimate (:func:`train_terms` /
+    :func:`eval_terms`, plus a vLLM engine's share for train.backend=verl / eval.backend=vllm).
+    ``card_mib``: the card's size where known (the cap), for a vLLM share given as a fraction.
+    """
+    if job not in ("train", "eval"):
+        raise ValueError(f"job {job!r}: expected train or eval")
+    sec = config[job]
+    backend = sec["backend"]
+    on_gpu = sec["device"] == "cuda" or backend in ("verl", "vllm")
+    if not on_gpu:
+        return 0
+    if sec.get("gpu_mem_gb") is not None:
+        return int(math.ceil(float(sec["gpu_mem_gb"]) * GIB / MIB))
+    shape = shape_of_source(config["model"])
+    if job == "train":
+        terms = train_terms(shape, micro_batch_size=sec["micro_batch_size"], pool_size=config["env"]["pool_size"],
+                            max_prompt_tokens=sec["max_prompt_tokens"], max_new_tokens=sec["max_new_tokens"],
+                            response_tokens=sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1),
+                            reference=bool(sec["kl_coef"]), ppo=sec["algorithm"] == "ppo")
+        extra = _vllm_share(sec["verl"], card_mib) if backend == "verl" else 0
+    else:
+        terms = eval_terms(shape, batch=min(sec["batch"], config["env"]["pool_size"]),
+                           max_prompt_tokens=sec["max_prompt_tokens"], max_new_tokens=sec["max_new_tokens"])
+        extra = _vllm_share(sec["vllm"], card_mib) if backend == "vllm" else 0
+    return int(math.ceil(estimate_bytes(terms, extra) / MIB))
+
+
+KNOBS = {
+    "train-client": ("train.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
+                     "train.micro_batch_size, env.pool_size (the sampler's batch) or train.max_prompt_tokens"),
+    "eval": ("eval.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
+             "eval.batch, env.pool_size or eval.max_prompt_tokens"),
+    "warm-start": ("train.gpu_mem_gb (the warm start declares the train job's memory)",
+                   "train.micro_batch_size or train.max_prompt_tokens"),
+}
+
+
+class GpuOutOfMemory(SystemExit):
+    """A job's CUDA out-of-memory error, as the one-line exit message naming the knobs."""
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's CUDA out-of-memory error (torch looked up only if already imported)."""
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return (oom is not None and isinstance(exc, oom)) or (
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
+
+
+def oom_message(command: str, exc: BaseException) -> str:
+    """One line: what ran out, torch's first line, and the knobs to turn."""
+    declared, smaller = KNOBS[command]
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return (f"fedagent {command}: CUDA out of memory ({first}). Raise {declared}, or lower {smaller}; "
+            f"the cap of all GPU jobs' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/gpu.md, \"GPU memory\")")
+
+
+@contextlib.contextmanager
+def oom_names_the_knobs(command: str) -> Iterator[None]:
+    """Run a job's body; a CUDA out-of-memory error leaves as :class:`GpuOutOfMemory` (exit message)."""
+    if command not in KNOBS:
+        raise ValueError(f"no GPU memory knobs for {command!r}")
+    try:
+        yield
+    except BaseException as exc:
+        if is_cuda_oom(exc):
+            raise GpuOutOfMemory(oom_message(command, exc)) from exc
+        raise

@@ -47,7 +47,16 @@ def client_shard(partition_file: Path, client: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``fedagent train-client``."""
+    """Entry point of ``fedagent train-client``: a CUDA out-of-memory error exits with one message naming
+    the knobs (:func:`fedagent.model.memory.oom_names_the_knobs`)."""
+    from fedagent.model.memory import oom_names_the_knobs
+
+    with oom_names_the_knobs("train-client"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The train-client job itself."""
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.plan.tasks import games_kind
     from fedagent.train.local import TrainParams, train_client

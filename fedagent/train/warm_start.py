@@ -195,6 +195,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent warm-start``."""
+    from fedagent.model.memory import oom_names_the_knobs
+
+    with oom_names_the_knobs("warm-start"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.plan.demo_pool import load_demo_tasks
     from fedagent.plan.tasks import games_kind

@@ -7,10 +7,15 @@
 # WARM=1: the jobs are forked from a warm server (fedagent warm-server, all groups preloaded,
 # socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too. Its
 # standby processes (WARM_STANDBY, default 3) warm CONFIGFILE's GPU calls (scripts/gpu/warm.sh).
+# First it checks that the run's env.kind imports and plays (node-setup.sh check; SKIP_ENV_CHECK=1 skips).
 set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
+# The run's environment must import and play here before any job starts (one line naming what is
+# missing; ≈ 2-20 s). SKIP_ENV_CHECK=1: not again (a resumed call of the same run on the same node).
+kind=$(python3 -c "import yaml,sys; print((yaml.safe_load(open(sys.argv[1])).get('env') or {}).get('kind') or 'textworld')" "$cfg")
+[ "${SKIP_ENV_CHECK:-0}" = 1 ] || scripts/gpu/node-setup.sh check "$kind" || exit 1
 WARM_CONFIG=${WARM_CONFIG:-$cfg} source scripts/gpu/warm.sh
 t0=$(date +%s)
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU node (no package index): put carried pieces in place and install them.
 #   scripts/gpu/node-setup.sh carry BUNDLE PIECE...   copy pieces (carried in the checkout) to $FA_GPU
-#   scripts/gpu/node-setup.sh install                 join + install every complete bundle, once
+#   scripts/gpu/node-setup.sh install                 join + install every complete bundle, once; then check
+#   scripts/gpu/node-setup.sh check [ENV...]          each environment imports and plays (textworld, webshop,
+#                                                     alfworld; default all): one line per environment, or
+#                                                     one line naming what is missing and exit 1
 # then `source scripts/gpu/node-env.sh`. BUNDLE: proj (fedagent's deps + SmolLM2) or vllm.
 set -euo pipefail
 FA=${FA_GPU:-/tmp/fa-gpu}
@@ -24,6 +27,13 @@ case "${1:-}" in
     done
     mkdir -p "$FA/bin"
     printf '#!/usr/bin/env python3\nimport sys\nfrom fedagent.cli import main\nsys.exit(main())\n' > "$FA/bin/fedagent"
-    chmod +x "$FA/bin/fedagent" ;;
-  *) echo "usage: node-setup.sh carry BUNDLE PIECE... | install" >&2; exit 2 ;;
+    chmod +x "$FA/bin/fedagent"
+    exec "$0" check ;;
+  check)
+    shift
+    source "$(dirname "$0")/node-env.sh"
+    # A tiny catalogue of each, its task source as the env service makes it, one reset and one step;
+    # WebShop's search with jax on the CPU; ALFWorld's game made by its PDDL planner (env-smoke.py).
+    python3 "$(dirname "$0")/env-smoke.py" "$@" ;;
+  *) echo "usage: node-setup.sh carry BUNDLE PIECE... | install | check [ENV...]" >&2; exit 2 ;;
 esac

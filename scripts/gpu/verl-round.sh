@@ -73,7 +73,8 @@ train:
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()
-  [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS")
+  # A command-line --resources replaces the profile's: restate its GPU memory cap (profiles/local).
+  [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS" "gpu_mem_mb=${GPU_MEM_MB:-138000}")
   t0=$(date +%s)
   set +e
   timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \

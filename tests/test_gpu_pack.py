@@ -1,0 +1,59 @@
+"""The GPU node's wheelhouse check (scripts/gpu/check-wheelhouse.py) and the recipe's pins (issue 27)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = REPO / "scripts" / "gpu" / "check-wheelhouse.py"
+
+
+def _wheel(house: Path, name: str, lib: bytes | None = None) -> None:
+    with zipfile.ZipFile(house / name, "w") as zf:
+        zf.writestr("pkg/__init__.py", "")
+        if lib is not None:
+            zf.writestr("pkg/libx.so", lib)
+
+
+def _check(house: Path, pins: list[str]) -> subprocess.CompletedProcess:
+    (house.parent / "pins.txt").write_text("# comment\n" + "\n".join(pins) + "\n")
+    return subprocess.run([sys.executable, str(CHECK), str(house), str(house.parent / "pins.txt")],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_wheelhouse_for_the_node_passes_and_is_listed(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    _wheel(house, "bm25s-0.3.16-py3-none-any.whl")
+    _wheel(house, "rapidfuzz-3.14.6-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+           b"\x7fELF....GLIBC_2.17\x00GLIBCXX_3.4.22\x00")
+    _wheel(house, "wcwidth-0.9.4-cp310-abi3-manylinux2014_x86_64.whl")
+    _wheel(house, "fast_downward_textworld-20.6.4-py3-none-any.whl", b"\x7fELF..GLIBC_2.32\x00GLIBCXX_3.4.29\x00")
+    proc = _check(house, ["bm25s==0.3.16", "RapidFuzz==3.14.6", "wcwidth==0.9.4", "fast-downward-textworld==20.6.4"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("4 wheels, ")
+    assert "needs GLIBC_2.32 GLIBCXX_3.4.29" in proc.stdout
+
+
+def test_wheels_the_node_cannot_use_and_missing_pins_are_each_named(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    _wheel(house, "blis-1.3.4-cp311-cp311-manylinux2014_x86_64.whl")                  # another CPython
+    _wheel(house, "greenlet-3.5.6-cp312-cp312-macosx_11_0_arm64.whl")                 # another platform
+    _wheel(house, "new-1.0-cp312-cp312-manylinux_2_40_x86_64.whl")                    # glibc newer than the node's
+    _wheel(house, "built-1.0-py3-none-any.whl", b"\x7fELF..GLIBC_2.41\x00GLIBCXX_3.4.34\x00")   # built too new
+    proc = _check(house, ["blis==1.3.4", "bm25s==0.3.16"])
+    assert proc.returncode == 1
+    problems = proc.stderr.splitlines()
+    for expected in ("blis-1.3.4-cp311", "greenlet-3.5.6-cp312-cp312-macosx", "new-1.0-cp312-cp312-manylinux_2_40",
+                     "pkg/libx.so needs GLIBC_2.41", "pkg/libx.so needs GLIBCXX_3.4.34", "bm25s==0.3.16: no wheel"):
+        assert any(expected in p for p in problems), (expected, problems)
+
+
+def test_the_recipe_pins_every_environment():
+    pins = {line.split("==")[0].lower() for line in (REPO / "scripts/gpu/device-wheels.txt").read_text().splitlines()
+            if line and not line.startswith("#")}
+    assert {"textworld", "jericho", "bm25s", "rapidfuzz", "alfworld", "fast-downward-textworld"} <= pins
