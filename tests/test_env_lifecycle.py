@@ -158,3 +158,24 @@ def test_deferred_wait_overlaps_start_up_and_gates_health(tmp_path):
         with env_service(d, "train", ["no-such-task"], tmp_path / "b", mode="index", pool_size=1, max_turns=5,
                          wait=False) as pending:
             pending.ready()
+
+
+def test_an_env_service_refuses_a_jax_imported_for_the_gpu(monkeypatch):
+    """A warm server that preloaded jax: jax read JAX_PLATFORMS at its import, under the server's
+    environment, so the job's JAX_PLATFORMS=cpu (from lifecycle) would come too late."""
+    import types
+
+    from fedagent.envs.serve import NO_ACCELERATOR_ENV, AcceleratorEnvError, hide_accelerators
+
+    for key in NO_ACCELERATOR_ENV:
+        monkeypatch.delenv(key, raising=False)
+    fake = types.ModuleType("jax")
+    fake.config = types.SimpleNamespace(jax_platforms=None)      # imported with no JAX_PLATFORMS: the GPU
+    monkeypatch.setitem(sys.modules, "jax", fake)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")                    # the job's environment says cpu: too late
+    with pytest.raises(AcceleratorEnvError, match="jax was imported before"):
+        hide_accelerators()
+    fake.config.jax_platforms = "cpu"                              # imported under JAX_PLATFORMS=cpu: fine
+    assert hide_accelerators() == NO_ACCELERATOR_ENV
+    monkeypatch.delitem(sys.modules, "jax")
+    assert hide_accelerators() == NO_ACCELERATOR_ENV

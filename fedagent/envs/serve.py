@@ -50,13 +50,21 @@ class AcceleratorEnvError(RuntimeError):
 def hide_accelerators() -> dict[str, str]:
     """Put :data:`NO_ACCELERATOR_ENV` into this process's environment; the values now in force.
 
-    Raises :class:`AcceleratorEnvError` when JAX was imported before (only possible in a job forked
-    from a warm server that preloaded it): JAX read its platforms then, under the server's environment.
+    Raises :class:`AcceleratorEnvError` when JAX was imported before with other platforms than the
+    CPU (only possible in a job forked from a warm server that preloaded it: JAX read
+    ``JAX_PLATFORMS`` at its import, under the server's environment, whatever the job's says now).
     """
-    if "jax" in sys.modules and os.environ.get("JAX_PLATFORMS") != NO_ACCELERATOR_ENV["JAX_PLATFORMS"]:
-        raise AcceleratorEnvError(
-            "jax was imported before the env service could set JAX_PLATFORMS=cpu (a warm server that "
-            "preloads jax?): it would take the GPU. Start the warm server without jax in its preload")
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            platforms = jax.config.jax_platforms      # what jax read at its import
+        except AttributeError:
+            platforms = None
+        if platforms != NO_ACCELERATOR_ENV["JAX_PLATFORMS"]:
+            raise AcceleratorEnvError(
+                f"jax was imported before the env service could set JAX_PLATFORMS=cpu (its platforms: "
+                f"{platforms!r}; a warm server that preloads jax?): it would take the GPU. Start the warm "
+                "server without jax in its preload, or with JAX_PLATFORMS=cpu")
     os.environ.update(NO_ACCELERATOR_ENV)
     return {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}
 
