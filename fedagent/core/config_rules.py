@@ -160,6 +160,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("train.algorithm", "train.algorithm", lambda algo: algo == "ppo", "train.backend", "local",
                 "ppo runs on train.backend=local only (got {got!r})",
                 {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"}),
+    Requirement("train.clip_ratio_c", "train.clip_ratio_c", lambda c: c is None, "train.backend", "local",
+                "null (no dual-clip) is implemented for train.backend=local only (verl's vanilla policy loss always "
+                "caps at clip_ratio_c > 1; got {got!r})",
+                {"train.backend": "verl", "train.ref_anchor": "round", "train.clip_ratio_c": None}),
     Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.device", "cuda",
                 "{value!r} trains on train.device=cuda only (the CPU path is fp32 and byte-deterministic; got {got!r})",
                 {"train.residual_dtype": "bfloat16"}),

@@ -45,6 +45,7 @@ class TrainParams:
     lr: float = 1e-6
     kl_coef: float = 0.01
     clip: float = 0.2
+    clip_ratio_c: float | None = 3.0      # dual-clip cap of the loss of A < 0 tokens (None: off), as verl
     entropy_coef: float = 0.0
     mini_batch_size: int = 8
     micro_batch_size: int = 4
