@@ -126,6 +126,21 @@ def _grpo_needs_a_group(get):
     return None
 
 
+# server.lr null: the η of the server optimizers that have a default (fedagent.server.optimizers);
+# fedadam and fedyogi have none.
+SERVER_DEFAULT_LR = {"fedavg": 1.0, "fedavgm": 1.0}
+
+
+@cross_rule("server.lr", ["server.optimizer", "server.lr"], violation={"server.optimizer": "fedadam"})
+def _adaptive_server_needs_an_lr(get):
+    name = get("server.optimizer")
+    if get("server.lr") is None and name not in SERVER_DEFAULT_LR:
+        return (f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
+                "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
+                "fedyogi 0.01; docs/architecture.md, Server optimizers)")
+    return None
+
+
 @dataclass(frozen=True)
 class Requirement:
     """A feature needs a setting: when ``when_key``'s value passes ``when``, ``need_key`` must be ``need``.
