@@ -239,3 +239,40 @@ DROP_AT_ATTEMPT = config["clients"]["retries"] + 1 if MIN_CLIENTS else 0
 # `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).
 SERVER_FLAGS = cli_flags(config["server"]["optimizer"],
                          **{k: v for k, v in config["server"].items() if k != "optimizer"})
+
+
+# ---- helpers of rules/webshop.smk and rules/report.smk, kept here so that `snakemake --lint` finds
+# no file mixing functions with rules (tests/test_workflow_lint.py)
+def webshop_source_flags():
+    """--data/--data-manifest/--goals/--max-products flags of the configured data source."""
+    ws = config["env"]["webshop"]
+    flags = f"--goals {ws['goals']}"
+    if ws["data"] is not None:
+        flags += f" --data {ws['data']}"
+    if ws["data_manifest"] is not None:
+        flags += f" --data-manifest {ws['data_manifest']}"
+    if ws["max_products"] is not None:
+        flags += f" --max-products {ws['max_products']}"
+    return flags
+
+
+# eval.clients: the per-client table is a declared output too (header only in round 0).
+CLIENT_SUMMARY = [f"{RUN}/round_{{round}}/client_summary.csv"] if config["eval"]["clients"] else []
+
+
+def report_inputs(w):
+    """Evals of rounds 0..r; this round's job timings (client metrics, eval timings, Snakemake
+    benchmark files); the previous round's timings.csv (so the table has every round)."""
+    r = int(w.round)
+    d = {"evals": [f"{round_dir(k)}/eval.json" for k in range(0, r + 1)],
+         "eval_timings": f"{round_dir(r)}/eval_timings.json",
+         "benchmarks": [f"{RUN}/benchmarks/round_{r:03d}/eval.tsv"]}
+    if r >= 1:
+        d["clients"] = [f"{round_dir(r)}/clients/{c}" for c in selected_clients(r)]
+        d["benchmarks"] += [f"{RUN}/benchmarks/round_{r:03d}/{name}.tsv" for name in
+                            ["aggregate", "merge"] + [f"train_client_{c}" for c in selected_clients(r)]]
+        d["prev_timings"] = f"{round_dir(r - 1)}/timings.csv"
+    client_evals = client_eval_files(w)
+    if client_evals:
+        d["client_evals"] = client_evals
+    return d

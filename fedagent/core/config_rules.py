@@ -126,6 +126,23 @@ def _grpo_needs_a_group(get):
     return None
 
 
+def val_pool_key(kind: str) -> str:
+    """The config key that sizes the validation pool of an env kind."""
+    return "env.webshop.val_goals" if kind == "webshop" else "env.val_games"
+
+
+@cross_rule("eval.n", ["eval.n", "env.kind", "env.val_games", "env.webshop.val_goals"], violation={"eval.n": 3})
+def _eval_n_within_the_validation_pool(get):
+    # Index mode plays tasks[seed % pool]: past the pool, seeds replay tasks, and the report's
+    # interval would treat the repeats as independent draws (issue 31).
+    pool_key = val_pool_key(get("env.kind"))
+    if get("eval.n") > get(pool_key):
+        return (f"{get('eval.n')} exceeds the validation pool ({pool_key}={get(pool_key)}): seeds past it would "
+                "replay the same tasks and the 95 % interval would count the repeats as independent draws; "
+                f"lower eval.n or raise {pool_key}")
+    return None
+
+
 # server.lr null: the η of the server optimizers that have a default (fedagent.server.optimizers);
 # fedadam and fedyogi have none.
 SERVER_DEFAULT_LR = {"fedavg": 1.0, "fedavgm": 1.0}
