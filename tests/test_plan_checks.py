@@ -446,3 +446,29 @@ def test_snakemake_dry_run_refuses_eval_n_past_the_pool(tmp_path):
     assert "Traceback" not in bad.stderr
     ok = _dry_run(work, "--config", "eval={n: 500}", "env={val_games: 500}")
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+@pytest.mark.workflow
+def test_aggregate_jobs_carry_their_rounds_clients_weights(tmp_path):
+    """aggregate.weighting weights: each aggregate job gets its round's selected clients' entries, in
+    the order of its --clients (per-round params: only what that job reads); uniform runs' aggregate
+    command is what it was."""
+    import re
+
+    from fedagent.plan.selection import select_clients
+
+    work = make_workdir(tmp_path / "w")
+    proc = _dry_run(work, "--config", "clients={total: 3, per_round: 2}", "env={train_games: 3}",
+                    "aggregate={weighting: weights, weights: [0.5, 0.3, 0.2]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = default_config()
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "fedagent aggregate" in ln]
+    assert len(lines) == cfg["rounds"]
+    for line in lines:
+        r = int(re.search(r"round_(\d{3})/aggregate", line).group(1))
+        sel = select_clients(cfg["seed"], r, 3, 2)
+        assert f"--weighting weights --client-weights {' '.join(repr(w) for w in [[0.5, 0.3, 0.2][c] for c in sel])} " \
+            in line, line
+    plain = _dry_run(work)
+    assert all("--weighting uniform --min-clients" in ln for ln in (plain.stdout + plain.stderr).splitlines()
+               if "fedagent aggregate" in ln)

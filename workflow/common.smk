@@ -276,3 +276,14 @@ def report_inputs(w):
     if client_evals:
         d["client_evals"] = client_evals
     return d
+
+
+def aggregate_weighting(wildcards):
+    """The aggregate rule's --weighting value: the weighting's name, and for ``weights`` its round's
+    clients' entries of aggregate.weights (``--client-weights``, in the order of its --clients): the
+    round's params carry only those, and every other weighting's params stay what they were."""
+    weighting = config["aggregate"]["weighting"]
+    if weighting != "weights":
+        return weighting
+    ws = config["aggregate"]["weights"]
+    return f"weights --client-weights {' '.join(repr(float(ws[c])) for c in selected_clients(wildcards.round))}"

@@ -244,6 +244,7 @@ def check_cross_fields(config: dict) -> dict:
         )
     if get_path(config, "env.kind", None) == "webshop":
         _check_webshop(config["env"]["webshop"])
+    _check_aggregate_weights(config)
     check_experiment_fields(config)
     return config
 
@@ -283,6 +284,32 @@ def check_experiment_fields(config: dict) -> dict:
     if alf.get("data") and not Path(alf["data"]).is_dir():
         raise ConfigError(f"config key 'env.alfworld.data': {alf['data']} is not a directory")
     return config
+
+
+WEIGHTS_SUM_TOLERANCE = 1e-6   # the reference's check on its weights list
+
+
+def _check_aggregate_weights(config: dict) -> None:
+    """``aggregate.weights``: set iff weighting is ``weights``, one per client, summing to 1 ± 1e-6.
+
+    Plan time only: each aggregate job receives its round's clients' entries (and checks those)."""
+    agg = config.get("aggregate") or {}
+    weighting, weights = agg.get("weighting", "uniform"), agg.get("weights")
+    if weighting == "weights" and weights is None:
+        raise ConfigError("config key 'aggregate.weights': aggregate.weighting is 'weights' but no list is given "
+                          "(one weight per client, summing to 1)")
+    if weights is None:
+        return
+    if weighting != "weights":
+        raise ConfigError(f"config key 'aggregate.weights': set, but aggregate.weighting is {weighting!r} "
+                          "(use weighting: weights, or drop the list)")
+    total = config["clients"]["total"]
+    if len(weights) != total:
+        raise ConfigError(f"config key 'aggregate.weights': {len(weights)} weights for clients.total={total} "
+                          "(one per client)")
+    s = sum(float(w) for w in weights)
+    if abs(s - 1.0) > WEIGHTS_SUM_TOLERANCE:
+        raise ConfigError(f"config key 'aggregate.weights': the weights sum to {s!r}, not 1 (± {WEIGHTS_SUM_TOLERANCE})")
 
 
 def _check_webshop(ws: dict) -> None:
