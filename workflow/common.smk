@@ -149,6 +149,7 @@ TRAIN_PARAMS = as_json({
     # env.procs only when set (an execution knob: a default run's params and cached jobs stay as they were)
     **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     "answer_format": config["rollout"]["answer_format"],
+    "projection": config["rollout"]["projection"],   # the env's semantics of an invalid answer
     **rollout_params(),
     # FedProx only when armed (μ = 0 is plain FedAvg: same params, same cached updates).
     **({"fedprox_mu": config["train"]["fedprox_mu"]} if config["train"]["fedprox_mu"] else {}),
@@ -163,6 +164,7 @@ EVAL_PARAMS = as_json({
     **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     **job_params("eval", ("threads", "n", "clients", "backend", "vllm")),
     "answer_format": config["rollout"]["answer_format"],
+    "projection": config["rollout"]["projection"],   # the env's semantics of an invalid answer
     **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
 })
@@ -175,6 +177,7 @@ LABELS_PARAMS = as_json({
     **{k: config["train"][k] for k in ("temperature", "max_turns", "max_new_tokens", "max_prompt_tokens")},
     **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
     **rollout_params(),
+    "projection": config["rollout"]["projection"],
 })
 
 

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_verl(args, params, shard, out, verl_json, env_params)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, source=games_kind(args.games),
+                         answer_format=params.answer_format, projection=params.projection,
+                         source=games_kind(args.games),
                          env_params=env_params or None, env_procs=params.env_procs, wait=False) as pending:
         # The service starts while train_client loads the model; it health-gates it after.
         metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
@@ -126,7 +127,8 @@ def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, ver
     pool = max(params.pool_size, params.groups_per_epoch * params.group_size)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=pool,
                          max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, source=games_kind(args.games),
+                         answer_format=params.answer_format, projection=params.projection,
+                         source=games_kind(args.games),
                          env_params=env_params or None) as env:
         print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
         metrics = train_client_verl(args.model, args.ref_model, env.address, round=args.round, client=args.client,
