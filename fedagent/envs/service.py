@@ -215,11 +215,8 @@ def build_app(
 ) -> FastAPI:
     """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool.
 
-    ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of
-    an answer for it to be valid. ``projection`` (``rollout.projection``): ``reference`` steps the
-    env with an invalid answer's projected action too (its tagged action, or the last 20 (WebShop)
-    / 30 characters of a tagless answer), as the reference's service; ``noop``: an invalid answer
-    is a no-op turn (that still costs budget).
+    ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of an
+    answer for it to be valid; ``projection`` what an invalid one does (fedagent.rollout.parsing).
     """
     tasks = list(task_ids)
     if not tasks:
@@ -403,8 +400,7 @@ def build_app(
             if s.done:
                 # Past the end: nothing changes, nothing is earned.
                 r = StepResult(s.last_obs, 0.0, True, s.last_won, s.last_admissible, s.last_score)
-            elif parsed.valid or execute_invalid:
-                # projection reference: a format error still executes its (projected) action
+            elif parsed.valid or execute_invalid:   # reference: a format error still acts
                 r = await in_thread(s.env.step, parsed.action)
             else:
                 # projection noop, invalid format: a no-op turn that still costs budget.
