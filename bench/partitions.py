@@ -6,7 +6,9 @@ Synthetic pools with the reference's sizes: WebShop-like 6410 train tasks with 2
 labels (1782) and ALFWorld-like 3553 with 59.4 % (2112), N = 100 clients, L = 100.
 Prints, per ξ′: mean ρ, Var ρ against C_h/(ξ′+1) = 0.25/(ξ′+1), easy coverage, distinct
 hard fills, equal-quota pairs and their largest fill overlap; coverage sizes (sum = target,
-each in [L, 1000]) per ξ; preference's mean realised category mix against π per ω.
+each in [L, 1000]) per ξ; preference's mean realised category mix against π per ω, and the
+WebShop fashion subsample; task_disjoint's shard sizes in both modes (reference: the uniform slice
+widened to L, the default; disjoint: every task once).
 Everything is computed by the same code the workflow's partition job runs.
 """
 
@@ -107,6 +109,43 @@ def main() -> None:
               + f"   max |E[q]−π| = {np.abs(q - pi).max():.3f}")
         print(f"       shards = " + " ".join(f"{c}:{p:.3f}" for c, p in zip(cats, real.mean(axis=0)))
               + f"   mean per-client max type share = {real.max(axis=1).mean():.3f}")
+
+    ids, types = webshop_like(ds)
+    n_f = sum(1 for t in types.values() if t == "fashion")
+    print(f"\n## preference, WebShop-like  ({len(ids)} goals, {n_f} fashion, N={N}, L={L}): fashion subsample")
+    for ratio in (0.2, 1.0):
+        ctx = PartitionContext(ids, N, L, ds, {"omega": 0.5, "fashion_ratio": ratio}, types, None)
+        clients, st = compute(ctx, "preference")
+        cats = st["categories"]
+        got = [sum(types[t] == "fashion" for t in ts) for ts in clients.values()]
+        print(f"fashion_ratio={ratio:<3g} π(fashion) = {st['pi'][cats.index('fashion')]:.3f}  kept per client "
+              f"{st.get('fashion', {}).get('kept_per_client', n_f)}  fashion goals per shard: mean {np.mean(got):.1f}"
+              f" max {max(got)}")
+
+    print(f"\n## task_disjoint  (N={N}, L={L}): shard sizes")
+    print("pool       mode       | min | max | distinct sizes | tasks used | tasks in 2+ shards")
+    for name, n in (("ws-6410", 6410), ("alfw-3553", 3553)):
+        ids = [f"task-{i:05d}" for i in range(n)]
+        for mode in ("reference", "disjoint"):
+            clients, _ = compute(PartitionContext(ids, N, L, ds, {"task_disjoint_slices": mode}, {}, None),
+                                 "task_disjoint")
+            sizes = [len(ts) for ts in clients.values()]
+            count = {}
+            for ts in clients.values():
+                for t in ts:
+                    count[t] = count.get(t, 0) + 1
+            print(f"{name:10s} {mode:10s} | {min(sizes):3d} | {max(sizes):3d} | {sorted(set(sizes))} | "
+                  f"{len(count)}/{n} | {sum(1 for v in count.values() if v > 1)}")
+
+
+def webshop_like(seed: int) -> tuple[list[str], dict[str, str]]:
+    """6410 goal ids over WebShop's five categories (fashion the largest, as in the real catalogue)."""
+    shares = {"beauty": 0.14, "electronics": 0.13, "fashion": 0.44, "food": 0.14, "furniture": 0.15}
+    rng = numpy_rng(seed, "bench_webshop_types")
+    cats = sorted(shares)
+    draw = rng.choice(len(cats), size=6410, p=[shares[c] for c in cats])
+    types = {f"goal-{i:05d}": cats[k] for i, k in enumerate(draw)}
+    return list(types), types
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ rule aggregate:
     wildcard_constraints:
         round=r"(?!000)\d{3}",
     params:
-        weighting=config["aggregate"]["weighting"],
+        weighting=aggregate_weighting,   # "uniform" … or "weights --client-weights w_c …" (workflow/common.smk)
         quarantine=QUARANTINE,
     resources:
         min_clients=MIN_CLIENTS,  # not a param: changing clients.min_per_round re-runs nothing

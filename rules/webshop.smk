@@ -1,19 +1,7 @@
 # WebShop (env.kind: webshop): the task directory, from the standard files or synthetic.
 # Same output as `games` (plan/games: games.json with train/val goal ids), so partition,
 # val_set, train_client and eval read it unchanged; this rule wins when the kind is webshop.
-
-
-def webshop_source_flags():
-    """--data/--data-manifest/--goals/--max-products flags of the configured data source."""
-    ws = config["env"]["webshop"]
-    flags = f"--goals {ws['goals']}"
-    if ws["data"] is not None:
-        flags += f" --data {ws['data']}"
-    if ws["data_manifest"] is not None:
-        flags += f" --data-manifest {ws['data_manifest']}"
-    if ws["max_products"] is not None:
-        flags += f" --max-products {ws['max_products']}"
-    return flags
+# Its source flags come from workflow/common.smk (webshop_source_flags).
 
 
 if config["env"]["kind"] == "webshop":

@@ -215,3 +215,70 @@ def test_streaming_reads_into_reused_buffers_whatever_m(tmp_path, monkeypatch):
         agg.aggregate(prev_dir, dirs, tmp_path / f"agg{m}")
         assert calls and None not in calls
         assert len(set(calls)) == 2                          # prev's buffer and the clients' one
+
+
+# ---- issue 31: the reference's weights list and an episodes weighting ----------------------------
+
+def test_episodes_weighting_counts_episodes_not_turns(tmp_path):
+    """``episodes``: ∝ metrics.json num_episodes, so a client whose episodes run longer (more per-turn
+    samples) does not weigh more, as it does under ``samples`` (seen failing on the old code: no
+    such weighting)."""
+    mets = [{"num_samples": 30, "num_tokens": 300, "num_episodes": 8}, {"num_samples": 10, "num_tokens": 100,
+                                                                          "num_episodes": 8}]
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2, metrics=mets)
+    assert client_weights(dirs, "samples") == [0.75, 0.25]
+    assert client_weights(dirs, "episodes") == [0.5, 0.5]
+    summary = aggregate(prev_dir, dirs, tmp_path / "agg", weighting="episodes")
+    assert [c["weight"] for c in summary["clients"]] == [0.5, 0.5] and summary["weighting"] == "episodes"
+    (dirs[1] / "metrics.json").write_text(json.dumps({"num_samples": 10}))
+    with pytest.raises(AggregateError, match="num_episodes"):
+        client_weights(dirs, "episodes")
+
+
+def test_given_weights_are_the_reference_list(tmp_path):
+    """``weights``: the configured per-client values; Δ̄ = Σ wᵢ Δᵢ exactly as the float64 sum, the
+    survivors of a dropped client rescaled to sum 1 (seen failing on the old code: no such weighting)."""
+    from fedagent.server.dropout import write_dropped
+
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
+    summary = aggregate(prev_dir, dirs, tmp_path / "agg", weighting="weights", weights=[0.5, 0.3, 0.2])
+    assert [c["weight"] for c in summary["clients"]] == [0.5, 0.3, 0.2]
+    delta = load_file(tmp_path / "agg" / "delta.safetensors")
+    exact = float64_mean_delta(prev, clients, [0.5, 0.3, 0.2])
+    for n, x in exact.items():
+        tol = 8 * 2.0 ** -24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, (0.5, 0.3, 0.2)))
+        assert ((delta[n].double() - x).abs() <= tol).all(), n
+    assert client_weights(dirs[:2], "weights", [0.5, 0.3]) == pytest.approx([0.625, 0.375])
+    write_dropped(tmp_path / "gone", round_=1, client=1, attempts=1, exit_code=1)
+    s2 = aggregate(prev_dir, [dirs[0], tmp_path / "gone", dirs[2]], tmp_path / "agg2", weighting="weights",
+                   weights=[0.5, 0.3, 0.2], min_clients=2)
+    assert [c["weight"] for c in s2["clients"]] == pytest.approx([0.5 / 0.7, 0.2 / 0.7])
+    with pytest.raises(AggregateError, match="needs the clients' weights"):
+        client_weights(dirs, "weights")
+    with pytest.raises(AggregateError, match="takes no --client-weights"):
+        client_weights(dirs, "uniform", [0.5, 0.3, 0.2])
+    with pytest.raises(AggregateError, match="2 client weights for 3 clients"):
+        aggregate(prev_dir, dirs, tmp_path / "agg3", weighting="weights", weights=[0.5, 0.5])
+    with pytest.raises(AggregateError, match="not all finite and >= 0"):
+        client_weights(dirs, "weights", [0.5, -0.3, 0.8])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"aggregate.weighting": "weights"}, "aggregate.weighting is 'weights' but no list is given"),
+    ({"aggregate.weights": [0.5, 0.5]}, "set, but aggregate.weighting is 'uniform'"),
+    ({"aggregate.weighting": "weights", "aggregate.weights": [1.0]}, "1 weights for clients.total=2"),
+    ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, 0.6]}, "the weights sum to 1.1"),
+    ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, -0.5]}, "aggregate.weights"),
+])
+def test_weights_list_refused_at_plan_time_naming_the_key(overrides, message):
+    from pathlib import Path
+
+    from fedagent.core.config import ConfigError, load_config
+
+    repo = Path(__file__).resolve().parent.parent
+    with pytest.raises(ConfigError, match="config key 'aggregate.weights") as err:
+        load_config(repo / "config" / "config.yaml", overrides)
+    assert message in str(err.value)
+    ok = load_config(repo / "config" / "config.yaml", {"aggregate.weighting": "weights",
+                                                       "aggregate.weights": [0.7, 0.3 + 5e-7]})
+    assert ok["aggregate"]["weights"] == [0.7, 0.3 + 5e-7]

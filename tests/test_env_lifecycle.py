@@ -179,3 +179,19 @@ def test_an_env_service_refuses_a_jax_imported_for_the_gpu(monkeypatch):
     assert hide_accelerators() == NO_ACCELERATOR_ENV
     monkeypatch.delitem(sys.modules, "jax")
     assert hide_accelerators() == NO_ACCELERATOR_ENV
+def test_projection_reaches_the_service(tmp_path):
+    """rollout.projection through serve-env: reference executes a <think>-less answer's action on a
+    real TextWorld game (and survives a tagless empty answer), noop leaves the state as it was."""
+    d = tw_games_dir()
+    seen = {}
+    for projection in ("reference", "noop"):
+        with env_service(d, "val", ["tw-val-0000"], tmp_path / projection, mode="index", pool_size=1,
+                         max_turns=5, projection=projection) as c:
+            c.create("s")
+            obs0 = c.reset("s", 0)["observation"]
+            r = c.step("s", "<action>inventory</action>")
+            empty = c.step("s", "")
+            assert r["is_action_valid"] is False and empty["is_action_valid"] is False
+            seen[projection] = (obs0, r["observation"], empty["turns"])
+    assert seen["reference"][1] != seen["reference"][0] and "carrying" in seen["reference"][1].lower()
+    assert seen["noop"][1] == seen["noop"][0] and seen["reference"][2] == seen["noop"][2] == 2

@@ -106,7 +106,16 @@ def test_step_ids_replay_and_conflict(tc):
     post(tc, "/step", {"session_id": "a", "text": GOOD.format("look"), "step_id": 0}, 409)  # older id
 
 
-def test_invalid_answer_is_a_noop_that_costs_budget(tc):
+@pytest.fixture
+def tc_noop():
+    src, app = make(projection="noop")
+    with TestClient(app) as client:
+        yield client
+
+
+def test_invalid_answer_is_a_noop_that_costs_budget(tc_noop):
+    """rollout.projection noop (the former behaviour): an invalid answer never reaches the env."""
+    tc = tc_noop
     post(tc, "/create", {"session_id": "a"})
     obs = post(tc, "/reset", {"session_id": "a", "seed": 2})["observation"]
     for i in range(4):
@@ -317,7 +326,8 @@ def test_create_has_no_read_timeout():
 
 def test_action_answer_format_needs_no_think_block():
     # rollout.answer_format=action: "<action>x</action>" alone is a valid turn that steps the env;
-    # the default think_action format keeps treating it as a no-op (test above).
+    # the default think_action format treats it as invalid (executed under the reference projection,
+    # a no-op under noop: tests below and above).
     src, app = make(answer_format="action")
     with TestClient(app) as client:
         post(client, "/create", {"session_id": "a"})
@@ -328,6 +338,42 @@ def test_action_answer_format_needs_no_think_block():
         post(client, "/reset", {"session_id": "b", "seed": 2})
         r = post(client, "/step", {"session_id": "b", "text": "win, no tags", "step_id": 0})
         assert r["is_action_valid"] is False and r["reward"] == 0.0
+        assert r["observation"].endswith("you said win, no tags")     # reference projection: the tail was sent
+
+
+def _step_texts(app, texts, seed=2):
+    with TestClient(app) as client:
+        post(client, "/create", {"session_id": "a"})
+        post(client, "/reset", {"session_id": "a", "seed": seed})
+        return [post(client, "/step", {"session_id": "a", "text": t, "step_id": i}) for i, t in enumerate(texts)]
+
+
+def test_reference_projection_executes_a_format_error_and_sends_the_tail():
+    """FACTS §4, Projection (the default, rollout.projection reference): an answer missing <think> or
+    carrying CJK text is invalid (penalised in training) but its tagged action is executed; an answer
+    without action tags sends its last 30 characters (TextWorld, ALFWorld) or 20 (WebShop). Seen
+    failing on the old service, which made every invalid answer a no-op."""
+    src, app = make()
+    r = _step_texts(app, ["<action>Look</action>", "<think>\u597d</think><action>look</action>",
+                          "I would now go to the kitchen and win", "<action>win</action>"])
+    assert [x["is_action_valid"] for x in r] == [False] * 4
+    task = r[0]["task_id"]
+    assert r[0]["observation"] == f"{task}: you said look" and r[0]["action"] == "look"    # no <think>: executed
+    assert r[1]["observation"] == f"{task}: you said look"                                # CJK: executed
+    tail = "I would now go to the kitchen and win"[-30:].strip().lower()
+    assert r[2]["action"] == tail and r[2]["observation"] == f"{task}: you said {tail}"
+    assert r[3]["won"] and r[3]["reward"] == 10.0 and r[3]["done"]      # a tagged action without <think> wins
+    src.prompt_template = "webshop"
+    ws = build_app(src, "train", src.task_ids("train"), pool_size=1, max_turns=5)
+    r = _step_texts(ws, ["please search for a red shoe then click[buy now]"])
+    assert r[0]["action"] == "please search for a red shoe then click[buy now]"[-20:].strip().lower()
+    assert r[0]["observation"].endswith("you said " + r[0]["action"])
+    src.prompt_template = "textworld"
+    noop = build_app(src, "train", src.task_ids("train"), pool_size=1, max_turns=5, projection="noop")
+    r = _step_texts(noop, ["<action>win</action>"])
+    assert not r[0]["won"] and not r[0]["observation"].endswith("you said win")
+    with pytest.raises(ValueError, match="rollout.projection"):
+        build_app(src, "train", src.task_ids("train"), projection="skip")
     with pytest.raises(ValueError, match="answer_format"):
         make(answer_format="free_text")
 

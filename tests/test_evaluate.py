@@ -63,8 +63,10 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True):
-        seen.update(env_procs=env_procs, split=split, tasks=list(task_ids), mode=mode, source=source, env_params=env_params)
+                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True,
+                     projection="unset"):
+        seen.update(env_procs=env_procs, split=split, tasks=list(task_ids), mode=mode, source=source, env_params=env_params,
+                    projection=projection)
         env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
         yield env if wait else Pending(env)
 
@@ -80,7 +82,8 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
     assert ev.run(args) == 0
     res = json.loads(out.read_text())
     assert seen == {"split": "val", "tasks": ["fake-004", "fake-001", "fake-002"], "mode": "index",
-                    "source": "textworld", "env_params": None, "env_procs": 2}    # validation: never an env arm
+                    "source": "textworld", "env_params": None, "env_procs": 2,    # validation: never an env arm
+                    "projection": "reference"}    # rollout.projection reaches the eval's service
     assert res["n"] == 4 and [s["task_id"] for s in res["samples"]] == ["fake-004", "fake-001", "fake-002", "fake-004"]
     for key in ("round", "success_rate", "score_mean", "return_mean", "ci95", "per_task_type", "samples"):
         assert key in res

@@ -315,9 +315,10 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
 
     @contextlib.contextmanager
     def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True):
+                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True,
+                     projection="unset"):
         seen.update(env_procs=env_procs, split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
-                    source=source, env_params=env_params,
+                    source=source, env_params=env_params, projection=projection,
                     workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
         env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
         yield env if wait else Pending(env)
@@ -331,12 +332,13 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
     out = tmp_path / "round_001" / "clients" / "1"
     args = parser.parse_args(["--model", str(tiny_dir), "--ref-model", str(tiny_dir), "--games", str(tmp_path),
                               "--partition", str(part), "--client", "1", "--round", "1",
-                              "--params", json.dumps({**PARAMS, "epochs": 1, "env_procs": 2}), "--threads", "1",
+                              "--params", json.dumps({**PARAMS, "epochs": 1, "env_procs": 2, "projection": "noop"}),
+                              "--threads", "1",
                               "--out", str(out), "--quarantine", str(tmp_path / "_failed")])
     assert cli.run(args) == 0
     assert seen == {"split": "train", "tasks": ["fake-002", "fake-003"], "mode": "draw", "pool": 4,
                     "client": "1", "workdir_outside": True, "source": "textworld", "env_params": None,
-                    "env_procs": 2}
+                    "env_procs": 2, "projection": "noop"}    # rollout.projection reaches the job's service
     verify_manifest(out)
     tasks = {json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert tasks <= {"fake-002", "fake-003"}

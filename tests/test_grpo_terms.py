@@ -151,3 +151,102 @@ def test_masked_tokens_are_context_not_targets(tiny_dir):
         lp = torch.log_softmax(model(input_ids=torch.tensor([[5, 6, 40, 41, 30, 31, 42]])).logits[0].float(), -1)
     assert torch.allclose(got, torch.stack([lp[1, 40], lp[2, 41], lp[5, 42]]), atol=1e-5)
     assert s.trained_count() == 3 and grpo.token_advantages([s]).shape == (3,)
+
+
+# ---- dual-clip (issue 31, must-show 1) ---------------------------------------------------------
+
+def test_dual_clip_minimal_case_is_verls_number():
+    """p = 0.8, p_old = 0.2 (ratio 4), A = −1, ε = 0.2: verl's vanilla loss caps the token at
+    −A·c = 3.0 (and passes no gradient); without the cap it is −A·r = 4.0 with gradient 4."""
+    logp = torch.tensor([math.log(0.8)], requires_grad=True)
+    loss, st = grpo.grpo_token_terms(logp, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]),
+                                     clip=0.2, kl_coef=0.0, clip_ratio_c=3.0)
+    assert float(loss) == pytest.approx(3.0, rel=1e-6) and float(st["dual_clipped"]) == 1.0
+    loss.sum().backward()
+    assert float(logp.grad) == 0.0
+    off = torch.tensor([math.log(0.8)], requires_grad=True)
+    loss_off, st_off = grpo.grpo_token_terms(off, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]),
+                                             clip=0.2, kl_coef=0.0, clip_ratio_c=None)
+    loss_off.sum().backward()
+    assert float(loss_off) == pytest.approx(4.0, rel=1e-6) and float(off.grad) == pytest.approx(4.0, rel=1e-6)
+    assert float(st_off["dual_clipped"]) == 0.0
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        grpo.grpo_token_terms(off, off.detach(), None, torch.tensor([-1.0]), clip=0.2, kl_coef=0.0, clip_ratio_c=1.0)
+
+
+def _hand_token(r: float, a: float, eps: float, c: float | None) -> tuple[float, float]:
+    """One token's policy loss and d loss / d logp (r = exp(logp − old), so dr/dlogp = r), by cases."""
+    if a >= 0:
+        # max(−A·r, −A·clip(r)): the unclipped branch wins while r ≤ 1 + ε
+        return (-a * r, -a * r) if r <= 1 + eps else (-a * (1 + eps), 0.0)
+    # A < 0: max(−A·r, −A·clip(r)) = −A·max(r, 1 − ε); then min with −A·c
+    base = (-a * r, -a * r) if r >= 1 - eps else (-a * (1 - eps), 0.0)
+    if c is not None and base[0] > -a * c:
+        return -a * c, 0.0
+    return base
+
+
+@pytest.mark.parametrize("c", [3.0, 2.5, None])
+def test_dual_clip_loss_and_gradient_equal_the_hand_computation(c):
+    """A mini-batch of 12 tokens whose ratios span both clip edges and the cap: the token-mean loss
+    and its gradient w.r.t. each log-prob are the case-by-case hand values (seen failing on the
+    code without the cap: the four A < 0 tokens with r > c then carry −A·r and gradient −A·r)."""
+    ratios = [0.5, 0.9, 1.0, 1.1, 1.3, 2.0, 2.8, 3.2, 4.0, 6.0, 0.7, 3.5]
+    advs = [1.0, -0.5, 0.8, -1.2, 1.5, -0.7, -1.0, -0.9, -1.0, -2.0, -1.3, 0.6]
+    eps = 0.2
+    old = torch.tensor([math.log(0.1 + 0.05 * k) for k in range(len(ratios))])
+    logp = (old + torch.log(torch.tensor(ratios))).detach().requires_grad_(True)
+    terms, st = grpo.grpo_token_terms(logp, old, None, torch.tensor(advs), clip=eps, kl_coef=0.0, clip_ratio_c=c)
+    loss = terms.sum() / len(ratios)
+    loss.backward()
+    hand = [_hand_token(r, a, eps, c) for r, a in zip(ratios, advs)]
+    assert float(loss) == pytest.approx(sum(h[0] for h in hand) / len(hand), rel=1e-6)
+    assert logp.grad.tolist() == pytest.approx([h[1] / len(hand) for h in hand], rel=1e-5, abs=1e-7)
+    capped = [a < 0 and c is not None and -a * max(r, 1 - eps) > -a * c for r, a in zip(ratios, advs)]
+    assert st["dual_clipped"].tolist() == [float(x) for x in capped]
+    if c == 3.0:
+        assert sum(capped) == 3    # r = 3.2, 4.0, 6.0 under A < 0 (r = 3.5 has A > 0: the ε clip, not the cap)
+
+
+def test_actor_step_carries_the_dual_clip(tiny_dir):
+    """update_step (the GRPO and PPO actor's step) with behaviour log-probs set so that some
+    A < 0 tokens have ratio > c: loss and gradient = the hand formula with the cap (train.clip_ratio_c
+    reaches the loss; seen failing with the actor not passing it, i.e. the loss without the cap)."""
+    from fedagent.train.actor import token_slices, update_step
+
+    beta, clip, c = 0.0, 0.2, 3.0
+    samples = _samples()
+    model, _ = load_policy(tiny_dir, threads=1)
+    p = TrainParams(temperature=1.0, kl_coef=beta, entropy_coef=0.0, clip=clip, clip_ratio_c=c,
+                    mini_batch_size=len(samples), micro_batch_size=2, grad_clip=1e9)
+    with torch.no_grad():
+        cur, _ = grpo.response_logprobs(model, samples, temperature=1.0)
+    # ratio per token: the A < 0 sample (index 1, two tokens) gets 4 and 5: both past the cap.
+    ratios = torch.tensor([1.1, 0.7, 1.4, 4.0, 5.0, 0.9, 1.0, 1.15, 2.0])
+    old = cur - torch.log(ratios)
+    adv = grpo.token_advantages(samples)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    params = [q for q in model.parameters() if q.requires_grad]
+    rec = update_step(model, opt, samples, list(range(len(samples))), old, None, adv, token_slices(samples), p, params)
+    got = {n: q.grad.detach().clone() for n, q in model.named_parameters()}
+
+    hand_model, _ = load_policy(tiny_dir, threads=1)
+    terms, k = [], 0
+    for s in samples:
+        full = torch.tensor([s.prompt_ids + s.response_ids])
+        lp_all = torch.log_softmax(hand_model(input_ids=full).logits[0].float(), -1)
+        for j, tok in enumerate(s.response_ids):
+            r = torch.exp(lp_all[len(s.prompt_ids) - 1 + j, tok] - old[k])
+            a = s.advantage
+            pg = torch.maximum(-a * r, -a * torch.clamp(r, 1 - clip, 1 + clip))
+            if a < 0:
+                pg = torch.minimum(pg, torch.tensor(-a * c))
+            terms.append(pg)
+            k += 1
+    want = torch.stack(terms).mean()
+    want.backward()
+    assert float(rec[2][:, 0].sum()) == pytest.approx(float(want), rel=1e-5)
+    uncapped = float(want) + sum(0.8 * (float(r) - c) for r in ratios[3:5]) / len(ratios)
+    assert abs(float(rec[2][:, 0].sum()) - uncapped) > 1e-3     # the cap changed the loss
+    for n, q in hand_model.named_parameters():
+        assert float((got[n] - q.grad).norm()) <= 1e-4 * float(q.grad.norm()) + 1e-8, n

@@ -128,14 +128,65 @@ def test_preference_realises_the_marginal_in_expectation():
     assert all(len(ts) == L for ts in clients.values())
 
 
-def test_task_disjoint_is_pairwise_disjoint_and_covers_the_pool():
+def test_task_disjoint_disjoint_mode_is_pairwise_disjoint_and_covers_the_pool():
     ids = [f"t{i:03d}" for i in range(103)]
-    clients = partition_tasks(ids, 10, "task_disjoint", 50)
+    clients = partition_tasks(ids, 10, "task_disjoint", 50, knobs={"task_disjoint_slices": "disjoint"})
     seen = [t for ts in clients.values() for t in ts]
     assert sorted(seen) == ids and len(set(seen)) == len(seen)
     assert sorted(len(ts) for ts in clients.values()) == [10] * 7 + [11] * 3
     with pytest.raises(ValueError):
         partition_tasks(ids[:5], 10, "task_disjoint", 1)
+    with pytest.raises(ValueError, match="task_disjoint_slices"):
+        partition_tasks(ids, 10, "task_disjoint", 1, knobs={"task_disjoint_slices": "bogus"})
+
+
+def test_task_disjoint_honours_L_as_the_reference_by_default():
+    """The reference's arm serves catalog_split's goal slice, the uniform one widened to L (FACTS
+    §2): WebShop's 6410 train goals, N = 100, L = 100 give 100-goal slices (client 0 = [0, 100),
+    client 99 = [6310, 6410)), not the 64/65 of disjoint slices (seen failing on the old arm)."""
+    ids = [f"g{i:04d}" for i in range(6410)]
+    clients, st = compute(PartitionContext(ids, 100, 100, 42, {}, {}, None), "task_disjoint")
+    assert {len(ts) for ts in clients.values()} == {100}
+    assert clients["0"] == ids[0:100] and clients["99"] == ids[6310:6410]
+    assert clients == partition_tasks(ids, 100, "uniform", 100)          # the same slices as uniform
+    assert st["min_tasks_applied"] is True and st["slices"][1] == [46, 146]
+    alf = [f"a{i:04d}" for i in range(3553)]                              # ALFWorld: base 35 → 100
+    assert {len(ts) for ts in partition_tasks(alf, 100, "task_disjoint", 100).values()} == {100}
+    # L below the base: disjoint base-sized slices (the remainder n mod N is nobody's, as in uniform)
+    small = partition_tasks(ids[:103], 10, "task_disjoint", 5)
+    assert [len(ts) for ts in small.values()] == [10] * 10 and len({t for ts in small.values() for t in ts}) == 100
+
+
+def _webshop_pool(n_fashion=1000, n_other=100):
+    cats = ("beauty", "electronics", "fashion", "food", "furniture")
+    types = {}
+    for c in cats:
+        for k in range(n_fashion if c == "fashion" else n_other):
+            types[f"{c}-{k:04d}"] = c
+    return list(types), types
+
+
+def test_preference_subsamples_fashion_per_client_as_the_reference():
+    """WebShop's preference arm keeps max(1, ⌊0.2·|fashion|⌋) fashion goals per client before the
+    Dirichlet draw (FACTS §2): π sees 200 of 1000, and no client gets more than its own 200 fashion
+    goals from the category draw, whatever its q (seen failing on the old arm: up to L = 300)."""
+    ids, types = _webshop_pool()
+    ctx = PartitionContext(ids, 40, 300, 42, {"omega": 0.99}, types, None)
+    clients, st = compute(ctx, "preference")
+    assert st["fashion"] == {"pool": 1000, "kept_per_client": 200, "ratio": 0.2}
+    cats = st["categories"]
+    assert st["pi"][cats.index("fashion")] == pytest.approx((200 / 600 + 0.01) / 1.05)
+    fashion = [[t for t in ts if types[t] == "fashion"] for ts in clients.values()]
+    q = np.array(st["q"])[:, cats.index("fashion")]
+    # the category draw gives ≤ 200; only the top-up (other categories full: 400 < L is not the case
+    # here, 4 × 100 + 200 = 600 ≥ 300) could add more, so every client stays within its subsample
+    assert max(len(f) for f in fashion) <= 200 and q.max() > 0.7
+    assert all(len(ts) == 300 for ts in clients.values())
+    assert len({frozenset(f) for f in fashion if f}) > 1                  # each client its own subsample
+    full, st_full = compute(PartitionContext(ids, 40, 300, 42, {"omega": 0.99, "fashion_ratio": 1.0}, types, None),
+                            "preference")
+    assert "fashion" not in st_full and max(sum(types[t] == "fashion" for t in ts) for ts in full.values()) > 200
+    # A pool without 'fashion' (ALFWorld's types) is what it was: the golden hash below pins it.
 
 
 def _alfworld_ids():

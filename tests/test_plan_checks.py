@@ -109,7 +109,7 @@ def test_command_line_strings_take_the_schema_types_and_files_keep_theirs():
     assert fc.coerce_scalar("eval.n", "2.0", {"integer"}) == 2 and fc.coerce_scalar("x", "1e3", {"integer"}) == 1000
     with pytest.raises(fc.ConfigError, match="'eval.n'"):
         fc.coerce_scalar("eval.n", "2.5", {"integer"})
-    top = with_overrides(yaml.safe_load(TEST_CONFIG.read_text()), {"rounds": 4.0, "eval.n": 3.0})
+    top = with_overrides(yaml.safe_load(TEST_CONFIG.read_text()), {"rounds": 4.0, "eval.n": 2.0})
     fc.prepare_config(top)  # integral floats (Snakemake parses rounds=4.0 as a float) become ints
     assert top["rounds"] == 4 and type(top["rounds"]) is int and type(top["eval"]["n"]) is int
     with pytest.raises(fc.ConfigError, match="'train.max_turns'"):
@@ -192,7 +192,8 @@ ENTRY_POINTS = {
     "critic-init": lambda v, tmp: importlib.import_module("fedagent.model.critic").check_job_keys(v),
     "warm-start": lambda v, tmp: importlib.import_module("fedagent.train.warm_start").WarmStartParams.from_dict(v),
     "demo-pool": lambda v, tmp: importlib.import_module("fedagent.plan.demo_pool").check_job_keys(v),
-    "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(["t0"], v["n"]),
+    "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(
+        [f"v{i}" for i in range(v["webshop_pool" if v["kind"] == "webshop" else "pool"])], v["n"], kind=v["kind"]),
     "select": lambda v, tmp: importlib.import_module("fedagent.plan.selection").select_clients(
         v["base_seed"], 1, v["total"], v["per_round"]),
     "partition": lambda v, tmp: importlib.import_module("fedagent.partition").partition_tasks(
@@ -264,7 +265,7 @@ def test_config_show_default_run():
 def test_config_show_preset_and_command_line(tmp_path):
     preset = tmp_path / "preset.yaml"
     preset.write_text("run: preset-a\nclients: {total: 8, per_round: 4}\ntrain: {lr: 3.0e-6}\n"
-                      "env: {train_games: 16}\nserver: {optimizer: fedadam, lr: 0.01}\n")
+                      "env: {train_games: 16, val_games: 30}\nserver: {optimizer: fedadam, lr: 0.01}\n")
     proc = _show("--base", "config/config.yaml", "--configfile", str(preset),
                  "--set", "eval={n: 30, temperature: 0.1}", "--set", "keep.protect_models=true",
                  "--set", "rounds=70")
@@ -294,7 +295,7 @@ def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_snakemake_nested_overrides_take_effect_and_a_bad_string_is_named(tmp_path):
     work = make_workdir(tmp_path / "w")
-    proc = _dry_run(work, "--config", "eval={n: 5}", "train={lr: 2.5e-4}",
+    proc = _dry_run(work, "--config", "eval={n: 5}", "env={val_games: 5}", "train={lr: 2.5e-4}",
                     "keep={client_updates: false, protect_models: true}", "rounds=1.0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
@@ -417,3 +418,60 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
                           text=True, timeout=300)
     assert "RC=0" in proc.stdout and "PARSED=True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "HEAVY=\n" in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- eval.n and the validation pool
+def test_eval_n_past_the_validation_pool_is_refused_naming_both_keys():
+    """Index mode plays tasks[seed % pool]: eval.n past the pool would replay tasks as if independent
+    (issue 31). Refused at plan time and by the val-set job, naming eval.n and the pool's key
+    (seen failing before the rule: eval: {n: 500} with 2 validation games planned)."""
+    from fedagent.plan.val_set import build_val_set
+
+    with pytest.raises(fc.ConfigError, match=r"config key 'eval.n': 500 exceeds the validation pool "
+                                             r"\(env.val_games=2\)"):
+        fc.load_config(REPO / "config" / "config.yaml", {"eval.n": 500})
+    ws = {"env.kind": "webshop", "env.webshop.val_goals": 10, "eval.n": 11}
+    with pytest.raises(fc.ConfigError, match=r"'eval.n': 11 exceeds .*env.webshop.val_goals=10"):
+        fc.load_config(REPO / "config" / "config.yaml", ws)
+    assert fc.load_config(REPO / "config" / "config.yaml", {**ws, "eval.n": 10})["eval"]["n"] == 10
+    with pytest.raises(fc.ConfigError, match=r"'eval.n': 3 exceeds the validation pool \(env.val_games=2\)"):
+        build_val_set(["v0", "v1"], 3)
+    assert build_val_set(["v0", "v1"], 2)["task_of_seed"] == ["v0", "v1"]
+
+
+@pytest.mark.workflow
+def test_snakemake_dry_run_refuses_eval_n_past_the_pool(tmp_path):
+    work = make_workdir(tmp_path / "w")
+    bad = _dry_run(work, "--config", "eval={n: 500}")
+    assert bad.returncode != 0 and not (work / "results").exists()
+    assert "fedagent: invalid config: config key 'eval.n': 500 exceeds the validation pool (env.val_games=2)" \
+        in bad.stderr, bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr
+    ok = _dry_run(work, "--config", "eval={n: 500}", "env={val_games: 500}")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+@pytest.mark.workflow
+def test_aggregate_jobs_carry_their_rounds_clients_weights(tmp_path):
+    """aggregate.weighting weights: each aggregate job gets its round's selected clients' entries, in
+    the order of its --clients (per-round params: only what that job reads); uniform runs' aggregate
+    command is what it was."""
+    import re
+
+    from fedagent.plan.selection import select_clients
+
+    work = make_workdir(tmp_path / "w")
+    proc = _dry_run(work, "--config", "clients={total: 3, per_round: 2}", "env={train_games: 3}",
+                    "aggregate={weighting: weights, weights: [0.5, 0.3, 0.2]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = default_config()
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "fedagent aggregate" in ln]
+    assert len(lines) == cfg["rounds"]
+    for line in lines:
+        r = int(re.search(r"round_(\d{3})/aggregate", line).group(1))
+        sel = select_clients(cfg["seed"], r, 3, 2)
+        assert f"--weighting weights --client-weights {' '.join(repr(w) for w in [[0.5, 0.3, 0.2][c] for c in sel])} " \
+            in line, line
+    plain = _dry_run(work)
+    assert all("--weighting uniform --min-clients" in ln for ln in (plain.stdout + plain.stderr).splitlines()
+               if "fedagent aggregate" in ln)

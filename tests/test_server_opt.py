@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 
+import pytest
 import torch
 
 from fedagent.server.aggregate import aggregate
@@ -64,3 +65,63 @@ def test_fedadam_resume_is_byte_identical(tmp_path):
     merge(tmp_path / "kill" / "r1", tmp_path / "agg2", tmp_path / "fresh" / "r2", make_optimizer("fedadam", **hp),
           round_=2)
     assert _hash_dir(tmp_path / "fresh" / "r2")["model.safetensors"] != a["model.safetensors"]
+
+
+def test_one_fedadam_round_pinned_against_a_hand_computation(tmp_path):
+    """A whole round (aggregate → merge) with FedAdam, against numbers worked by hand (issue 31).
+
+    prev w, two clients (uniform weights): Δ̄ = mean(cᵢ − w); m = (1−β1)Δ̄; v = β2·τ² + (1−β2)Δ̄²
+    (v starts at τ², not Flower's 0); w' = w + η·m/(√v + τ) (no bias correction, unlike Flower's
+    FedAdam). E.g. the last element: Δ̄ = 0.001 → m = 1e-4, v = 0.99e-6 + 0.01e-6 = 1e-6, so
+    w' = 1 + 0.1·1e-4/(1e-3 + 1e-3) = 1.005 exactly in real numbers.
+    """
+    import json
+    import math
+
+    from safetensors.torch import load_file
+
+    from fedagent.model.hf_dir import save_model_dir
+
+    w = [0.5, -0.25, 0.0, 1.0]
+    deltas = ([0.01, -0.02, 0.0, 0.004], [0.03, 0.0, -0.01, -0.002])
+    prev_dir = save_model_dir(tmp_path / "prev", {"w": torch.tensor(w, dtype=torch.float32)})
+    dirs = [save_model_dir(tmp_path / f"c{i}", {"w": torch.tensor([a + b for a, b in zip(w, d)], dtype=torch.float32)},
+                           json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1, "num_episodes": 1}})
+            for i, d in enumerate(deltas)]
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    lr, b1, b2, tau = 0.1, 0.9, 0.99, 1e-3
+    merge(prev_dir, tmp_path / "agg", tmp_path / "r1", make_optimizer("fedadam", lr=lr, beta1=b1, beta2=b2, tau=tau),
+          round_=1)
+    got = load_file(str(tmp_path / "r1" / "model.safetensors"))["w"].double().tolist()
+    hand = []
+    for wi, a, b in zip(w, *deltas):
+        d = (a + b) / 2
+        m, v = (1 - b1) * d, b2 * tau ** 2 + (1 - b2) * d * d
+        hand.append(wi + lr * m / (math.sqrt(v) + tau))
+    # the same numbers, written out (fp32 arithmetic: 1e-6 relative)
+    pinned = [0.5618461549, -0.2914821816, -0.0236568485, 1.005]
+    assert hand == pytest.approx(pinned, rel=1e-9, abs=1e-10)
+    assert got == pytest.approx(pinned, rel=2e-6, abs=1e-7)
+    state = load_file(str(tmp_path / "r1" / "server_state.safetensors"))
+    assert state["v/w"].double().tolist() == pytest.approx([4.99e-6, 1.99e-6, 1.24e-6, 1.0e-6], rel=1e-5)
+    assert state["m/w"].double().tolist() == pytest.approx([2e-3, -1e-3, -5e-4, 1e-4], rel=1e-4)  # fp32 inputs near 1
+    assert json.loads((tmp_path / "r1" / "server.json").read_text())["optimizer"] == "fedadam"
+
+
+def test_adaptive_optimizers_need_an_explicit_lr():
+    """server.lr null: 1.0 for fedavg/fedavgm; fedadam/fedyogi refused naming server.lr (plan time
+    and the merge job; seen failing when null fell back to 1.0 for every optimizer)."""
+    from pathlib import Path
+
+    from fedagent.core.config import ConfigError, load_config
+
+    repo = Path(__file__).resolve().parent.parent
+    for name in ("fedadam", "fedyogi"):
+        with pytest.raises(ConfigError, match=r"config key 'server.lr': server.optimizer %s needs an explicit" % name):
+            load_config(repo / "config" / "config.yaml", {"server.optimizer": name})
+        with pytest.raises(ConfigError, match="config key 'server.lr'"):
+            make_optimizer(name)
+        assert make_optimizer(name, lr=0.01).lr == 0.01
+    assert load_config(repo / "config" / "config.yaml", {"server.optimizer": "fedadam", "server.lr": 0.01})
+    assert make_optimizer("fedavg").lr == 1.0 and make_optimizer("fedavgm").lr == 1.0
+    assert load_config(repo / "config" / "config.yaml")["server"]["lr"] is None

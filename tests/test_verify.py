@@ -15,7 +15,7 @@ from fedagent.core.atomic import write_manifest
 from fedagent.cli import main as cli_main
 from fedagent.model.hf_dir import TensorReader, read_header, save_model_dir, tensor_index, write_tensors
 from fedagent.server.merge import merge
-from fedagent.server.optimizers import FedAvg, make_optimizer
+from fedagent.server.optimizers import OPTIMIZERS, FedAvg, make_optimizer
 from fedagent.server.optimizers import HPARAM_FLAGS as FLAGS
 from fedagent.server.verify import WEIGHT, recompute
 from test_aggregate import make_round, random_model
@@ -205,7 +205,7 @@ def test_verify_server_step_fails_on_tampered_weight(two_rounds, tmp_path, capsy
 
 @pytest.mark.parametrize("slot", ["m", "v"])
 def test_verify_server_step_fails_on_tampered_state(two_rounds, tmp_path, slot, capsys):
-    if slot not in make_optimizer(two_rounds["name"]).slots:
+    if slot not in OPTIMIZERS[two_rounds["name"]].slots:
         pytest.skip(f"{two_rounds['name']} has no state {slot!r}")
     name = f"{slot}/layer.0.mlp.weight"
     model = tampered_copy(two_rounds, tmp_path, "server_state.safetensors", lambda t: bump(t, name))
@@ -243,13 +243,13 @@ def test_verify_server_step_checks_round_step_and_optimizer(two_rounds, capsys):
     res = verify_cli(rnd, flags=server_flags(run["name"], run["hp"], rnd["model"]), in_process=capsys)
     assert res.returncode != 0 and "server.json: round 2 != previous round 2 + 1" in res.stderr, res.stderr
     other = "fedavgm" if run["name"] != "fedavgm" else "fedadam"
-    res = verify_cli(rnd, flags=server_flags(other, {}, rnd["state"]), in_process=capsys)
+    res = verify_cli(rnd, flags=server_flags(other, {"lr": 0.1}, rnd["state"]), in_process=capsys)
     assert res.returncode != 0 and f"optimizer {run['name']!r} != --server-opt {other}" in res.stderr, res.stderr
 
 
 def test_verify_server_state_structure(two_rounds, tmp_path, capsys):
     run = two_rounds
-    slots = make_optimizer(run["name"]).slots
+    slots = OPTIMIZERS[run["name"]].slots
     if not slots:
         pytest.skip("fedavg has no state tensors")
     name = f"{slots[-1]}/scalar"

@@ -46,6 +46,7 @@ CASES = {
                                                         "train.groups_per_epoch": 4}, VerlSettings(enforce_eager=True)),
     "extra": (REPO / "config" / "config.yaml", {}, VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",))),
     "kv-cache": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=1.5)),
+    "dual-clip-2.5": (REPO / "config" / "config.yaml", {"train.clip_ratio_c": 2.5}, VerlSettings()),
     # scripts/gpu/verl-round.sh VLLM_EXECUTOR=uni: a second vLLM engine key beside the KV size.
     "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(
         kv_cache_gb=4, extra_overrides=(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.{UNI[0]}={UNI[1]}",))),
@@ -75,6 +76,8 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert r.n == p.group_size and r.temperature == p.temperature and r.response_length == p.max_new_tokens
     assert r.prompt_length == p.max_prompt_tokens and cfg.data.train_batch_size == p.groups_per_epoch
     assert a.optim.lr == p.lr and a.use_kl_loss == (p.kl_coef > 0) and a.kl_loss_type == "low_var_kl"
+    # one objective on both backends: verl's dual-clip cap is train.clip_ratio_c (default 3.0, verl's own)
+    assert a.clip_ratio == p.clip and a.clip_ratio_c == p.clip_ratio_c and a.policy_loss.loss_mode == "vanilla"
     assert a.checkpoint.save_contents == ["model"] and a.fsdp_config.model_dtype == "fp32"
     assert t.n_gpus_per_node == s.gpus and t.total_training_steps == p.epochs and t.save_freq == p.epochs
     assert t.resume_mode == "disable" and t.val_before_train is False and t.use_v1 is True
@@ -137,3 +140,39 @@ def test_the_verl_job_plays_rollout_history(tmp_path, monkeypatch):
         backend.train_client_verl(model, model, {"uds": "/nonexistent.sock"}, round=1, client=0,
                                   params=TrainParams(history=5), settings=VerlSettings(), out_dir=tmp_path / "u")
     assert seen == {"history_length": 5}
+
+
+@pytest.mark.parametrize("c", [3.0, 2.5])
+def test_verls_policy_loss_under_our_launch_is_our_loss(tmp_path, c):
+    """verl's own vanilla policy loss, with the actor config our launch composes, gives the same
+    token-mean loss and gradient as the local backend's ``grpo_token_terms`` on a mini-batch where
+    the dual clip binds on some tokens (seen failing with the local cap removed)."""
+    import math
+
+    import torch
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from fedagent.train.grpo import grpo_token_terms
+
+    p = workflow_train_params(REPO / "config" / "config.yaml", **{"train.clip_ratio_c": c})
+    job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
+    ov = build_overrides(p, VerlSettings(), job=job, model_dir=tmp_path / "model", rows=tmp_path / "rows.parquet",
+                         agent_loop_yaml=tmp_path / "agent_loop.yaml", rollout_seed=1)
+    actor = omega_conf_to_dataclass(compose_ppo(ov).actor_rollout_ref.actor)
+    g = torch.Generator().manual_seed(31)
+    old = torch.log(torch.rand(46, generator=g) * 0.5 + 0.05)
+    logp = (old + torch.randn(46, generator=g) * 0.6).clamp(max=0.0)
+    logp[:3] = old[:3] + math.log(4.0)          # three tokens at ratio 4 ...
+    adv = torch.randn(46, generator=g)
+    adv[:3] = -1.0                              # ... under a negative advantage: the cap binds
+    ours_lp = logp.clone().requires_grad_(True)
+    terms, st = grpo_token_terms(ours_lp, old, None, adv, clip=p.clip, kl_coef=0.0, clip_ratio_c=p.clip_ratio_c)
+    ours = terms.sum() / terms.numel()
+    ours.backward()
+    verl_lp = logp.clone()[None].requires_grad_(True)
+    theirs, _ = compute_policy_loss_vanilla(old[None], verl_lp, adv[None], torch.ones(1, 46), "token-mean", actor)
+    theirs.backward()
+    assert float(st["dual_clipped"].sum()) >= 3
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-6)
+    assert torch.allclose(ours_lp.grad, verl_lp.grad[0], rtol=1e-6, atol=1e-8)

@@ -156,6 +156,7 @@ TRAIN_PARAMS = as_json({
     # env.procs only when set (an execution knob: a default run's params and cached jobs stay as they were)
     **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     "answer_format": config["rollout"]["answer_format"],
+    "projection": config["rollout"]["projection"],   # the env's semantics of an invalid answer
     **rollout_params(),
     # FedProx only when armed (μ = 0 is plain FedAvg: same params, same cached updates).
     **({"fedprox_mu": config["train"]["fedprox_mu"]} if config["train"]["fedprox_mu"] else {}),
@@ -170,6 +171,7 @@ EVAL_PARAMS = as_json({
     **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     **job_params("eval", ("threads", "n", "clients", "backend", "vllm", "gpu_mem_gb")),
     "answer_format": config["rollout"]["answer_format"],
+    "projection": config["rollout"]["projection"],   # the env's semantics of an invalid answer
     **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
 })
@@ -215,6 +217,7 @@ LABELS_PARAMS = as_json({
     **{k: config["train"][k] for k in ("temperature", "max_turns", "max_new_tokens", "max_prompt_tokens")},
     **({"max_turns": config["partition"]["labels_max_turns"]} if config["partition"]["labels_max_turns"] else {}),
     **rollout_params(),
+    "projection": config["rollout"]["projection"],
 })
 
 
@@ -279,3 +282,52 @@ DROP_AT_ATTEMPT = config["clients"]["retries"] + 1 if MIN_CLIENTS else 0
 # `fedagent merge` flags of the chosen server optimizer only (its own hyper-parameters).
 SERVER_FLAGS = cli_flags(config["server"]["optimizer"],
                          **{k: v for k, v in config["server"].items() if k != "optimizer"})
+
+
+# ---- helpers of rules/webshop.smk and rules/report.smk, kept here so that `snakemake --lint` finds
+# no file mixing functions with rules (tests/test_workflow_lint.py)
+def webshop_source_flags():
+    """--data/--data-manifest/--goals/--max-products flags of the configured data source."""
+    ws = config["env"]["webshop"]
+    flags = f"--goals {ws['goals']}"
+    if ws["data"] is not None:
+        flags += f" --data {ws['data']}"
+    if ws["data_manifest"] is not None:
+        flags += f" --data-manifest {ws['data_manifest']}"
+    if ws["max_products"] is not None:
+        flags += f" --max-products {ws['max_products']}"
+    return flags
+
+
+# eval.clients: the per-client table is a declared output too (header only in round 0).
+CLIENT_SUMMARY = [f"{RUN}/round_{{round}}/client_summary.csv"] if config["eval"]["clients"] else []
+
+
+def report_inputs(w):
+    """Evals of rounds 0..r; this round's job timings (client metrics, eval timings, Snakemake
+    benchmark files); the previous round's timings.csv (so the table has every round)."""
+    r = int(w.round)
+    d = {"evals": ([f"{round_dir(0)}/base_eval.json"] if WARM_START else [])
+                  + [f"{round_dir(k)}/eval.json" for k in range(0, r + 1)],
+         "eval_timings": f"{round_dir(r)}/eval_timings.json",
+         "benchmarks": [f"{RUN}/benchmarks/round_{r:03d}/eval.tsv"]}
+    if r >= 1:
+        d["clients"] = [f"{round_dir(r)}/clients/{c}" for c in selected_clients(r)]
+        d["benchmarks"] += [f"{RUN}/benchmarks/round_{r:03d}/{name}.tsv" for name in
+                            ["aggregate", "merge"] + [f"train_client_{c}" for c in selected_clients(r)]]
+        d["prev_timings"] = f"{round_dir(r - 1)}/timings.csv"
+    client_evals = client_eval_files(w)
+    if client_evals:
+        d["client_evals"] = client_evals
+    return d
+
+
+def aggregate_weighting(wildcards):
+    """The aggregate rule's --weighting value: the weighting's name, and for ``weights`` its round's
+    clients' entries of aggregate.weights (``--client-weights``, in the order of its --clients): the
+    round's params carry only those, and every other weighting's params stay what they were."""
+    weighting = config["aggregate"]["weighting"]
+    if weighting != "weights":
+        return weighting
+    ws = config["aggregate"]["weights"]
+    return f"weights --client-weights {' '.join(repr(float(ws[c])) for c in selected_clients(wildcards.round))}"

@@ -129,6 +129,38 @@ def _grpo_needs_a_group(get):
     return None
 
 
+def val_pool_key(kind: str) -> str:
+    """The config key that sizes the validation pool of an env kind."""
+    return "env.webshop.val_goals" if kind == "webshop" else "env.val_games"
+
+
+@cross_rule("eval.n", ["eval.n", "env.kind", "env.val_games", "env.webshop.val_goals"], violation={"eval.n": 3})
+def _eval_n_within_the_validation_pool(get):
+    # Index mode plays tasks[seed % pool]: past the pool, seeds replay tasks, and the report's
+    # interval would treat the repeats as independent draws (issue 31).
+    pool_key = val_pool_key(get("env.kind"))
+    if get("eval.n") > get(pool_key):
+        return (f"{get('eval.n')} exceeds the validation pool ({pool_key}={get(pool_key)}): seeds past it would "
+                "replay the same tasks and the 95 % interval would count the repeats as independent draws; "
+                f"lower eval.n or raise {pool_key}")
+    return None
+
+
+# server.lr null: the η of the server optimizers that have a default (fedagent.server.optimizers);
+# fedadam and fedyogi have none.
+SERVER_DEFAULT_LR = {"fedavg": 1.0, "fedavgm": 1.0}
+
+
+@cross_rule("server.lr", ["server.optimizer", "server.lr"], violation={"server.optimizer": "fedadam"})
+def _adaptive_server_needs_an_lr(get):
+    name = get("server.optimizer")
+    if get("server.lr") is None and name not in SERVER_DEFAULT_LR:
+        return (f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
+                "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
+                "fedyogi 0.01; docs/architecture.md, Server optimizers)")
+    return None
+
+
 @dataclass(frozen=True)
 class Requirement:
     """A feature needs a setting: when ``when_key``'s value passes ``when``, ``need_key`` must be ``need``.
@@ -163,6 +195,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("train.algorithm", "train.algorithm", lambda algo: algo == "ppo", "train.backend", "local",
                 "ppo runs on train.backend=local only (got {got!r})",
                 {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"}),
+    Requirement("train.clip_ratio_c", "train.clip_ratio_c", lambda c: c is None, "train.backend", "local",
+                "null (no dual-clip) is implemented for train.backend=local only (verl's vanilla policy loss always "
+                "caps at clip_ratio_c > 1; got {got!r})",
+                {"train.backend": "verl", "train.ref_anchor": "round", "train.clip_ratio_c": None}),
     Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.device", "cuda",
                 "{value!r} trains on train.device=cuda only (the CPU path is fp32 and byte-deterministic; got {got!r})",
                 {"train.residual_dtype": "bfloat16"}),
@@ -249,6 +285,7 @@ def check_cross_fields(config: dict) -> dict:
         )
     if get_path(config, "env.kind", None) == "webshop":
         _check_webshop(config["env"]["webshop"])
+    _check_aggregate_weights(config)
     check_experiment_fields(config)
     return config
 
@@ -288,6 +325,32 @@ def check_experiment_fields(config: dict) -> dict:
     if alf.get("data") and not Path(alf["data"]).is_dir():
         raise ConfigError(f"config key 'env.alfworld.data': {alf['data']} is not a directory")
     return config
+
+
+WEIGHTS_SUM_TOLERANCE = 1e-6   # the reference's check on its weights list
+
+
+def _check_aggregate_weights(config: dict) -> None:
+    """``aggregate.weights``: set iff weighting is ``weights``, one per client, summing to 1 ± 1e-6.
+
+    Plan time only: each aggregate job receives its round's clients' entries (and checks those)."""
+    agg = config.get("aggregate") or {}
+    weighting, weights = agg.get("weighting", "uniform"), agg.get("weights")
+    if weighting == "weights" and weights is None:
+        raise ConfigError("config key 'aggregate.weights': aggregate.weighting is 'weights' but no list is given "
+                          "(one weight per client, summing to 1)")
+    if weights is None:
+        return
+    if weighting != "weights":
+        raise ConfigError(f"config key 'aggregate.weights': set, but aggregate.weighting is {weighting!r} "
+                          "(use weighting: weights, or drop the list)")
+    total = config["clients"]["total"]
+    if len(weights) != total:
+        raise ConfigError(f"config key 'aggregate.weights': {len(weights)} weights for clients.total={total} "
+                          "(one per client)")
+    s = sum(float(w) for w in weights)
+    if abs(s - 1.0) > WEIGHTS_SUM_TOLERANCE:
+        raise ConfigError(f"config key 'aggregate.weights': the weights sum to {s!r}, not 1 (± {WEIGHTS_SUM_TOLERANCE})")
 
 
 def _check_webshop(ws: dict) -> None:

@@ -82,6 +82,7 @@ def env_service(
     env_procs: int = 0,
     source: str | None = None,
     answer_format: str = "think_action",
+    projection: str = "reference",
     env_params: dict | None = None,
     wait: bool = True,
     expert: bool = False,
@@ -108,7 +109,7 @@ def env_service(
            "--source", source, "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
            "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
     cmd += ["--env-threads", "1" if env_threads else "0", "--env-procs", str(env_procs),
-            "--answer-format", answer_format]
+            "--answer-format", answer_format, "--projection", projection]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
     if expert:

@@ -84,6 +84,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=50)
     parser.add_argument("--answer-format", choices=["think_action", "action"], default="think_action",
                         help="what an answer must hold to be a valid turn (rollout.answer_format)")
+    parser.add_argument("--projection", choices=["reference", "noop"], default="reference",
+                        help="what the env does with an invalid answer (rollout.projection)")
     parser.add_argument("--client-id", default=None)
     parser.add_argument("--expert", action="store_true",
                         help="envs with their expert and the /expert_batch endpoint (the warm start's demos)")
@@ -225,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
                     max_turns=args.max_turns, client_id=args.client_id, token=token,
                     create_timeout=args.create_timeout, env_threads=bool(args.env_threads), env_procs=args.env_procs,
-                    answer_format=args.answer_format, expert=args.expert)
+                    answer_format=args.answer_format, projection=args.projection, expert=args.expert)
     sock, where = bind_socket(args)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=3, lifespan="on")

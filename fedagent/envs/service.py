@@ -11,7 +11,8 @@ Protocol (FACTS §4, issue 3):
   draw: ``tasks[Random(seed).randrange(n)]``, a local RNG); zeroes the step counter. The answer
   names the source's ``prompt_template`` (the rollout renders that env's prompt family).
 - ``POST /step {session_id, text, step_id}``: ``text`` is the model's answer, parsed here with
-  :func:`fedagent.rollout.parsing.parse_action`; an invalid answer is a no-op turn. step_id
+  :func:`fedagent.rollout.parsing.parse_action`; an invalid answer steps the env with its
+  projected action (``projection="reference"``, the reference's) or is a no-op turn (``noop``). step_id
   must be the next expected id; the previous id (same text) replays the cached response;
   anything else is 409.
 - ``POST /step_batch {items: [{session_id, text, step_id}, ...]}``: up to
@@ -57,7 +58,7 @@ from fedagent.envs.protocol import (BATCH_PATHS, MAX_BATCH_BODY_BYTES, MAX_BODY_
                                     MAX_TEXT_CHARS, BatchRequest, HealthResponse, ResetBatchResponse, ResetRequest,
                                     ResetResponse, SessionBatchResponse, SessionRequest, SessionResponse,
                                     StepBatchResponse, StepRequest, StepResponse, ExpertBatchResponse, ExpertResponse)
-from fedagent.rollout.parsing import parse_action
+from fedagent.rollout.parsing import fallback_chars, parse_action
 from fedagent.rollout.prompts import PROMPT_TEMPLATES
 
 def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
@@ -97,13 +98,15 @@ def build_app(
     env_threads: bool = True,
     env_procs: int = 0,
     answer_format: str = "think_action",
+    projection: str = "reference",
     expert: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving ``task_ids`` (in this order) of ``task_source`` from a pool.
 
-    ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of
-    an answer for it to be a valid (non-no-op) turn. ``expert``: envs made with their expert
-    (``make_env(..., policy_commands=True)``) and the ``/expert_batch`` endpoint.
+    ``answer_format`` (``think_action`` | ``action``) is what :func:`parse_action` requires of an
+    answer for it to be valid; ``projection`` what an invalid one does (fedagent.rollout.parsing).
+    ``expert``: envs made with their expert (``make_env(..., policy_commands=True)``) and the
+    ``/expert_batch`` endpoint.
     """
     tasks = list(task_ids)
     if not tasks:
@@ -119,6 +122,8 @@ def build_app(
     if prompt_template not in PROMPT_TEMPLATES:
         raise ValueError(f"task source {type(task_source).__name__} names no known prompt_template "
                          f"(one of {PROMPT_TEMPLATES}), got {prompt_template!r}")
+    tail = fallback_chars(prompt_template, projection)   # also refuses an unknown projection
+    execute_invalid = projection == "reference"
     task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
     env_info = dict(getattr(task_source, "info", None) or {})
     tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
@@ -285,14 +290,14 @@ def build_app(
                 return s.replay[2]
             if req.step_id != s.next_step_id:
                 raise HTTPException(409, f"step_id {req.step_id} out of order (expected {s.next_step_id})")
-            parsed = parse_action(req.text, require_think=require_think)
+            parsed = parse_action(req.text, tail, require_think=require_think)
             if s.done:
                 # Past the end: nothing changes, nothing is earned.
                 r = StepResult(s.last_obs, 0.0, True, s.last_won, s.last_admissible, s.last_score)
-            elif parsed.valid:
+            elif parsed.valid or execute_invalid:   # reference: a format error still acts
                 r = await in_thread(s.env.step, parsed.action)
             else:
-                # Invalid format: a no-op turn that still costs budget.
+                # projection noop, invalid format: a no-op turn that still costs budget.
                 r = StepResult(s.last_obs, 0.0, False, False, s.last_admissible, s.last_score)
             counters["steps"] += 1
             s.turns += 1

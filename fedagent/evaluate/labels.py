@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             model_dir = resolve_policy(args.policy, Path(tmp), params.base_seed)
             model, tok = load_policy(model_dir, args.threads)
             with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
-                                 max_turns=params.max_turns) as env:
+                                 max_turns=params.max_turns, projection=params.projection) as env:
                 result = evaluate(model, tok, env, list(range(len(train))), params, round=0)
     labels = {s["task_id"]: bool(s["won"]) for s in result["samples"]}
     if sorted(labels) != sorted(train):

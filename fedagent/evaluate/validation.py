@@ -38,6 +38,7 @@ class EvalParams:
     env_procs: int = 0                    # env.procs
     batch: int = 8
     answer_format: str = "think_action"   # rollout.answer_format
+    projection: str = "reference"         # rollout.projection (the env service's)
     rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
     history: int = 2                      # rollout.history
     device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
@@ -60,7 +61,8 @@ class EvalParams:
 # Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
 EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
                                     "env_procs": "env.procs", "answer_format": "rollout.answer_format",
-                                    "rollout_mode": "rollout.mode", "history": "rollout.history"})
+                                    "rollout_mode": "rollout.mode", "history": "rollout.history",
+                                    "projection": "rollout.projection"})
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
@@ -177,7 +179,8 @@ def _run(args: argparse.Namespace) -> int:
     # service starts first and comes up while this process loads (and warms) the model.
     with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns, answer_format=params.answer_format,
-                         source=games_kind(args.games), env_procs=params.env_procs, wait=False) as pending:
+                         projection=params.projection, source=games_kind(args.games), env_procs=params.env_procs,
+                         wait=False) as pending:
         sampler = None
         if backend == "vllm":
             from fedagent.core.atomic import verify_manifest

@@ -31,8 +31,8 @@ STRATEGIES = ("uniform", "preference", "coverage", "hardness", "task_disjoint", 
 # The partition-config knobs each strategy reads (only these reach its job's params).
 KNOBS = {
     "uniform": (),
-    "task_disjoint": (),
-    "preference": ("omega",),
+    "task_disjoint": ("task_disjoint_slices",),
+    "preference": ("omega", "fashion_ratio"),
     "coverage": ("coverage_std", "coverage_center", "coverage_high"),
     "hardness": ("success_std",),
     "env_disjoint": ("env_div", "fallback", "holdout_scenes"),

@@ -6,6 +6,13 @@ category marginal. Per client, from its own stream: q ~ Dir(π(1−ω)/ω), coun
 each count capped at its category size with the overflow redistributed ∝ q over categories
 with room; tasks sampled without replacement within each category; topped up to L from the
 client's unused tasks. ω is clipped to [1e-3, 1−1e-3]; larger ω = more skew.
+
+WebShop (FACTS §2): a ``fashion`` category is first subsampled, per client, to
+max(1, ⌊fashion_ratio · |fashion|⌋) tasks (knob ``fashion_ratio``, the reference's 0.2) from the
+client's own stream ``partition_preference_fashion`` (the reference's separate
+RandomState(42 + cid)); π, the caps and the category draws then see the subsample, and the top-up
+draws from the whole pool, as the reference's. Pools without a ``fashion`` category (ALFWorld's
+task types) are untouched.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import numpy as np
 from fedagent.partition.context import PartitionContext, as_clients
 
 STRATEGY = "preference"
+FASHION = "fashion"
+FASHION_RATIO = 0.2    # the reference's fashion_sample_ratio
 
 
 def category_marginal(cats: list[str], by_cat: dict[str, list[int]]) -> np.ndarray:
@@ -27,16 +36,23 @@ def category_marginal(cats: list[str], by_cat: dict[str, list[int]]) -> np.ndarr
 def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
     """Each client's shard from its own stream (the reference's RandomState(42 + cid))."""
     L = ctx.min_tasks
-    by_cat: dict[str, list[int]] = {}
+    full: dict[str, list[int]] = {}
     for i, t in enumerate(ctx.task_ids):
-        by_cat.setdefault(ctx.task_types.get(t, "task"), []).append(i)
-    cats = sorted(by_cat)
-    caps = np.array([len(by_cat[k]) for k in cats])
-    pi = category_marginal(cats, by_cat)
+        full.setdefault(ctx.task_types.get(t, "task"), []).append(i)
+    cats = sorted(full)
     omega = min(max(float(ctx.knobs.get("omega", 0.5)), 1e-3), 1 - 1e-3)
-    alpha = pi * (1 - omega) / omega
-    shards, qs = [], []
+    ratio = float(ctx.knobs.get("fashion_ratio", FASHION_RATIO))
+    shards, qs, fashion_kept = [], [], None
     for c in range(ctx.n_clients):
+        by_cat = full
+        if FASHION in full and ratio < 1.0:
+            fashion = full[FASHION]
+            fashion_kept = max(1, int(len(fashion) * ratio))
+            pick = ctx.client_rng(f"{STRATEGY}_fashion", c).choice(len(fashion), size=fashion_kept, replace=False)
+            by_cat = {**full, FASHION: sorted(fashion[j] for j in pick)}
+        caps = np.array([len(by_cat[k]) for k in cats])
+        pi = category_marginal(cats, by_cat)
+        alpha = pi * (1 - omega) / omega
         rng = ctx.client_rng(STRATEGY, c)
         q = rng.dirichlet(alpha) if len(cats) > 1 else np.ones(1)
         want = rng.multinomial(L, q)
@@ -63,5 +79,7 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
             chosen += [rest[j] for j in rng.choice(len(rest), size=min(L - len(chosen), len(rest)), replace=False)]
         shards.append(chosen)
         qs.append([float(x) for x in q])
-    return as_clients(ctx.task_ids, shards), {
-        "categories": cats, "pi": [float(x) for x in pi], "omega": omega, "q": qs}
+    stats = {"categories": cats, "pi": [float(x) for x in pi], "omega": omega, "q": qs}
+    if fashion_kept is not None:   # only then: other pools' partition.json stays as it was
+        stats["fashion"] = {"pool": len(full[FASHION]), "kept_per_client": fashion_kept, "ratio": ratio}
+    return as_clients(ctx.task_ids, shards), stats

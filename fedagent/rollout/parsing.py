@@ -2,9 +2,14 @@
 
 The answer is valid iff it has a ``<think>`` block, an ``<action>`` block and no CJK text
 (``require_think=False``, the ``action`` answer format: an ``<action>`` block and no CJK text).
-The action is the first ``<action>`` block's content, stripped and lower-cased. An
-invalid answer still yields a string (the last characters of the answer), which the
-environment treats as a no-op; the invalid-format penalty is applied by training only.
+The action is the first ``<action>`` block's content, stripped and lower-cased; an answer
+without one yields its last ``fallback_chars`` characters instead. What the environment does
+with an invalid answer is ``rollout.projection`` (:data:`PROJECTIONS`, the env service):
+``reference`` (the reference's server-side projection, FACTS §4) sends the projected string
+to the env all the same — a format error (missing ``<think>``, CJK text) still executes its
+tagged action, and an answer with no tags sends its last 20 (WebShop) / 30 (ALFWorld, TextWorld)
+characters, usually a no-op; ``noop`` makes every invalid answer a no-op turn. The
+invalid-format penalty is applied by training only, in both.
 """
 
 from __future__ import annotations
@@ -16,6 +21,17 @@ _ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 FALLBACK_CHARS = 30
+# rollout.projection: what the env does with an invalid answer (see the module docstring).
+PROJECTIONS = ("reference", "noop")
+# The reference's tail length of an answer without action tags, per prompt family (env).
+FALLBACK_CHARS_OF = {"webshop": 20, "alfworld": 30, "textworld": 30}
+
+
+def fallback_chars(template: str | None, projection: str) -> int:
+    """The tail length of a tagless answer: the reference's per env (``reference``), else 30."""
+    if projection not in PROJECTIONS:
+        raise ValueError(f"rollout.projection must be one of {PROJECTIONS}, got {projection!r}")
+    return FALLBACK_CHARS_OF.get(str(template), FALLBACK_CHARS) if projection == "reference" else FALLBACK_CHARS
 
 
 @dataclass(frozen=True)

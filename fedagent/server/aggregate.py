@@ -28,7 +28,8 @@ from fedagent.model.hf_dir import FLOAT_CODES, ITEMSIZE, SafetensorsWriter, Tens
 DELTA_FILE = "delta.safetensors"
 AGG_JSON = "aggregate.json"
 METRICS = "metrics.json"
-WEIGHTINGS = ("uniform", "samples", "tokens")
+WEIGHTINGS = ("uniform", "samples", "tokens", "episodes", "weights")
+METRIC_OF = {"samples": "num_samples", "tokens": "num_tokens", "episodes": "num_episodes"}
 
 
 class AggregateError(RuntimeError):
@@ -47,16 +48,31 @@ def verify_inputs(dirs: Sequence[Path], *, threads: int = 2) -> None:
 AGGREGATE_KEYS = JobKeys("aggregate", {"weighting": "aggregate.weighting"})
 
 
-def client_weights(client_dirs: Sequence[Path], weighting: str) -> list[float]:
-    """Normalised weights: uniform, or proportional to metrics.json num_samples / num_tokens."""
+def client_weights(client_dirs: Sequence[Path], weighting: str, given: Sequence[float] | None = None) -> list[float]:
+    """Normalised weights: uniform; proportional to metrics.json num_samples (per-turn samples: a
+    client whose episodes run longer weighs more), num_tokens or num_episodes; or ``weights``: the
+    ``given`` values (``aggregate.weights``' entries of these clients, in their order) rescaled to
+    sum 1 — the whole list sums to 1 (checked at plan time), so a round of every client uses it as is."""
     AGGREGATE_KEYS.check({"weighting": weighting})
     if weighting not in WEIGHTINGS:
         raise AggregateError(f"unknown weighting {weighting!r} (choose from {WEIGHTINGS})")
     if not client_dirs:
         raise AggregateError("no clients to aggregate")
+    if (given is not None) != (weighting == "weights"):
+        raise AggregateError(f"weighting {weighting!r} " + ("needs the clients' weights (--client-weights)"
+                                                            if given is None else "takes no --client-weights"))
+    if weighting == "weights":
+        if len(given) != len(client_dirs):
+            raise AggregateError(f"{len(given)} client weights for {len(client_dirs)} clients")
+        if any(not math.isfinite(float(w)) or float(w) < 0 for w in given):
+            raise AggregateError(f"client weights {list(given)} are not all finite and >= 0")
+        total = math.fsum(float(w) for w in given)
+        if total <= 0:
+            raise AggregateError(f"client weights {list(given)} of {[str(d) for d in client_dirs]} sum to 0")
+        return [float(w) / total for w in given]
     if weighting == "uniform":
         return [1.0 / len(client_dirs)] * len(client_dirs)
-    key = "num_samples" if weighting == "samples" else "num_tokens"
+    key = METRIC_OF[weighting]
     raw = []
     for d in client_dirs:
         try:
@@ -209,11 +225,14 @@ def _summary(prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[floa
 
 
 def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",
-              quarantine: Path | None = None, check_manifests: bool = True, min_clients: int | None = None) -> dict:
+              quarantine: Path | None = None, check_manifests: bool = True, min_clients: int | None = None,
+              weights: Sequence[float] | None = None) -> dict:
     """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content.
 
     Client directories holding a drop record are left out if at least ``min_clients`` updates
     remain (None: strict, none may be dropped); aggregate.json and provenance.json list them.
+    ``weights`` (weighting ``weights`` only): one per entry of ``client_dirs``; the survivors'
+    are rescaled to sum 1.
     """
     from fedagent.core.provenance import write_provenance
 
@@ -223,8 +242,13 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
         raise AggregateError(f"a client directory is listed twice: {[str(d) for d in client_dirs]}")
     if check_manifests:
         verify_inputs([prev_dir, *client_dirs])
+    given = None
+    if weights is not None:
+        if len(weights) != len(client_dirs):
+            raise AggregateError(f"{len(weights)} client weights for {len(client_dirs)} clients")
+        given = dict(zip(map(str, client_dirs), map(float, weights)))
     client_dirs, dropped = survivors(client_dirs, min_clients)
-    weights = client_weights(client_dirs, weighting)
+    weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
     prev, clients = check_structure(prev_dir, client_dirs)
     summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
     if dropped:  # only then: an undropped round's aggregate.json stays as it was
@@ -242,7 +266,10 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
             (stage / CRITIC_DIR).mkdir()
             stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
             (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
-        write_provenance(stage, job="aggregate", params={"weighting": weighting, "min_clients": min_clients},
+        params = {"weighting": weighting, "min_clients": min_clients}
+        if given is not None:   # only then: other weightings' provenance stays as it was
+            params["client_weights"] = given
+        write_provenance(stage, job="aggregate", params=params,
                          extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
     return summary
 
@@ -254,6 +281,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
+    parser.add_argument("--client-weights", type=float, nargs="+", default=None,
+                        help="weighting 'weights': one per --clients entry (aggregate.weights of these clients)")
     parser.add_argument("--min-clients", type=int, default=0,
                         help="aggregate the survivors if at least this many clients finished (0: strict, all)")
 
@@ -262,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 on success, 1 with a message naming the refused input."""
     try:
         s = aggregate(args.prev, args.clients, args.out, weighting=args.weighting, quarantine=args.quarantine,
-                      min_clients=args.min_clients or None)
+                      min_clients=args.min_clients or None, weights=args.client_weights)
     except (AggregateError, ManifestError, OSError, ValueError) as exc:
         print(f"aggregate: refused: {exc}", file=sys.stderr)
         return 1

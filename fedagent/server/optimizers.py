@@ -10,7 +10,14 @@ Algorithm 2, without bias correction:
 - FedYogi: m as FedAdam;          v ← v − (1−β2) Δ̄² sign(v − Δ̄²);     x ← x + η m / (√v + τ)
 
 Adaptive state starts at m = 0, v = τ² (the paper's v₋₁ ≥ τ²). All arithmetic is fp32 and
-elementwise, so a resumed run that reloads the state reproduces the same bytes.
+elementwise, so a resumed run that reloads the state reproduces the same bytes. Against Flower
+(docs/architecture.md, "Server optimizers"): Flower starts v at 0 and its FedAdam scales η by a
+bias correction; here neither, for either optimizer.
+
+``server.lr`` (η) null means :data:`DEFAULT_LR` for the optimizers that have one (FedAvg, FedAvgM:
+1.0, the mean update itself); FedAdam and FedYogi have none and refuse to run without an explicit
+η (a cross rule at plan time, :func:`make_optimizer` in the job): their step moves every weight by
+about η per round, so a default of 1.0 (or Flower's 0.1) would be a silent choice of the science.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedagent.core.config import JobKeys
+from fedagent.core.config_rules import SERVER_DEFAULT_LR as DEFAULT_LR  # server.lr null: these optimizers' η
 
 if TYPE_CHECKING:  # torch is imported where tensors are touched: the workflow plans with this module
     import torch
@@ -115,10 +123,15 @@ SERVER_KEYS = JobKeys("merge", {"name": "server.optimizer", "lr": "server.lr", "
                                 "beta1": "server.beta1", "beta2": "server.beta2", "tau": "server.tau"})
 
 
-def make_optimizer(name: str, *, lr: float = 1.0, momentum: float = 0.9, beta1: float = 0.9,
+def make_optimizer(name: str, *, lr: float | None = None, momentum: float = 0.9, beta1: float = 0.9,
                    beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
-    """Build a server optimizer by name with the hyper-parameters it uses (checked as config keys)."""
+    """Build a server optimizer by name with the hyper-parameters it uses (checked as config keys).
+
+    ``lr`` None: the optimizer's :data:`DEFAULT_LR`; FedAdam/FedYogi refuse it (ConfigError naming
+    ``server.lr``)."""
     SERVER_KEYS.check({"name": name, "lr": lr, "momentum": momentum, "beta1": beta1, "beta2": beta2, "tau": tau})
+    if lr is None:
+        lr = DEFAULT_LR[name]
     if name == "fedavg":
         return FedAvg(lr)
     if name == "fedavgm":
@@ -139,7 +152,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prev-server-state", default="none",
                         help="previous round's merged model dir holding server state, or 'none'")
     parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--server-lr", type=float, default=None,
+                        help="η (default: 1.0 for fedavg/fedavgm; fedadam/fedyogi need it)")
     parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
     parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
     parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")

@@ -337,11 +337,12 @@ def _manifest_failures(dirs: Sequence[Path]) -> list[str]:
 
 def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, agg_dir: Path, *,
                  model_dir: Path | None = None, opt: ServerOptimizer | None = None,
-                 prev_state_dir: Path | None = None) -> list[str]:
+                 prev_state_dir: Path | None = None, given_weights: Sequence[float] | None = None) -> list[str]:
     """Return a list of failures (empty = the round verifies).
 
     With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
-    ``prev_state_dir`` (None: fresh state, as in round 1).
+    ``prev_state_dir`` (None: fresh state, as in round 1). ``given_weights``: weighting
+    ``weights``' per-client values, one per entry of ``client_dirs`` (as ``fedagent aggregate``).
     """
     opt = opt or FedAvg()
     prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
@@ -354,9 +355,12 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
     failures = _manifest_failures(dirs)
     if failures:
         return failures
+    given = dict(zip(map(str, client_dirs), given_weights)) if given_weights is not None else None
+    if given is not None and len(given_weights) != len(client_dirs):
+        return [f"usage: {len(given_weights)} --client-weights for {len(client_dirs)} --clients"]
     client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
     try:
-        weights = client_weights(client_dirs, weighting)
+        weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
         critic = critic_pairs(prev_dir, client_dirs)
     except (AggregateError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
@@ -448,6 +452,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prev", required=True, type=Path)
     parser.add_argument("--clients", required=True, nargs="+", type=Path)
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
+    parser.add_argument("--client-weights", type=float, nargs="+", default=None,
+                        help="weighting 'weights': one per --clients entry")
     parser.add_argument("--aggregate", required=True, type=Path)
     parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
     add_server_args(parser)
@@ -457,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 if everything matches, 1 (printing every failure) otherwise."""
     opt, state = optimizer_from_args(args)
     failures = verify_round(args.prev, args.clients, args.weighting, args.aggregate, model_dir=args.model,
-                            opt=opt, prev_state_dir=state)
+                            opt=opt, prev_state_dir=state, given_weights=args.client_weights)
     if failures:
         for f in failures:
             print(f"verify: FAIL {f}", file=sys.stderr)

@@ -158,7 +158,7 @@ def deferred_steps(optimizer) -> bool:
 def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, params,
                 prox_anchor=None, deferred: bool = False, check=None) -> tuple:
     """One optimizer step on the mini-batch ``mb`` (sample indices), its micro-batches' gradients
-    accumulated: the token-mean clipped-ratio loss (+ KL, − entropy), FedProx's term, clipping,
+    accumulated: the token-mean dual-clipped ratio loss (+ KL, − entropy), FedProx's term, clipping,
     the step. ``old``/``ref``/``token_adv``: flat per-token tensors in sample order (``slices``:
     :func:`token_slices`). Returns the step's pending record ``(samples, tokens, stats, norm)``
     with the stats still on the device. ``deferred``: the optimizer skips a non-finite step
@@ -174,7 +174,8 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, p
         idx = token_index(slices, micro, logp.device)
         terms, st = grpo.grpo_token_terms(
             logp, old[idx], ref[idx] if ref is not None else None, token_adv[idx], clip=p.clip,
-            kl_coef=p.kl_coef, entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach())
+            kl_coef=p.kl_coef, entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach(),
+            clip_ratio_c=p.clip_ratio_c)
         # Sum over tokens / mini-batch token count = token-mean over the whole mini-batch.
         loss = terms.sum() / n_tok
         loss.backward()

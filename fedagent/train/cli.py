@@ -81,11 +81,13 @@ def _run(args: argparse.Namespace) -> int:
         check_job_keys({"backend": backend, "ref_anchor": ref_anchor or "round", "kl_coef": params.kl_coef,
                         "fedprox_mu": params.fedprox_mu, "rollout_mode": params.rollout_mode,
                         "algorithm": params.algorithm, "mini_batch_size": params.mini_batch_size,
-                        "group_size": params.group_size, "groups_per_epoch": params.groups_per_epoch})
+                        "group_size": params.group_size, "groups_per_epoch": params.groups_per_epoch,
+                        "clip_ratio_c": params.clip_ratio_c})
         return _run_verl(args, params, shard, out, verl_json, env_params)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, source=games_kind(args.games),
+                         answer_format=params.answer_format, projection=params.projection,
+                         source=games_kind(args.games),
                          env_params=env_params or None, env_procs=params.env_procs, wait=False) as pending:
         # The service starts while train_client loads the model; it health-gates it after.
         metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
@@ -134,7 +136,8 @@ def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, ver
     pool = max(params.pool_size, params.groups_per_epoch * params.group_size)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=pool,
                          max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, source=games_kind(args.games),
+                         answer_format=params.answer_format, projection=params.projection,
+                         source=games_kind(args.games),
                          env_params=env_params or None) as env:
         print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
         metrics = train_client_verl(args.model, args.ref_model, env.address, round=args.round, client=args.client,

@@ -3,8 +3,9 @@
 FACTS §5: each turn is one sample carrying its episode's return (minus the invalid-format
 penalty on turns whose own action was invalid); a group is the n rollouts of one seed
 (= one task) and the advantage is ``(R - mean) / (std + 1e-6)`` over *all* per-turn samples
-of the group. Loss = clipped ratio against behaviour log-probs + ``kl_coef`` · k3 KL to a
-reference − ``entropy_coef`` · entropy, token-mean over response tokens.
+of the group. Loss = clipped ratio against behaviour log-probs (dual-clipped: a token with
+A < 0 costs at most −A·c, ``train.clip_ratio_c``, as verl's vanilla policy loss) + ``kl_coef`` ·
+k3 KL to a reference − ``entropy_coef`` · entropy, token-mean over response tokens.
 
 Every log-prob (behaviour, current, reference) and the entropy are those of the distribution
 actually sampled: logits divided by the sampling temperature, as verl does (issue 11). A concat
@@ -288,17 +289,32 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(d) - d - 1.0, min=-KL_CLAMP, max=KL_CLAMP)
 
 
+DUAL_CLIP = 3.0   # verl's (and the reference's) clip_ratio_c: train.clip_ratio_c's default
+
+
 def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: float,
-                     entropy_coef: float = 0.0, entropy=None):
+                     entropy_coef: float = 0.0, entropy=None, clip_ratio_c: float | None = DUAL_CLIP):
     """Per-token loss terms; the caller sums them and divides by the mini-batch token count.
 
     ``adv`` is the per-token advantage (each token of a sample carries its sample's value).
-    Returns ``(loss_per_token, stats)`` where stats hold per-token tensors for logging.
+    The policy term is verl's vanilla (dual-clip) PPO loss: ``max(−A·r, −A·clip(r, 1−ε, 1+ε))``,
+    and where A < 0 at most ``−A·clip_ratio_c`` (Ye et al. 2020, "dual-clip PPO": a token whose
+    ratio passed c under a negative advantage gets the constant −A·c, so no gradient, instead of
+    a loss growing with r). ``clip_ratio_c`` None: no cap (the plain clipped objective); else it
+    must be > 1, as verl asserts. Returns ``(loss_per_token, stats)`` where stats hold per-token
+    tensors for logging (``dual_clipped``: the tokens the cap replaced).
     """
     ratio = torch.exp(torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP))
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
     pg = torch.maximum(pg1, pg2)
+    dual = torch.zeros_like(pg, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        if not clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual-clip PPO's lower bound), got {clip_ratio_c}")
+        pg3 = -adv * clip_ratio_c
+        dual = (adv < 0) & (pg > pg3)
+        pg = torch.where(adv < 0, torch.minimum(pg, pg3), pg)
     loss = pg
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if ref_logp is not None and kl_coef:
@@ -306,7 +322,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
     if entropy is not None and entropy_coef:
         loss = loss - entropy_coef * entropy
     stats = {"pg": pg.detach(), "kl": kl.detach(), "clipped": (pg2 > pg1).detach().float(),
-             "ratio": ratio.detach()}
+             "ratio": ratio.detach(), "dual_clipped": dual.detach().float()}
     if entropy is not None:
         stats["entropy"] = entropy.detach()
     return loss, stats

@@ -45,6 +45,7 @@ class TrainParams:
     lr: float = 1e-6
     kl_coef: float = 0.01
     clip: float = 0.2
+    clip_ratio_c: float | None = 3.0      # dual-clip cap of the loss of A < 0 tokens (None: off), as verl
     entropy_coef: float = 0.0
     mini_batch_size: int = 8
     micro_batch_size: int = 4
@@ -55,6 +56,7 @@ class TrainParams:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     answer_format: str = "think_action"   # rollout.answer_format: think_action | action
+    projection: str = "reference"         # rollout.projection: reference | noop (the env service's)
     rollout_mode: str = "windowed"        # rollout.mode: windowed | concat
     history: int = 2                      # rollout.history: windowed prompt's past steps
     fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
@@ -100,6 +102,7 @@ TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
                                    {"base_seed": "seed", "pool_size": "env.pool_size",
                                     "env_procs": "env.procs", "answer_format": "rollout.answer_format",
                                     "rollout_mode": "rollout.mode", "history": "rollout.history",
+                                    "projection": "rollout.projection",
                                     **{k: f"train.ppo.{k}" for k in PPO_FIELDS[1:]}})
 
 

@@ -30,7 +30,8 @@ VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_ancho
                                           "rollout_mode": "rollout.mode", "algorithm": "train.algorithm",
                                           "mini_batch_size": "train.mini_batch_size", "group_size": "train.group_size",
                                           "groups_per_epoch": "train.groups_per_epoch",
-                                          "residual_dtype": "train.residual_dtype"})
+                                          "residual_dtype": "train.residual_dtype",
+                                          "clip_ratio_c": "train.clip_ratio_c"})
 
 
 def check_job_keys(values: dict) -> None:

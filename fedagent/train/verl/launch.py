@@ -181,6 +181,7 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         f"actor_rollout_ref.actor.optim.weight_decay={float(p.weight_decay)}",
         f"actor_rollout_ref.actor.grad_clip={float(p.grad_clip)}",
         f"actor_rollout_ref.actor.clip_ratio={float(p.clip)}",
+        f"actor_rollout_ref.actor.clip_ratio_c={float(p.clip_ratio_c)}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch_prompts(p)}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
         "actor_rollout_ref.actor.ppo_epochs=1",
