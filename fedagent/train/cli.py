@@ -92,10 +92,15 @@ def _run(args: argparse.Namespace) -> int:
         # The service starts while train_client loads the model; it health-gates it after.
         metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
                                params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
-    print(json.dumps({"out": str(out), "num_samples": metrics["num_samples"],
-                      "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
-                      "wall_time_s": metrics["wall_time_s"]}))
+    # The learning signal too: with keep.client_updates false the update dir (and its metrics.json)
+    # is gone after aggregation, and the job log is what is left to diagnose a flat curve with.
+    print(json.dumps({"out": str(out), **{k: metrics[k] for k in LOGGED_METRICS if k in metrics}}))
     return 0
+
+
+# What a train-client job's log line carries of its metrics.json (the GPU runs keep no client updates).
+LOGGED_METRICS = ("num_samples", "mean_return", "success_rate", "invalid_rate", "kl", "groups",
+                  "groups_nonzero_advantage", "samples_nonzero_reward", "wall_time_s")
 
 
 class _LogArm:
