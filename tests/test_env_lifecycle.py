@@ -181,7 +181,8 @@ def test_an_env_service_refuses_a_jax_imported_for_the_gpu(monkeypatch):
     assert hide_accelerators() == NO_ACCELERATOR_ENV
 def test_projection_reaches_the_service(tmp_path):
     """rollout.projection through serve-env: reference executes a <think>-less answer's action on a
-    real TextWorld game (and survives a tagless empty answer), noop leaves the state as it was."""
+    real TextWorld game (and survives tagless empty and NUL-carrying answers: seen failing, the service
+    died, before engine_text), noop leaves the state as it was."""
     d = tw_games_dir()
     seen = {}
     for projection in ("reference", "noop"):
@@ -191,7 +192,8 @@ def test_projection_reaches_the_service(tmp_path):
             obs0 = c.reset("s", 0)["observation"]
             r = c.step("s", "<action>inventory</action>")
             empty = c.step("s", "")
-            assert r["is_action_valid"] is False and empty["is_action_valid"] is False
-            seen[projection] = (obs0, r["observation"], empty["turns"])
+            nul = c.step("s", "\x00 junk")   # a NUL used to end the Z-machine (and the service) under reference
+            assert r["is_action_valid"] is False and empty["is_action_valid"] is False and not nul["is_action_valid"]
+            seen[projection] = (obs0, r["observation"], nul["turns"])
     assert seen["reference"][1] != seen["reference"][0] and "carrying" in seen["reference"][1].lower()
-    assert seen["noop"][1] == seen["noop"][0] and seen["reference"][2] == seen["noop"][2] == 2
+    assert seen["noop"][1] == seen["noop"][0] and seen["reference"][2] == seen["noop"][2] == 3

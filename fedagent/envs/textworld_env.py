@@ -31,6 +31,13 @@ _EPILOGUE = re.compile(r"\s*You scored .*$", re.DOTALL)
 _BLANKS = re.compile(r"\n{3,}")
 
 
+def engine_text(action: str) -> str:
+    """An action as the Z-machine interpreter can take it: a NUL character ends the process (seen
+    with a tiny random model's byte-level tokens, whose tagless answers the reference projection
+    sends on), so NULs become spaces; every other character the parser answers itself."""
+    return str(action).replace("\x00", " ")
+
+
 def clean_observation(text: str, objective: str | None = None) -> str:
     """Strip banner (everything before the objective), prompt/status tail and epilogue."""
     if objective and objective in text:
@@ -115,7 +122,7 @@ class TextWorldEnv:
         if self._done:
             last = self._last
             return StepResult(last.observation, 0.0, True, last.won, last.admissible_commands, last.score)
-        state, _score, done = self._env.step(action)
+        state, _score, done = self._env.step(engine_text(action))
         self._turns += 1
         self._plan = list(state.get("policy_commands") or []) if self.policy_commands else []
         won, lost = bool(state["won"]), bool(state["lost"])

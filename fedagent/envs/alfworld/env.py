@@ -22,6 +22,7 @@ from typing import Mapping
 
 from fedagent.envs.alfworld import assets
 from fedagent.envs.base import ResetResult, StepResult
+from fedagent.envs.textworld_env import engine_text   # the same Z-machine/TextWorld engine underneath
 
 WIN_REWARD = 10.0
 DEFAULT_MAX_TURNS = 50
@@ -133,7 +134,7 @@ class AlfworldEnv:
             last = self._last
             return StepResult(last.observation, 0.0, True, last.won, last.admissible_commands, last.score)
         with locked():
-            state, _score, _done = self._env.step(str(action))
+            state, _score, _done = self._env.step(engine_text(action))
         self._turns += 1
         won = bool(state["won"])
         self._done = won or self._turns >= self.max_turns
