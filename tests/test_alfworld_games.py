@@ -203,3 +203,15 @@ def _check_alfworld_prompts(reset: dict, client) -> None:
     later = windowed_prompt(reset["task"], "Nothing happens.", ["look"], [(obs, "look")], template=template_of(reset))
     assert later.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment. "
                             f"Your task is to: {reset['task']}\nPrior to this step, you have already taken 1 step(s).")
+
+
+def test_parallel_generation_writes_the_same_games(games_root, tmp_path):
+    """jobs=3 (spawned processes): byte for byte the games and manifests of the serial run."""
+    from fedagent.envs.alfworld.generate import generate_games
+
+    root = tmp_path / "parallel"
+    generate_games(root, base_seed=SEED, splits=SPLITS, n_distractors=DISTRACTORS, jobs=3)
+    files = sorted(p.relative_to(games_root) for p in games_root.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    for rel in files:
+        assert (root / rel).read_bytes() == (games_root / rel).read_bytes(), rel

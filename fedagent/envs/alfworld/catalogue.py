@@ -34,8 +34,9 @@ GENERATED_ROOT = "alfworld"
 
 def build_catalogue(out: Path, *, data_seed: int, n_train: int, n_val: int, val_split: str = "valid_seen",
                     real_data: Path | None = None, manifests: Path | None = None,
-                    quarantine_root: Path | None = None) -> dict:
-    """Write the catalogue folder ``out`` atomically; return its games.json."""
+                    quarantine_root: Path | None = None, jobs: int = 1) -> dict:
+    """Write the catalogue folder ``out`` atomically; return its games.json (``jobs``: processes
+    generating games at once; the same catalogue for any value)."""
     from fedagent.envs.alfworld.source import AlfworldTaskSource, resolve_data_root
 
     with atomic_dir(Path(out), quarantine_root) as staging:
@@ -44,7 +45,7 @@ def build_catalogue(out: Path, *, data_seed: int, n_train: int, n_val: int, val_
 
             root_rel = GENERATED_ROOT
             root = staging / root_rel
-            generate_games(root, base_seed=data_seed, splits={"train": n_train, val_split: n_val})
+            generate_games(root, base_seed=data_seed, splits={"train": n_train, val_split: n_val}, jobs=jobs)
             manifest_dir = None
         else:
             root = resolve_data_root(real_data)
@@ -103,7 +104,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-split", default="valid_seen", choices=["valid_seen", "valid_unseen"])
     parser.add_argument("--data", type=Path, default=None, help="real ALFWorld data (else: generate games)")
     parser.add_argument("--manifests", type=Path, default=None, help="manifest folder for real data")
-    parser.add_argument("--jobs", type=int, default=1, help="accepted for symmetry; the planner is serial")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes generating games at once (the planner is serial in each; same games)")
     parser.add_argument("--quarantine", type=Path, default=None)
 
 
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the catalogue; print a one-line summary."""
     games = build_catalogue(args.out, data_seed=args.seed, n_train=args.n_train, n_val=args.n_val,
                             val_split=args.val_split, real_data=args.data, manifests=args.manifests,
-                            quarantine_root=args.quarantine)
+                            quarantine_root=args.quarantine, jobs=args.jobs)
     types = sorted(set(games["task_types"].values()))
     print(f"alfworld catalogue: {len(games['train'])} train + {len(games['val'])} {args.val_split} "
           f"({'generated' if args.data is None else args.data}; types {types}; sha256 {games['sha256'][:12]})")

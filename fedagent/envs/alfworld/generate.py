@@ -259,12 +259,32 @@ def make_game(split: str, index: int, base_seed: int, plans: Sequence[str],
     raise RuntimeError(f"no solvable {task_type} game for {split}[{index}] after {MAX_ATTEMPTS} attempts")
 
 
+def _make_game_star(args):
+    return make_game(*args)
+
+
+def _games(split: str, n: int, base_seed: int, plans: list[str], n_distractors, jobs: int):
+    """``make_game`` for indices 0..n-1 of ``split``, in index order; ``jobs`` > 1: in that many
+    spawned processes (each game is a pure function of its index: the same games as one process,
+    and each process has its own PDDL lock and planner library)."""
+    args = [(split, i, base_seed, plans, n_distractors) for i in range(int(n))]
+    if jobs <= 1 or len(args) <= 1:
+        return [make_game(*a) for a in args]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=multiprocessing.get_context("spawn")) as ex:
+        return list(ex.map(_make_game_star, args, chunksize=4))
+
+
 def generate_games(out_dir: Path, *, base_seed: int, splits: dict[str, int],
-                   floor_plans: Sequence[str] | None = None, n_distractors=DEFAULT_DISTRACTORS) -> dict:
+                   floor_plans: Sequence[str] | None = None, n_distractors=DEFAULT_DISTRACTORS,
+                   jobs: int = 1) -> dict:
     """Write ``splits`` ({split: n games}) under ``out_dir`` with one manifest per split.
 
     The output is built in a temporary sibling folder and renamed into place, so a killed
-    run never leaves a half-written games folder. Returns ``{split: manifest}``.
+    run never leaves a half-written games folder. Returns ``{split: manifest}``. ``jobs``:
+    processes solving games at once (the planner is serial within one; same output for any value).
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -276,8 +296,7 @@ def generate_games(out_dir: Path, *, base_seed: int, splits: dict[str, int],
         manifests = {}
         for split, n in sorted(splits.items()):
             rels = []
-            for i in range(int(n)):
-                spec, game = make_game(split, i, base_seed, plans, n_distractors)
+            for i, (spec, game) in enumerate(_games(split, n, base_seed, plans, n_distractors, jobs)):
                 rel = f"{task_dir_name(spec)}/trial_G_{split}_{i:05d}/{data.GAME_FILE}"
                 path = staging / split / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,12 +329,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", required=True, type=int, help="base seed")
     parser.add_argument("--n-train", type=int, default=60)
     parser.add_argument("--n-val", type=int, default=12, help="games of split valid_seen")
+    parser.add_argument("--jobs", type=int, default=1, help="processes solving games at once (same games)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Generate train + valid_seen games; print a one-line summary."""
     manifests = generate_games(args.out, base_seed=args.seed,
-                               splits={"train": args.n_train, "valid_seen": args.n_val})
+                               splits={"train": args.n_train, "valid_seen": args.n_val}, jobs=args.jobs)
     print("alfworld games: " + ", ".join(f"{s} {len(m['games'])} (sha256 {m['sha256'][:12]})"
                                          for s, m in manifests.items()) + f" in {args.out}")
     return 0
