@@ -206,7 +206,7 @@ def _check_alfworld_prompts(reset: dict, client) -> None:
 
 
 def test_parallel_generation_writes_the_same_games(games_root, tmp_path):
-    """jobs=3 (spawned processes): byte for byte the games and manifests of the serial run."""
+    """jobs=3 (forked processes): byte for byte the games and manifests of the serial run."""
     from fedagent.envs.alfworld.generate import generate_games
 
     root = tmp_path / "parallel"
@@ -215,3 +215,18 @@ def test_parallel_generation_writes_the_same_games(games_root, tmp_path):
     assert files == sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
     for rel in files:
         assert (root / rel).read_bytes() == (games_root / rel).read_bytes(), rel
+
+
+def test_parallel_generation_from_a_script_without_a_main_guard(tmp_path):
+    """The GPU node ran `fedagent` from a script with no ``__main__`` guard: spawned children re-ran
+    the whole command (BrokenProcessPool). Forked children do not."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fedagent-noguard"
+    script.write_text("import sys\nfrom fedagent.cli import main\nsys.exit(main())\n")
+    out = tmp_path / "games"
+    r = subprocess.run([sys.executable, str(script), "alfworld-games", "--out", str(out), "--seed", str(SEED),
+                        "--n-train", "3", "--n-val", "1", "--jobs", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(data.read_manifest(out / data.MANIFEST_DIR / "train.json")["games"]) == 3

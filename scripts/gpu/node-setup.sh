@@ -26,7 +26,8 @@ case "${1:-}" in
       echo "$b: installed into $target in $(( $(date +%s) - t0 )) s"
     done
     mkdir -p "$FA/bin"
-    printf '#!/usr/bin/env python3\nimport sys\nfrom fedagent.cli import main\nsys.exit(main())\n' > "$FA/bin/fedagent"
+    # With a __main__ guard, as pip's console scripts: a child process that re-imports it runs nothing.
+    printf '#!/usr/bin/env python3\nimport sys\nfrom fedagent.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' > "$FA/bin/fedagent"
     chmod +x "$FA/bin/fedagent"
     exec "$0" check ;;
   check)

@@ -265,15 +265,18 @@ def _make_game_star(args):
 
 def _games(split: str, n: int, base_seed: int, plans: list[str], n_distractors, jobs: int):
     """``make_game`` for indices 0..n-1 of ``split``, in index order; ``jobs`` > 1: in that many
-    spawned processes (each game is a pure function of its index: the same games as one process,
-    and each process has its own PDDL lock and planner library)."""
+    forked processes (each game is a pure function of its index: the same games as one process,
+    and each process has its own PDDL lock and planner library). Forked, not spawned: a spawned
+    child re-runs the parent's ``__main__``, and the GPU node's ``fedagent`` script (like any
+    script without a ``__main__`` guard) would start the whole job again in every child. This
+    process has opened no game and started no thread before the pool."""
     args = [(split, i, base_seed, plans, n_distractors) for i in range(int(n))]
     if jobs <= 1 or len(args) <= 1:
         return [make_game(*a) for a in args]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=multiprocessing.get_context("spawn")) as ex:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=multiprocessing.get_context("fork")) as ex:
         return list(ex.map(_make_game_star, args, chunksize=4))
 
 
