@@ -139,3 +139,30 @@ def test_clean_observation():
     assert clean_observation(raw, "Do the thing!") == "Do the thing!\n\n-= Room =-\nA room."
     end = "You win.\n\n\n     *** The End ***\n\nYou scored 1 out of a possible 1.\n\nWould you like to RESTART?\n>  "
     assert clean_observation(end) == "You win.\n\n*** The End ***"
+
+
+def test_any_text_reaches_the_engine_without_ending_it():
+    """The reference projection sends tagless answers' tails to the env: 300 random strings (C0
+    controls, backslash commands, CJK...) and the three found to end or hang dumb-frotz (NUL,
+    DLE, a leading backslash) all get the parser's answer (seen: the interpreter died on NUL,
+    hung on DLE, read '\\...' as its own command, before engine_text)."""
+    import random
+
+    from env_fixtures import tw_games_dir
+    from fedagent.envs.textworld_env import engine_text
+    from fedagent.envs.textworld_games import TextWorldTaskSource
+
+    assert engine_text("\\q a\x00b\x10") == " q a b "
+    src = TextWorldTaskSource(tw_games_dir())
+    tid = src.task_ids("val")[0]
+    env = src.make_env(1000)
+    env.reset(tid)
+    rng = random.Random(31)
+    texts = ["\x00", "\x10", "\\q", "\\x"] + [
+        "".join(chr(rng.choice([rng.randint(0, 127), rng.randint(128, 0x2FFF)])) for _ in range(rng.randint(1, 30)))
+        for _ in range(300)]
+    for t in texts:
+        r = env.step(t)
+        assert isinstance(r.observation, str)
+        if r.done:
+            env.reset(tid)

@@ -31,11 +31,16 @@ _EPILOGUE = re.compile(r"\s*You scored .*$", re.DOTALL)
 _BLANKS = re.compile(r"\n{3,}")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+
+
 def engine_text(action: str) -> str:
-    """An action as the Z-machine interpreter can take it: a NUL character ends the process (seen
-    with a tiny random model's byte-level tokens, whose tagless answers the reference projection
-    sends on), so NULs become spaces; every other character the parser answers itself."""
-    return str(action).replace("\x00", " ")
+    """An action as the Z-machine interpreter can take it: control characters and backslashes
+    become spaces. A NUL ended the interpreter's process, a DLE (0x10) hung it, and dumb-frotz reads
+    a line starting with a backslash as its own command (seen with a tiny random model's byte-level
+    tokens, whose tagless answers the reference projection sends on); other text, CJK and emoji
+    the parser answers itself ("That's not a verb I recognise.")."""
+    return _CONTROL.sub(" ", str(action))
 
 
 def clean_observation(text: str, objective: str | None = None) -> str:
