@@ -32,7 +32,7 @@ def workflow_train_params(config_path: Path, **overrides) -> TrainParams:
     """TrainParams as workflow/common.smk builds TRAIN_PARAMS (minus the backend keys)."""
     cfg = load_config(config_path, {"train.backend": "verl", "train.ref_anchor": "round", **overrides})
     d = {"base_seed": cfg["seed"],
-         **{k: v for k, v in cfg["train"].items() if k not in ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl")},
+         **{k: v for k, v in cfg["train"].items() if k not in ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "gpu_mem_gb")},
          "pool_size": cfg["env"]["pool_size"]}
     return TrainParams.from_dict(d)
 
