@@ -1,30 +1,42 @@
 # fedagent: federated RL of LLM agents. Every round is a cached graph of file-producing jobs:
 #   select → train_client ×M → aggregate → merge → eval      (round 0: base_model [→ warm_start] → eval)
 # Rules are wiring only; all logic lives in the `fedagent` package (called through its CLI).
+# `--config matrix=<name>`: every arm × seed of config/matrices/<name>.yaml, each this same round graph
+# loaded as a Snakemake module with its own config (workflow/matrix.smk), plus the matrix's table.
 
 configfile: "config/config.yaml"
 
 
-include: "workflow/common.smk"
-include: "rules/plan.smk"
-include: "rules/warm_start.smk"
-include: "rules/webshop.smk"
-include: "rules/train.smk"
-include: "rules/aggregate.smk"
-include: "rules/merge.smk"
-include: "rules/eval.smk"
-include: "rules/report.smk"
+if config.get("matrix"):
 
+    include: "workflow/matrix.smk"
 
-# Bookkeeping that needs no compute node (each well under a second, no model): on a cluster
-# executor these run on the submitting host instead of as a job each (profiles/slurm,
-# docs/operations.md). The local executor runs every job on this host anyway: no change there.
-localrules: all, select, partition, val_set, report
+    # The matrix's table and picture (which need every run's last round).
+    rule matrix:
+        localrule: True
+        input:
+            MATRIX_TARGETS,
+        default_target: True
 
+else:
 
-# Every round's report is a target, so a smaller `rounds` finds all its targets present.
-rule all:
-    input:
-        [f"{round_dir(r)}/summary.csv" for r in ROUNDS],
-        [f"{round_dir(r)}/curves.png" for r in ROUNDS],
-    default_target: True
+    include: "workflow/common.smk"
+    include: "rules/plan.smk"
+    include: "rules/warm_start.smk"
+    include: "rules/webshop.smk"
+    include: "rules/train.smk"
+    include: "rules/aggregate.smk"
+    include: "rules/merge.smk"
+    include: "rules/eval.smk"
+    include: "rules/report.smk"
+
+    # Bookkeeping rules that need no compute node (select, partition, val_set, report: each well under a
+    # second, no model) say `localrule: True`: on a cluster executor they run on the submitting host
+    # (profiles/slurm, docs/operations.md); the local executor runs every job here anyway.
+    # Every round's report is a target, so a smaller `rounds` finds all its targets present.
+    rule all:
+        localrule: True
+        input:
+            [f"{round_dir(r)}/summary.csv" for r in ROUNDS],
+            [f"{round_dir(r)}/curves.png" for r in ROUNDS],
+        default_target: True

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("fedagent.server.verify", "recompute a round's aggregate in float64 and compare"),
     "eval": ("fedagent.evaluate.validation", "score a model on the fixed validation set"),
     "report": ("fedagent.report.summary", "summary.csv and curves.png"),
+    "matrix-table": ("fedagent.report.matrix_table", "a matrix's comparison table and curves from its runs' summaries"),
     "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
     "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),

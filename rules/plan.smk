@@ -21,6 +21,7 @@ rule games:
 
 
 rule partition:
+    localrule: True   # bookkeeping, no model: on a cluster it runs on the submitting host
     input:
         games=GAMES,
         labels=labels_input,
@@ -71,6 +72,7 @@ rule labels:
 
 
 rule val_set:
+    localrule: True   # bookkeeping, no model: on a cluster it runs on the submitting host
     input:
         GAMES,
     output:
@@ -102,6 +104,7 @@ rule base_model:
 
 
 rule select:
+    localrule: True   # bookkeeping, no model: on a cluster it runs on the submitting host
     output:
         f"{RUN}/round_{{round}}/selection.json",
     wildcard_constraints:

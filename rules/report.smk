@@ -6,6 +6,7 @@
 
 
 rule report:
+    localrule: True   # bookkeeping, no model: on a cluster it runs on the submitting host
     input:
         unpack(report_inputs),
     output:

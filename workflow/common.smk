@@ -12,7 +12,7 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 from snakemake.utils import validate
 
 from fedagent.core.config import ConfigError, prepare_config
-from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, config_sha256
+from fedagent.core.provenance import config_sha256, register_run
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
 from fedagent.plan.selection import run_mode, select_clients
 from fedagent.server.optimizers import cli_flags
@@ -27,18 +27,18 @@ except ConfigError as exc:
     sys.exit(1)
 validate(config, "schemas/config.schema.yaml")  # Snakemake's own check (also fills defaults)
 
-# Every job's provenance.json records the hash of the whole validated config (fedagent.core.provenance).
-os.environ[CONFIG_HASH_ENV] = config_sha256(config)
-
 RUN = f"{config['results_dir']}/{config['run']}"
 QUARANTINE = f"{RUN}/_failed"
-GAMES = f"{RUN}/plan/games"
+# The task catalogue: the run's own plan/games, or one another run (a matrix's shared copy) builds.
+GAMES = config["catalogue"] or f"{RUN}/plan/games"
 PARTITION = f"{RUN}/plan/partition.json"
 VAL_SET = f"{RUN}/plan/val_set.json"
 LABELS = f"{RUN}/plan/labels.json"
 DATA_SEED = config["data_seed"]
 MODE = run_mode(config["clients"]["total"], config["clients"]["pinned"])
-os.environ[RUN_MODE_ENV] = MODE     # every job's provenance.json records the run's mode
+# Every job's provenance.json records the hash of the whole validated config and the run's mode
+# (fedagent.core.provenance); a matrix loads one such run per module, each registering its own.
+register_run(RUN, config_sha256(config), MODE)
 ROUNDS = range(0, config["rounds"] + 1)
 
 wildcard_constraints:

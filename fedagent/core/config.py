@@ -22,6 +22,7 @@ while parsing.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,31 @@ from fedagent.core.config_rules import (CROSS_RULES, PLAN_ONLY_RULES, REQUIREMEN
 from fedagent.core.schema import (MODEL_KEYWORDS, SCHEMA_PATH, ConfigError, check_value,  # noqa: F401 - re-exported
                                   coerce_cli_strings, coerce_scalar, get_path, leaf_keys, load_schema, schema,
                                   schema_types, set_path, subschema, validate_schema)
+
+
+def merge_into(dst: dict, src: Mapping) -> dict:
+    """Snakemake's ``update_config``: dicts merge recursively, other values replace (``src`` deep-copied)."""
+    for key, value in src.items():
+        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
+            merge_into(dst[key], value)
+        else:
+            dst[key] = copy.deepcopy(dict(value) if isinstance(value, Mapping) else value)
+    return dst
+
+
+def load_file(path: Path) -> dict:
+    """A YAML file of config keys (empty file: {}); a missing or malformed file is a ConfigError naming it."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: not a mapping of config keys")
+    return data
 
 
 def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:

@@ -5,7 +5,8 @@ aggregate, merged model) adds ``provenance.json`` to it before the manifest, so 
 directory says how it was made: the job and its own params, the seeds' coordinates, the
 sha256 of the run's whole validated config (``FEDAGENT_CONFIG_SHA256``, exported by
 ``workflow/common.smk``; null when a command is run by hand), the run's mode (``federated``,
-``centralized`` or pinned ``local``: ``FEDAGENT_RUN_MODE``, likewise), the git commit of the fedagent
+``centralized`` or pinned ``local``: ``FEDAGENT_RUN_MODE``, likewise; a matrix's runs by their
+directory in ``FEDAGENT_RUNS``, :func:`register_run`), the git commit of the fedagent
 code and whether its tree had uncommitted changes, Python and package versions, host,
 device and backend. No timestamps or process ids: the same job on the same machine and code
 writes the same bytes, so re-runs stay byte-identical.
@@ -27,6 +28,7 @@ from pathlib import Path
 PROVENANCE_JSON = "provenance.json"
 CONFIG_HASH_ENV = "FEDAGENT_CONFIG_SHA256"
 RUN_MODE_ENV = "FEDAGENT_RUN_MODE"      # federated | centralized | local (workflow/common.smk)
+RUNS_ENV = "FEDAGENT_RUNS"              # JSON {absolute run dir: {config_sha256, run_mode}} (register_run)
 PACKAGES = ("fedagent", "torch", "transformers", "safetensors", "numpy", "textworld", "snakemake")
 _CODE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,16 +75,48 @@ def device_name() -> str:
     return "cpu"
 
 
+def register_run(run_dir: str, config_hash: str, mode: str, environ=os.environ) -> None:
+    """Export a run's config hash and mode to the jobs Snakemake starts (``workflow/common.smk``).
+
+    One run per Snakemake process (the usual case): ``FEDAGENT_CONFIG_SHA256`` / ``FEDAGENT_RUN_MODE``
+    hold its values. A matrix (``workflow/matrix.smk``) loads several runs into one process, whose jobs
+    all see one environment: every run is also recorded in ``FEDAGENT_RUNS`` by its absolute directory,
+    and once a second run registers, the single-run variables are dropped, so a job can only take its
+    own run's values (:func:`run_record`, by the directory it writes into), never another run's.
+    """
+    runs = json.loads(environ.get(RUNS_ENV) or "{}")
+    runs[os.path.abspath(run_dir)] = {"config_sha256": config_hash, "run_mode": mode}
+    environ[RUNS_ENV] = json.dumps(runs, sort_keys=True)
+    if len(runs) == 1:
+        environ[CONFIG_HASH_ENV], environ[RUN_MODE_ENV] = config_hash, mode
+    else:
+        environ.pop(CONFIG_HASH_ENV, None)
+        environ.pop(RUN_MODE_ENV, None)
+
+
+def run_record(directory: Path | str | None, environ=os.environ) -> dict:
+    """{config_sha256, run_mode} of the run a job's output ``directory`` lies in (nulls when unknown)."""
+    if directory is not None and environ.get(RUNS_ENV):
+        path = os.path.abspath(directory)
+        runs = json.loads(environ[RUNS_ENV])
+        owners = [d for d in runs if path == d or path.startswith(d.rstrip(os.sep) + os.sep)]
+        if owners:
+            return dict(runs[max(owners, key=len)])
+    return {"config_sha256": environ.get(CONFIG_HASH_ENV), "run_mode": environ.get(RUN_MODE_ENV)}
+
+
 def provenance(job: str, *, params: dict | None = None, seeds: dict | None = None, backend: str = "local",
-               extra: dict | None = None) -> dict:
-    """The provenance record of one job (see the module docstring)."""
+               extra: dict | None = None, directory: Path | str | None = None) -> dict:
+    """The provenance record of one job (see the module docstring); ``directory``: where it is written
+    (a matrix's jobs take their run's config hash and mode by it)."""
+    run = run_record(directory)
     return {
         "format": "fedagent-provenance-v1",
         "job": job,
         "params": params or {},
         "seeds": seeds or {},
-        "config_sha256": os.environ.get(CONFIG_HASH_ENV),
-        "run_mode": os.environ.get(RUN_MODE_ENV),
+        "config_sha256": run["config_sha256"],
+        "run_mode": run["run_mode"],
         "code": git_state(),
         "python": platform.python_version(),
         "packages": package_versions(),
@@ -96,6 +130,6 @@ def provenance(job: str, *, params: dict | None = None, seeds: dict | None = Non
 
 def write_provenance(directory: Path, job: str, **kwargs) -> dict:
     """Write ``provenance.json`` into a staging directory (before its manifest); return it."""
-    record = provenance(job, **kwargs)
+    record = provenance(job, directory=directory, **kwargs)
     (Path(directory) / PROVENANCE_JSON).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

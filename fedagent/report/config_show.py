@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedagent.core.config import ConfigError, prepare_config, schema, set_path, subschema
+from fedagent.core.config import (ConfigError, load_file, merge_into, prepare_config, schema,  # noqa: F401 - re-exported
+                                  set_path, subschema)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_CONFIG = Path("config") / "config.yaml"  # the Snakefile's `configfile:` (relative to the workdir)
@@ -64,36 +65,12 @@ def parse_sets(items: list[str]) -> dict:
     return cli
 
 
-def merge_into(dst: dict, src: Mapping) -> dict:
-    """Snakemake's ``update_config``: dicts merge recursively, other values replace."""
-    for key, value in src.items():
-        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
-            merge_into(dst[key], value)
-        else:
-            dst[key] = copy.deepcopy(dict(value) if isinstance(value, Mapping) else value)
-    return dst
-
-
 def _leaves(d: Mapping, prefix: str = "") -> list[str]:
     out = []
     for key, value in d.items():
         path = f"{prefix}{key}"
         out += _leaves(value, path + ".") if isinstance(value, Mapping) and value else [path]
     return out
-
-
-def load_file(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} does not exist") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: not a mapping of config keys")
-    return data
 
 
 def effective_config(base: Path | None, configfiles: list[Path], sets: list[str]) -> tuple[dict, dict[str, str]]:

@@ -129,10 +129,13 @@ def run_status(run_dir: Path) -> dict:
     """The whole run: plan jobs, every round on disk, the latest metrics."""
     run_dir = Path(run_dir)
     plan = run_dir / "plan"
+    games = plan / "games"
+    shared = shared_catalogue(run_dir) if not games.exists() else None
     out = {
         "run": str(run_dir),
+        **({"catalogue": str(shared)} if shared is not None else {}),
         "plan": {
-            "games": dir_state(run_dir, plan / "games"),
+            "games": dir_state(shared.parents[1] if shared is not None else run_dir, shared or games),
             "partition": file_state(run_dir, plan / "partition.json"),
             "val_set": file_state(run_dir, plan / "val_set.json"),
         },
@@ -150,6 +153,34 @@ def run_status(run_dir: Path) -> dict:
                                                                     "return_mean")}}
             break
     return out
+
+
+def shared_catalogue(run_dir: Path) -> Path | None:
+    """A matrix run's task catalogue (``config.catalogue``): ``<matrix>/_catalogue/<key>/plan/games`` beside
+    ``<matrix>/<arm>/seed_<s>``, when the matrix has exactly one (else None: the run's own plan/games)."""
+    found = sorted((Path(run_dir).parent.parent / "_catalogue").glob("*/plan/games"))
+    return found[0] if len(found) == 1 else None
+
+
+def matrix_runs(matrix_dir: Path) -> list[Path]:
+    """The run directories of a matrix's output folder (``<arm>/seed_<s>``), sorted."""
+    return sorted(p for p in Path(matrix_dir).glob("*/seed_*") if p.is_dir() and not p.parent.name.startswith("_"))
+
+
+def format_matrix(matrix_dir: Path) -> str:
+    """One line per run of a matrix: rounds complete and the latest eval; then the table's state."""
+    lines = [f"matrix {matrix_dir}"]
+    for run_dir in matrix_runs(matrix_dir):
+        st = run_status(run_dir)
+        complete = [rs["round"] for rs in st["rounds"] if rs["complete"]]
+        latest = st["latest"]
+        lines.append(f"{run_dir.parent.name}/{run_dir.name}: rounds complete {len(complete)}"
+                     + (f" (last {max(complete):03d})" if complete else "")
+                     + (f", latest eval round {latest['round']:03d} success_rate {latest['success_rate']}"
+                        f" (n={latest['n']})" if latest else ", no eval yet"))
+    table = Path(matrix_dir) / "table.csv"
+    lines.append(f"table: {'finished' if table.is_file() else 'missing'}")
+    return "\n".join(lines)
 
 
 def finished_jobs(status: dict) -> set[str]:
@@ -208,6 +239,12 @@ def run(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         print(f"status: no run directory {run_dir}", file=sys.stderr)
         return 1
+    if not (run_dir / "plan").exists() and not _round_dirs(run_dir) and matrix_runs(run_dir):
+        if args.json:
+            print(json.dumps({str(r): run_status(r) for r in matrix_runs(run_dir)}, indent=1, sort_keys=True))
+        else:
+            print(format_matrix(run_dir))
+        return 0
     status = run_status(run_dir)
     print(json.dumps(status, indent=1, sort_keys=True) if args.json else format_status(status))
     return 0

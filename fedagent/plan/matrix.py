@@ -1,0 +1,205 @@
+"""An experiment matrix: every arm × seed of one base preset, each its own run (``config/matrices/<name>.yaml``).
+
+A matrix file::
+
+    base: config/experiments/gpu-textworld.yaml   # the preset every arm overlays (itself over config/config.yaml)
+    seeds: [42, 21, 84]                           # `seed` of each run (default: the reference's 42, 21, 84)
+    reference: uniform                            # the arm every other is compared with (default: the first)
+    common: {rounds: 10}                          # keys set for every arm (optional)
+    arms:                                         # name → overlay (any config keys but run, results_dir, seed)
+      uniform: {}
+      hardness-xi1: {partition: {strategy: hardness, success_std: 1.0, labels_model: random}}
+
+``snakemake --profile profiles/local --config matrix=<name>`` runs it (``workflow/matrix.smk``): each
+(arm, seed) is the ordinary round graph, loaded as a Snakemake module with its own config, writing
+``<results_dir>/<matrix>/<arm>/seed_<seed>/``, so caching, resume, ``-n`` and ``fedagent status`` work
+per run, and a new seed or arm adds only its own jobs. A run's config is, dicts merged key by key
+(Snakemake's rule): ``config/config.yaml`` < ``base`` < ``common`` < the arm < the command line's other
+``--config`` keys (e.g. ``rounds=12`` for every run) < {seed, run, results_dir}.
+
+Runs whose task catalogue is the same (same data_seed and the keys that make it) read one shared copy,
+``<results_dir>/<matrix>/_catalogue/<key>/plan/games``, built once (its own module with only the
+catalogue rule): ``data_seed`` (not ``seed``) drives plan/, so seeds and most arms share the tasks, the
+validation set and, for a partition, its shards only where ``data_seed`` and the partition agree.
+
+Nothing heavy is imported: the workflow calls this while parsing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from fedagent.core.config import ConfigError, load_file, merge_into, prepare_config
+
+MATRIX_DIR = Path("config") / "matrices"
+DEFAULT_SEEDS = (42, 21, 84)        # the reference's three seeds (FACTS §9)
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+RESERVED = ("run", "results_dir", "seed")   # set per run by the matrix, never by an arm
+FILE_KEYS = ("base", "seeds", "reference", "common", "arms", "description")
+CATALOGUE_DIR = "_catalogue"
+
+
+@dataclass(frozen=True)
+class MatrixRun:
+    """One (arm, seed) of a matrix: its validated config and where it writes."""
+
+    arm: str
+    seed: int
+    config: dict = field(repr=False)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.config['results_dir']}/{self.config['run']}"
+
+    @property
+    def module(self) -> str:
+        """A Python identifier naming the run's Snakemake module (and its rules' prefix)."""
+        return f"{re.sub(r'[^A-Za-z0-9]', '_', self.arm)}__s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    path: Path
+    out_dir: str                       # <results_dir>/<matrix>
+    reference: str
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    runs: tuple[MatrixRun, ...]
+    catalogues: Mapping[str, dict]     # key → the config of the module that builds that catalogue
+
+    def last_round_summary(self, run: MatrixRun) -> str:
+        return f"{run.run_dir}/round_{run.config['rounds']:03d}/summary.csv"
+
+
+def matrix_path(name: str, root: Path | str = ".") -> Path:
+    """``config/matrices/<name>.yaml`` (or ``name`` itself when it is a path to a .yaml file)."""
+    if name.endswith((".yaml", ".yml")):
+        return Path(root) / name
+    if not NAME.match(name):
+        raise ConfigError(f"matrix: {name!r} is not a matrix name (letters, digits, '_', '.', '-')")
+    return Path(root) / MATRIX_DIR / f"{name}.yaml"
+
+
+def catalogue_settings(config: Mapping) -> dict:
+    """The config keys that make a run's task catalogue (its games / webshop_catalog rule), as a nested dict."""
+    env = config["env"]
+    kind = env["kind"]
+    if kind == "webshop":
+        made_of = {"webshop": {k: env["webshop"][k] for k in ("n_products", "goals_per_product", "val_goals", "data",
+                                                            "data_manifest", "goals", "max_products")}}
+    elif kind == "alfworld":
+        made_of = {"train_games": env["train_games"], "val_games": env["val_games"],
+                   "alfworld": copy.deepcopy(env["alfworld"])}
+    else:
+        made_of = {k: env[k] for k in ("train_games", "val_games", "world_size", "nb_objects", "quest_length")}
+    return {"data_seed": config["data_seed"], "env": {"kind": kind, **made_of}}
+
+
+def catalogue_key(config: Mapping) -> str:
+    """The catalogue's settings hashed: runs with the same key read one shared catalogue."""
+    settings = catalogue_settings(config)
+    blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return f"{settings['env']['kind']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _check_overlay(where: str, overlay) -> dict:
+    if overlay is None:
+        return {}
+    if not isinstance(overlay, dict):
+        raise ConfigError(f"{where}: expected a mapping of config keys, got {type(overlay).__name__}")
+    bad = [k for k in RESERVED if k in overlay]
+    if bad:
+        raise ConfigError(f"{where}: '{bad[0]}' is set per run by the matrix (arm and seed), not by an arm")
+    return overlay
+
+
+def _validated(where: str, config: dict, cli: Mapping) -> dict:
+    try:
+        prepare_config(config, cli)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return config
+
+
+def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: Path | str = ".") -> Matrix:
+    """Expand matrix ``name`` into its runs' validated configs.
+
+    ``defaults``: the workflow's config before any matrix (``config/config.yaml`` with the command line's
+    keys merged, as Snakemake built it; its ``matrix`` key is dropped); ``cli``: the command line's
+    ``--config`` keys (``matrix`` among them), layered over every run. Any problem → one ConfigError
+    naming the matrix file and the arm or key.
+    """
+    path = matrix_path(name, root)
+    spec = load_file(path) if path.is_file() else None
+    if spec is None:
+        raise ConfigError(f"matrix: {path} does not exist (config/matrices/<name>.yaml)")
+    where = str(path)
+    unknown = sorted(set(spec) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (a matrix has {', '.join(FILE_KEYS)})")
+    name = path.stem
+    cli = {k: v for k, v in (cli or {}).items() if k != "matrix"}
+    bad = [k for k in RESERVED if k in cli]
+    if bad:
+        raise ConfigError(f"--config {bad[0]}=...: set per run by matrix {name} (its seeds and arms), not for all runs")
+
+    base = {k: v for k, v in copy.deepcopy(dict(defaults)).items() if k != "matrix"}
+    # The command line's keys were merged into `defaults` by Snakemake: they are re-applied last below.
+    if spec.get("base") is not None:
+        base_path = Path(root) / spec["base"]
+        try:
+            merge_into(base, load_file(base_path))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: base: {exc}") from None
+    merge_into(base, _check_overlay(f"{where}: common", spec.get("common")))
+
+    arms = spec.get("arms")
+    if not isinstance(arms, dict) or not arms:
+        raise ConfigError(f"{where}: arms: expected a non-empty mapping of arm name → config overlay")
+    for arm in arms:
+        if not isinstance(arm, str) or not NAME.match(arm) or arm == CATALOGUE_DIR:
+            raise ConfigError(f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-')")
+    seeds = spec.get("seeds", list(DEFAULT_SEEDS))
+    if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or s < 0 for s in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise ConfigError(f"{where}: seeds: expected a list of distinct non-negative integers, got {seeds!r}")
+    reference = spec.get("reference", next(iter(arms)))
+    if reference not in arms:
+        raise ConfigError(f"{where}: reference: {reference!r} is not one of the arms ({', '.join(arms)})")
+
+    results_dir = base.get("results_dir", "results")
+    out_dir = f"{results_dir}/{name}"
+    runs, modules = [], set()
+    for arm, overlay in arms.items():
+        overlay = _check_overlay(f"{where}: arm {arm}", overlay)
+        for seed in seeds:
+            cfg = merge_into(copy.deepcopy(base), overlay)
+            merge_into(cfg, cli)
+            merge_into(cfg, {"seed": seed, "run": f"seed_{seed}", "results_dir": f"{out_dir}/{arm}"})
+            run = MatrixRun(arm, seed, _validated(f"{where}: arm {arm}, seed {seed}", cfg, cli))
+            if run.module in modules:
+                raise ConfigError(f"{where}: arm {arm!r}: its name clashes with another arm's once made an identifier")
+            modules.add(run.module)
+            runs.append(run)
+
+    # One shared catalogue per distinct catalogue key: its module's config is the base's (never an arm's,
+    # so adding or reordering arms never changes its params) with the key's catalogue settings.
+    catalogues: dict[str, dict] = {}
+    for run in runs:
+        key = catalogue_key(run.config)
+        if key not in catalogues:
+            cat = merge_into(copy.deepcopy(base), cli)
+            merge_into(cat, catalogue_settings(run.config))
+            merge_into(cat, {"seed": seeds[0], "run": key, "results_dir": f"{out_dir}/{CATALOGUE_DIR}"})
+            # only the catalogue rule is used from this module: keep its other sections the base's (valid)
+            catalogues[key] = _validated(f"{where}: catalogue of arm {run.arm}", cat, cli)
+        run.config["catalogue"] = f"{out_dir}/{CATALOGUE_DIR}/{key}/plan/games"
+    return Matrix(name=name, path=path, out_dir=out_dir, reference=reference, arms=tuple(arms),
+                  seeds=tuple(seeds), runs=tuple(runs), catalogues=catalogues)

@@ -1,0 +1,84 @@
+# An experiment matrix (`--config matrix=<name>`): every arm × seed of config/matrices/<name>.yaml as its
+# own run directory, <results_dir>/<matrix>/<arm>/seed_<seed>/, each the ordinary round graph (../Snakefile)
+# loaded as a Snakemake module with that run's config, its rules prefixed <arm>__s<seed>__. Runs with the
+# same task catalogue read one copy, built by a module that keeps only the catalogue rule. Then the
+# table: results/<matrix>/table.csv, table.md and curves.png (fedagent matrix-table).
+# The expansion and every check live in fedagent.plan.matrix; this file is wiring only.
+import json
+import sys
+
+sys.path.insert(0, workflow.basedir)  # the package is importable even from a bare checkout
+
+from fedagent.core.config import ConfigError
+from fedagent.plan.matrix import load_matrix
+
+try:
+    MATRIX = load_matrix(str(config["matrix"]), config, getattr(workflow.config_settings, "config", None))
+except ConfigError as exc:
+    print(f"fedagent: invalid matrix: {exc}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _catalogue_rule(cfg):
+    """The rule that builds a catalogue of this env kind (rules/webshop.smk's for WebShop)."""
+    return "webshop_catalog" if cfg["env"]["kind"] == "webshop" else "games"
+
+
+for _cat_key, _cat_config in MATRIX.catalogues.items():
+    _module = "catalogue_" + _cat_key.replace("-", "_") + "__"
+    _rule = _catalogue_rule(_cat_config)
+
+    module:
+        name: _module
+        snakefile: "../Snakefile"
+        config: _cat_config
+
+    if _rule == "games":
+
+        use rule games from _module as _module*
+
+    else:
+
+        use rule webshop_catalog from _module as _module*
+
+
+for _run in MATRIX.runs:
+    _module = _run.module + "__"
+
+    module:
+        name: _module
+        snakefile: "../Snakefile"
+        config: _run.config
+
+    use rule * from _module exclude games, webshop_catalog, all as _module*
+
+
+MATRIX_RUNS = json.dumps([{"arm": r.arm, "seed": r.seed, "summary": MATRIX.last_round_summary(r)} for r in MATRIX.runs],
+                         sort_keys=True, separators=(",", ":"))
+
+
+MATRIX_TARGETS = [f"{MATRIX.out_dir}/table.csv", f"{MATRIX.out_dir}/table.md", f"{MATRIX.out_dir}/curves.png"]
+
+
+# The comparison table over every run's summary.csv (its last round's, which has every round's row).
+rule matrix_table:
+    localrule: True
+    input:
+        [MATRIX.last_round_summary(r) for r in MATRIX.runs],
+    output:
+        csv=f"{MATRIX.out_dir}/table.csv",
+        md=f"{MATRIX.out_dir}/table.md",
+        curves=f"{MATRIX.out_dir}/curves.png",
+    params:
+        runs=MATRIX_RUNS,
+        reference=MATRIX.reference,
+        name=MATRIX.name,
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{MATRIX.out_dir}/logs/matrix_table.log",
+    shell:
+        "fedagent matrix-table --matrix {params.name} --runs '{params.runs}' --reference {params.reference}"
+        " --csv {output.csv} --md {output.md} --curves {output.curves} > {log} 2>&1"
+
+
