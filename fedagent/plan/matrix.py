@@ -146,7 +146,7 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (a matrix has {', '.join(FILE_KEYS)})")
     name = path.stem
     cli = {k: v for k, v in (cli or {}).items() if k != "matrix"}
-    bad = [k for k in RESERVED if k in cli]
+    bad = [k for k in ("run", "seed") if k in cli]     # results_dir: where the whole matrix goes
     if bad:
         raise ConfigError(f"--config {bad[0]}=...: set per run by matrix {name} (its seeds and arms), not for all runs")
 

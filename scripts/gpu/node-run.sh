@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU node: run (or resume) a preset through the workflow and pack what to bring back.
 #   scripts/gpu/node-run.sh CONFIGFILE [SECONDS] [snakemake args...]
+#   scripts/gpu/node-run.sh config/matrices/NAME.yaml [SECONDS] [snakemake args...]   (a whole matrix)
 # Stops Snakemake cleanly after SECONDS (default 540: under one device call), so a later call
 # resumes the same run from its files. Packs results (no weights, no games), logs and
 # benchmarks into $OUT/run.tgz when OUT is set.
@@ -11,17 +12,41 @@
 set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
-run=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['run'])" "$cfg")
+# A matrix (config/matrices/<name>.yaml, it has `arms`): every arm x seed through `--config matrix=<name>`,
+# its results in results/<name>/ (table.csv/table.md/curves.png come back); the warm server's standbys
+# warm its base preset's GPU calls.
+read -r run kind base < <(python3 - "$cfg" <<'PY'
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+if "arms" in spec:
+    from pathlib import Path
+    base = spec.get("base")
+    env = {**((yaml.safe_load(open(base)) or {}).get("env") or {} if base else {}), **((spec.get("common") or {}).get("env") or {})}
+    print(Path(sys.argv[1]).stem, env.get("kind") or "textworld", base or "-")
+else:
+    print(spec["run"], (spec.get("env") or {}).get("kind") or "textworld", "-")
+PY
+)
+if [ "$base" = - ]; then what=(--configfile "$cfg"); warm_cfg=$cfg; else what=(--config "matrix=$run"); warm_cfg=$base; fi
 # The run's environment must import and play here before any job starts (one line naming what is
 # missing; ≈ 2-20 s). SKIP_ENV_CHECK=1: not again (a resumed call of the same run on the same node).
-kind=$(python3 -c "import yaml,sys; print((yaml.safe_load(open(sys.argv[1])).get('env') or {}).get('kind') or 'textworld')" "$cfg")
 [ "${SKIP_ENV_CHECK:-0}" = 1 ] || scripts/gpu/node-setup.sh check "$kind" || exit 1
-WARM_CONFIG=${WARM_CONFIG:-$cfg} source scripts/gpu/warm.sh
+WARM_CONFIG=${WARM_CONFIG:-$warm_cfg} source scripts/gpu/warm.sh
+# GPU utilisation and memory every second while Snakemake runs ($OUT/gpu-util.csv; GPU_SAMPLE=0: off).
+if [ -n "${OUT:-}" ] && [ "${GPU_SAMPLE:-1}" = 1 ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+    >> "$OUT/gpu-util.csv" 2>/dev/null & sampler=$!
+fi
 t0=$(date +%s)
-timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local --configfile "$cfg" --cores all "$@"
+timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local "${what[@]}" --cores all "$@"
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s"
-if [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
+[ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
+if [ -n "${OUT:-}" ] && [ "$base" != - ] && [ -d "results/$run" ]; then
+  tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude='*/plan/games' --exclude='*/tokenizer.json' \
+    --exclude='*/samples.jsonl' "results/$run"
+  for f in table.csv table.md curves.png; do cp "results/$run/$f" "$OUT/" 2>/dev/null; done
+elif [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
   tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude="results/$run/plan/games" \
     --exclude='*/tokenizer.json' "results/$run"
   cp "results/$run/summary.csv" "$OUT/" 2>/dev/null; cp "results/$run/curves.png" "$OUT/" 2>/dev/null

@@ -1,0 +1,224 @@
+"""Experiment matrices (config/matrices/, workflow/matrix.smk, fedagent.plan.matrix, fedagent matrix-table)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fedagent.core.config import ConfigError
+from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, RUNS_ENV, config_sha256, register_run, run_record
+from fedagent.plan.matrix import load_matrix
+from fedagent.report.matrix_table import auc, build_table, newcombe_interval, wilson
+from workflow_helpers import REPO, executed_jobs, make_workdir, run_snakemake
+
+MATRICES = sorted((REPO / "config" / "matrices").glob("*.yaml"))
+DEFAULTS = yaml.safe_load((REPO / "tests" / "workflow_config.yaml").read_text())
+
+# 2 arms x 2 seeds on the tiny model, one round each, one client trained a round (the suite's budget).
+TINY = {"seeds": [7, 8], "reference": "uniform", "common": {"rounds": 1, "clients": {"per_round": 1}},
+        "arms": {"uniform": {}, "pinned": {"clients": {"pinned": 1}}}}
+
+
+def _matrix_file(root: Path, name: str, spec: dict) -> None:
+    (root / "config" / "matrices").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "matrices" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+# --------------------------------------------------------------------------- expansion
+def test_runs_are_arms_times_seeds_with_one_shared_catalogue(tmp_path):
+    _matrix_file(tmp_path, "m", {**TINY, "seeds": [7, 8, 9]})
+    m = load_matrix("m", DEFAULTS, {"matrix": "m"}, root=tmp_path)
+    assert [(r.arm, r.seed) for r in m.runs] == [(a, s) for a in ("uniform", "pinned") for s in (7, 8, 9)]
+    assert {r.run_dir for r in m.runs} == {f"results/m/{a}/seed_{s}" for a in ("uniform", "pinned") for s in (7, 8, 9)}
+    assert len(m.catalogues) == 1
+    (key,) = m.catalogues
+    assert {r.config["catalogue"] for r in m.runs} == {f"results/m/_catalogue/{key}/plan/games"}
+    pinned = [r for r in m.runs if r.arm == "pinned"][0].config
+    assert pinned["clients"]["pinned"] == 1 and pinned["clients"]["per_round"] == 1
+    assert [r.config["seed"] for r in m.runs[:3]] == [7, 8, 9]
+
+
+def test_default_seeds_are_the_references_and_command_line_keys_reach_every_run(tmp_path):
+    _matrix_file(tmp_path, "m", {"arms": {"a": {}, "b": {"train": {"lr": 0.5}}}})
+    m = load_matrix("m", {**DEFAULTS, "rounds": 5}, {"matrix": "m", "rounds": 5}, root=tmp_path)
+    assert m.seeds == (42, 21, 84) and m.reference == "a"
+    assert {r.config["rounds"] for r in m.runs} == {5}
+    assert {r.config["train"]["lr"] for r in m.runs if r.arm == "b"} == {0.5}
+
+
+def test_a_different_catalogue_gets_its_own_copy_and_arms_never_change_the_shared_one(tmp_path):
+    _matrix_file(tmp_path, "m", {"seeds": [1], "arms": {"a": {}, "big": {"env": {"train_games": 3}}}})
+    m = load_matrix("m", DEFAULTS, {}, root=tmp_path)
+    assert len(m.catalogues) == 2
+    # adding an arm before the others changes no existing catalogue module's config
+    _matrix_file(tmp_path, "m2", {"seeds": [1], "arms": {"z": {"train": {"lr": 0.9}}, "a": {},
+                                                         "big": {"env": {"train_games": 3}}}})
+    m2 = load_matrix("m2", DEFAULTS, {}, root=tmp_path)
+    strip = lambda c: {k: v for k, v in c.items() if k != "results_dir"}  # noqa: E731
+    assert [strip(c) for c in m.catalogues.values()] == [strip(c) for c in m2.catalogues.values()]
+
+
+@pytest.mark.parametrize("spec, cli, message", [
+    ({"arms": {"a": {"seed": 3}}}, {}, "arm a: 'seed' is set per run by the matrix"),
+    ({"arms": {"a": {"run": "x"}}}, {}, "arm a: 'run' is set per run"),
+    ({"arms": {"a": {}}, "bogus": 1}, {}, "unknown key 'bogus'"),
+    ({"arms": {"a": {}}, "reference": "b"}, {}, "reference: 'b' is not one of the arms"),
+    ({"arms": {}}, {}, "arms: expected a non-empty mapping"),
+    ({"arms": {"a b": {}}}, {}, "arm 'a b': not a valid name"),
+    ({"arms": {"a": {}}, "seeds": [1, 1]}, {}, "seeds: expected a list of distinct"),
+    ({"arms": {"a": {"train": {"lr": -1}}}}, {}, "arm a, seed 42: config key 'train.lr'"),
+    ({"arms": {"a": {"trian": {}}}}, {}, "arm a, seed 42: "),
+    ({"arms": {"a": {}}}, {"seed": 3}, "--config seed=...: set per run by matrix m"),
+])
+def test_a_bad_matrix_is_one_error_naming_the_file_and_the_arm(tmp_path, spec, cli, message):
+    _matrix_file(tmp_path, "m", spec)
+    with pytest.raises(ConfigError) as err:
+        load_matrix("m", DEFAULTS, {"matrix": "m", **cli}, root=tmp_path)
+    assert message in str(err.value)
+
+
+def test_a_missing_matrix_names_its_file(tmp_path):
+    with pytest.raises(ConfigError, match="config/matrices/nope.yaml does not exist"):
+        load_matrix("nope", DEFAULTS, {}, root=tmp_path)
+
+
+# --------------------------------------------------------------------------- provenance per run
+def test_each_run_of_a_matrix_records_its_own_config_hash_and_mode(tmp_path):
+    env: dict = {}
+    register_run("results/m/a/seed_1", "h1", "federated", environ=env)
+    assert env[CONFIG_HASH_ENV] == "h1" and env[RUN_MODE_ENV] == "federated"      # one run: as before
+    register_run("results/m/a/seed_10", "h10", "local", environ=env)
+    assert CONFIG_HASH_ENV not in env and RUN_MODE_ENV not in env                # two: only by directory
+    assert run_record("results/m/a/seed_1/round_001/clients/.staging-0", env)["config_sha256"] == "h1"
+    assert run_record("results/m/a/seed_10/round_001/model", env) == {"config_sha256": "h10", "run_mode": "local"}
+    assert run_record("results/elsewhere", env) == {"config_sha256": None, "run_mode": None}
+    assert json.loads(env[RUNS_ENV])
+
+
+# --------------------------------------------------------------------------- the table
+def _summary(path: Path, finals: list[float], n: int = 20, base: float | None = None) -> str:
+    rows = []
+    if base is not None:
+        rows.append({"round": 0, "model": "base", "n": n, "success_rate": base})
+    for r, s in enumerate(finals):
+        rows.append({"round": r, "model": ("warm_start" if base is not None else "base") if r == 0 else "aggregated",
+                     "n": n, "success_rate": s})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).assign(ci95_low=0.0, ci95_high=1.0, score_mean=0.0, return_mean=0.0,
+                              clients_dropped="").to_csv(path, index=False)
+    return str(path)
+
+
+def test_the_table_by_hand(tmp_path):
+    s = lambda a, seed, curve, **kw: {"arm": a, "seed": seed,  # noqa: E731
+                                      "summary": _summary(tmp_path / a / f"{seed}.csv", curve, **kw)}
+    runs = [s("ref", 1, [0.0, 0.2, 0.4]), s("ref", 2, [0.0, 0.3, 0.5]), s("ref", 3, [0.0, 0.1, 0.3]),
+            s("hi", 1, [0.0, 0.6, 0.9]), s("hi", 2, [0.0, 0.7, 0.95]), s("hi", 3, [0.0, 0.5, 0.85]),
+            s("ws", 1, [0.5, 0.45], base=0.05)]
+    table, _ = build_table(runs, "ref")
+    ref, hi, ws = (table.set_index("arm").loc[a] for a in ("ref", "hi", "ws"))
+    assert ref["final_mean"] == pytest.approx(0.4)
+    # t(0.975, 2) = 4.302653; sd of (0.4, 0.5, 0.3) = 0.1
+    assert ref["final_ci_low"] == pytest.approx(0.4 - 4.302653 * 0.1 / math.sqrt(3), abs=1e-6)
+    assert (ref["pooled_wins"], ref["pooled_n"]) == (24, 60)      # 8 + 10 + 6 of 3 x 20
+    assert (hi["pooled_wins"], hi["pooled_n"]) == (54, 60)        # 18 + 19 + 17
+    assert ref["final_per_seed"] == "1:0.4000 2:0.5000 3:0.3000"
+    assert ref["auc"] == pytest.approx(np.mean([(0.1 + 0.3) / 2, (0.15 + 0.4) / 2, (0.05 + 0.2) / 2]))
+    assert ref["rounds_to_half_best"] == 1 and hi["rounds_to_half_best"] == 1
+    assert hi["diff"] == pytest.approx(0.5) and hi["significant"] == "higher"
+    assert hi["diff_pooled_ci_low"] == pytest.approx(newcombe_interval(54, 60, 24, 60)[0])
+    assert ref["significant"] == "-" and ws["significant"] == "-"          # one seed: no across-seed interval
+    assert ws["base_mean"] == pytest.approx(0.05) and ws["final_mean"] == pytest.approx(0.45)
+    assert ws["auc"] == pytest.approx(0.475) and ws["rounds"] == 1
+
+
+def test_overlapping_arms_are_not_marked_significant(tmp_path):
+    runs = [{"arm": a, "seed": k, "summary": _summary(tmp_path / f"{a}{k}.csv", [0.0, v])}
+            for a, vals in (("ref", (0.4, 0.5, 0.3)), ("b", (0.45, 0.55, 0.35))) for k, v in enumerate(vals)]
+    table, _ = build_table(runs, "ref")
+    assert table.set_index("arm").loc["b", "significant"] == "no"
+
+
+def test_interval_helpers():
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == pytest.approx(1.0)
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    # Newcombe 1998, table II example: 56/70 vs 48/80 → [0.0524, 0.3339]
+    lo, hi = newcombe_interval(56, 70, 48, 80)
+    assert (lo, hi) == (pytest.approx(0.0524, abs=1e-4), pytest.approx(0.3339, abs=1e-4))
+    assert auc(pd.DataFrame({"round": [0, 1, 2], "success_rate": [0.0, 1.0, 1.0]})) == pytest.approx(0.75)
+
+
+# --------------------------------------------------------------------------- through Snakemake
+def _matrix_workdir(tmp_path: Path) -> Path:
+    work = make_workdir(tmp_path)
+    (work / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    shutil.copytree(REPO / "config" / "matrices", work / "config" / "matrices")
+    shutil.copytree(REPO / "config" / "experiments", work / "config" / "experiments")
+    return work
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("matrix", MATRICES, ids=[p.stem for p in MATRICES])
+def test_every_shipped_matrix_plans(tmp_path, matrix):
+    work = _matrix_workdir(tmp_path / "w")
+    proc = run_snakemake(work, "-n", "--config", f"matrix={matrix.stem}", timeout=600)
+    spec = yaml.safe_load(matrix.read_text())
+    m = load_matrix(matrix.stem, yaml.safe_load((REPO / "config" / "config.yaml").read_text()), {}, root=REPO)
+    assert len(m.runs) == len(spec["arms"]) * len(spec.get("seeds", [42, 21, 84]))
+    for run in m.runs:
+        assert f"{run.run_dir}/round_{run.config['rounds']:03d}/summary.csv" in proc.stdout
+    assert f"results/{matrix.stem}/table.csv" in proc.stdout
+    assert proc.stdout.count("rule catalogue_") == len(m.catalogues)
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_path):
+    work = make_workdir(tmp_path / "w")
+    _matrix_file(work, "tiny", TINY)
+    run_snakemake(work, "--config", "matrix=tiny", timeout=1800)
+    out = work / "results" / "tiny"
+    table = pd.read_csv(out / "table.csv").set_index("arm")
+    assert (out / "table.md").is_file() and (out / "curves.png").stat().st_size > 0
+
+    # the table's numbers, recomputed from the runs' own summary.csv files
+    for arm in ("uniform", "pinned"):
+        finals = []
+        for seed in (7, 8):
+            summ = pd.read_csv(out / arm / f"seed_{seed}" / "summary.csv")
+            last = summ[summ["round"] == summ["round"].max()].iloc[-1]
+            finals.append((float(last["success_rate"]), int(last["n"])))
+        assert table.loc[arm, "final_mean"] == pytest.approx(np.mean([f for f, _ in finals]))
+        assert table.loc[arm, "pooled_n"] == sum(n for _, n in finals)
+        assert table.loc[arm, "pooled_wins"] == sum(round(f * n) for f, n in finals)
+        assert table.loc[arm, "final_per_seed"] == " ".join(f"{s}:{f:.4f}" for s, (f, _) in zip((7, 8), finals))
+
+    # each run's jobs recorded their own run's config hash and mode (not the last module's)
+    m = load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work)
+    for run in m.runs:
+        prov = json.loads((work / run.run_dir / "round_001" / "model" / "provenance.json").read_text())
+        assert prov["run_mode"] == ("local" if run.arm == "pinned" else "federated")
+        assert prov["config_sha256"] == config_sha256(_as_validated(run))
+
+    again = run_snakemake(work, "--config", "matrix=tiny")
+    assert executed_jobs(again) == []
+
+    # a third seed: only its own runs' jobs (and the table) run; nothing of seeds 7 and 8, no catalogue
+    _matrix_file(work, "tiny", {**TINY, "seeds": [7, 8, 9]})
+    plan = run_snakemake(work, "-n", "--config", "matrix=tiny")
+    rules = {rule for rule, _ in executed_jobs(plan)}
+    assert rules and all(r.endswith("__s9") or "__s9__" in r or r.startswith("matrix") for r in rules), rules
+    assert "matrix_table" in rules and not any(r.startswith("catalogue_") for r in rules)
+
+
+def _as_validated(run) -> dict:
+    """The config a run's module validated (what workflow/common.smk hashes): the run's config as loaded."""
+    return run.config
