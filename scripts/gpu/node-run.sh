@@ -37,10 +37,10 @@ if [ -n "${OUT:-}" ] && [ "${GPU_SAMPLE:-1}" = 1 ] && command -v nvidia-smi >/de
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
     >> "$OUT/gpu-util.csv" 2>/dev/null & sampler=$!
 fi
-t0=$(date +%s)
+t0=$(date +%s); echo "snakemake started $(date -u +%FT%T)"
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local "${what[@]}" --cores all "$@"
 rc=$?
-echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s"
+echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s (ended $(date -u +%FT%T))"
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
 if [ -n "${OUT:-}" ] && [ "$base" != - ] && [ -d "results/$run" ]; then
   tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude='*/plan/games' --exclude='*/tokenizer.json' \
