@@ -3,21 +3,25 @@
 
 # The task catalogue: generated TextWorld games, or ALFWorld (generated games or real data).
 # Everything under plan/ depends on data_seed, never on seed.
-rule games:
-    output:
-        directory(GAMES),
-    params:
-        seed=DATA_SEED,
-        command=GAMES_COMMAND,
-        quarantine=QUARANTINE,
-    threads: 8   # tw-make processes; Snakemake caps it at --cores (2 on a laptop run)
-    conda:
-        "../envs/fedagent.yaml"
-    log:
-        f"{RUN}/logs/games.log",
-    shell:
-        "fedagent {params.command} --out {output} --seed {params.seed} --jobs {threads}"
-        " --quarantine {params.quarantine} > {log} 2>&1"
+# WebShop builds plan/games with rules/webshop.smk's webshop_catalog instead (one rule per kind, no
+# ruleorder: a matrix's modules import the catalogue rule alone).
+if config["env"]["kind"] != "webshop":
+
+    rule games:
+        output:
+            directory(GAMES),
+        params:
+            seed=DATA_SEED,
+            command=GAMES_COMMAND,
+            quarantine=QUARANTINE,
+        threads: 8   # tw-make processes; Snakemake caps it at --cores (2 on a laptop run)
+        conda:
+            "../envs/fedagent.yaml"
+        log:
+            f"{RUN}/logs/games.log",
+        shell:
+            "fedagent {params.command} --out {output} --seed {params.seed} --jobs {threads}"
+            " --quarantine {params.quarantine} > {log} 2>&1"
 
 
 rule partition:

@@ -1,12 +1,10 @@
 # WebShop (env.kind: webshop): the task directory, from the standard files or synthetic.
 # Same output as `games` (plan/games: games.json with train/val goal ids), so partition,
-# val_set, train_client and eval read it unchanged; this rule wins when the kind is webshop.
+# val_set, train_client and eval read it unchanged; rules/plan.smk defines `games` for the other kinds.
 # Its source flags come from workflow/common.smk (webshop_source_flags).
 
 
 if config["env"]["kind"] == "webshop":
-
-    ruleorder: webshop_catalog > games
 
     rule webshop_catalog:
         output:
