@@ -115,6 +115,23 @@ def test_the_random_weights_are_a_function_of_the_seed(arch, tmp_path):
     assert all(not torch.equal(x[:1, :8], y[:1, :8]) for x, y in zip(mats, mats[1:]))
 
 
+def test_a_config_without_architectures_gets_its_causal_lm_class(arch, tmp_path):
+    # bench/gpu_throughput.py --random-weights takes a dir like base_model.smollm2_architecture's,
+    # whose config.json names no class; vLLM needs one.
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(arch, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    del cfg["architectures"]
+    (bare / "config.json").write_text(json.dumps(cfg))
+    build_random_model(f"random:{bare}", tmp_path / "m", seed=7)
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    # the same tensors as with the class named
+    build_random_model(f"random:{arch}", tmp_path / "n", seed=7)
+    assert _sha(tmp_path / "m" / "model.safetensors") == _sha(tmp_path / "n" / "model.safetensors")
+
+
 def test_a_qwen2_shaped_source_keeps_its_biases_and_untied_head(tmp_path):
     arch = tiny_architecture(tmp_path / "tiny-qwen2", model_type="qwen2", tied=False)
     out = tmp_path / "model"

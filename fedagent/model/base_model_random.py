@@ -60,8 +60,13 @@ def architecture_config(source: str):
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         if not getattr(config, "architectures", None):
-            raise RandomModelError(f"config key 'model': {target}/config.json names no architectures "
-                                   "(e.g. [\"LlamaForCausalLM\"]): the model class is unknown")
+            # e.g. the config base_model.smollm2_architecture writes: the causal LM class of its
+            # model_type (vLLM reads the class from config.json)
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            with torch.device("meta"):
+                config.architectures = [type(AutoModelForCausalLM.from_config(config)).__name__]
     config.dtype = "float32"
     return config
 
