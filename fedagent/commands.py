@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("fedagent.evaluate.validation", "score a model on the fixed validation set"),
     "report": ("fedagent.report.summary", "summary.csv and curves.png"),
     "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
+    "gpu-mem": ("fedagent.report.gpu_mem", "the GPU jobs' declared memory (gpu_mem_mb) term by term, and what fits the card"),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
     "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
 }

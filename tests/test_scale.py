@@ -372,3 +372,24 @@ def test_a_warm_standby_takes_a_random_sources_architecture_before_round_0(arch,
     with architecture_dir(rel, give_up=lambda: True) as d:
         assert json.loads((d / "config.json").read_text())["hidden_size"] == 64
         assert (d / "tokenizer.json").is_file() and not (d / "model.safetensors").exists()
+
+
+def test_gpu_mem_prints_the_terms_and_what_fits(monkeypatch, capsys):
+    """`fedagent gpu-mem`: the declared sizes of a run's GPU jobs, whether a round fits the card, and the
+    largest micro-batch / pool that would (the sizing the scale presets were chosen with)."""
+    import argparse
+
+    from fedagent.report import gpu_mem
+
+    monkeypatch.chdir(REPO)
+    parser = argparse.ArgumentParser()
+    gpu_mem.add_args(parser)
+    preset = "config/experiments/gpu-scale-webshop.yaml"
+    assert gpu_mem.run(parser.parse_args(["--configfile", preset])) == 0
+    out = capsys.readouterr().out
+    assert "train_client   57683 MiB" in out and "eval           20443 MiB" in out
+    assert "2 train + 1 eval = 135809 MiB of 138000: fits" in out
+    assert "largest env.pool_size that fits (multiples of group_size 8, up to 256): 24" in out
+    # the pool of the 135M preset does not fit at 1.7B: exit 1
+    assert gpu_mem.run(parser.parse_args(["--configfile", preset, "--set", "env.pool_size=64"])) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
