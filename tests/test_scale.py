@@ -262,10 +262,11 @@ def test_the_bf16_reference_gives_the_fp32_references_log_probs_under_autocast(k
     # The GPU path scores the reference under bf16 autocast (actor.autocast); the CPU's autocast casts
     # the same linear layers. Seen failing with the whole reference in bf16 (.to(torch.bfloat16):
     # embedding and norms rounded too): log-probs off by up to 0.05.
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        want, _ = grpo.response_logprobs(policy, SAMPLES, temperature=0.7)
-        got, _ = grpo.response_logprobs(ref, SAMPLES, temperature=0.7)
-    assert torch.equal(got, want)
+    for right_pad in (False, True):    # the GPU path pads on the right
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want, _ = grpo.response_logprobs(policy, SAMPLES, temperature=0.7, right_pad=right_pad)
+            got, _ = grpo.response_logprobs(ref, SAMPLES, temperature=0.7, right_pad=right_pad)
+        assert torch.equal(got, want)
     assert ref.model.embed_tokens.weight.dtype == torch.float32 and ref.model.norm.weight.dtype == torch.float32
     assert ref.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     if kind == "llama-tied":
