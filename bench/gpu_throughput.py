@@ -2,8 +2,15 @@
 
     python bench/gpu_throughput.py --model results/<run>/round_000/model [--vllm-pythonpath DIR]
     python bench/gpu_throughput.py --model DIR_WITH_CONFIG_AND_TOKENIZER --random-weights --skip-generation
+    python bench/gpu_throughput.py --source random:smollm2-1.7b --prompt 512 --vllm-pythonpath DIR \
+        --train-modes eager_ckpt compiled_ckpt --train-micro 16
 
-Generation (batch 64, prompt 256 random token ids, exactly 64 new tokens, temperature 1.0, bf16):
+``--source random:<architecture>`` (issue 29): the model is written first, as the base-model stage writes
+it (fedagent.model.base_model_random: a named public architecture, e.g. SmolLM2-1.7B, seeded random
+weights, SmolLM2's tokenizer; throughput and memory do not depend on the weights' values).
+
+Generation (batch ``--batch`` 64, prompt ``--prompt`` 256 random token ids, exactly ``--new`` 64 new
+tokens, temperature 1.0, bf16):
   hf_eager   transformers ``generate`` with its dynamic cache (the baseline)
   local      fedagent's GPU path: :class:`fedagent.model.static_sampler.StaticSampler` (static cache),
              one row per sampler mode in ``--local-modes``: ``compile`` (torch.compile'd decode
@@ -14,13 +21,18 @@ Each column: one warm-up call, then the median of ``--reps`` timed calls; the ra
 against vLLM and HF eager of the same run.
 
 Training (batch 64 x 512 tokens, the local backend's update: fp32 master weights, bf16 autocast,
-log-probs of the last 128 tokens, AdamW), in the variants ``--train-modes`` names (default: the
-earlier left-padded step, the GPU default, ``train.compile_train``; see :func:`bench_train`):
+log-probs of the last 128 tokens, AdamW; ``--train-micro`` rows per forward/backward, the gradients of
+the batch accumulated as ``train.micro_batch_size`` does), in the variants ``--train-modes`` names
+(default: the earlier left-padded step, the GPU default, ``train.compile_train``; ``*_ckpt``: with
+``train.activation_checkpointing``; see :func:`bench_train`):
 tokens/s and MFU = the FLOPs the
 step computes (decoder weights on every token, the LM head on the 128 trained tokens, causal
 attention; see :func:`bench_train`) / time / peak, with peak = ``--peak-tflops`` (bf16 dense;
 the H200 datasheet's 989 by default), over steps run back to back as the training loop runs
-them, and again with a sync after every step. The naive 6·N·T figure is printed beside it.
+them, and again with a sync after every step. The naive 6·N·T figure is printed beside it. With
+checkpointing the MFU counts the model's FLOPs only (the recomputed forward is not useful work; ``hfu``
+counts it). Every generation column and training mode also reports the peak GPU memory torch's
+allocator held and reserved in it (``peak_*_mib``).
 """
 
 from __future__ import annotations
@@ -50,6 +62,22 @@ def _sync():
     import torch
 
     torch.cuda.synchronize()
+
+
+def _reset_peak():
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> dict:
+    """Peak GPU memory since the last :func:`_reset_peak` (MiB): what tensors held and what the allocator reserved."""
+    import torch
+
+    torch.cuda.synchronize()
+    return {"peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20),
+            "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20)}
 
 
 def bench_hf(model, prompts, reps):
@@ -111,12 +139,12 @@ def main():
     print("VLLM_RESULT " + json.dumps({"median_s": statistics.median(times), "engine_start_s": start}))
 if __name__ == "__main__":
     main()
-""" % (NEW, NEW)
+"""
 
 
 def bench_vllm(model_dir, prompts, reps, pythonpath, workdir):
     script = Path(workdir) / "vllm_child.py"
-    script.write_text(VLLM_CHILD)
+    script.write_text(VLLM_CHILD % (NEW, NEW))   # NEW: --new, set in main()
     pfile = Path(workdir) / "prompts.json"
     pfile.write_text(json.dumps(prompts))
     env = dict(os.environ, PYTHONPATH=f"{pythonpath}:{os.environ.get('PYTHONPATH', '')}",
@@ -194,7 +222,7 @@ def _graph_breaks(model, samples):
     return ex.graph_count, reasons
 
 
-def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False, profile_dir=None):
+def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False, profile_dir=None, micro=None):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
     The step is the backend's own optimizer step (:func:`fedagent.train.actor.update_step`: bf16
@@ -208,7 +236,9 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     one non-blocking copy, fused AdamW); compiled: ``train.compile_train: true`` (the decoder
     through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`);
     ``*_bf16res``: the same with ``train.residual_dtype: bfloat16`` (:func:`grpo.set_residual_dtype`);
-    compiled_tunepw: compiled with inductor's autotuning of its pointwise and reduction kernels.
+    compiled_tunepw: compiled with inductor's autotuning of its pointwise and reduction kernels;
+    ``*_ckpt``: with ``train.activation_checkpointing`` (:func:`checkpoint_activations`). ``micro``:
+    rows per forward/backward (the B rows' gradients accumulated; None: all B at once).
     Compiled modes first report Dynamo's graphs and graph breaks (:func:`_graph_breaks`).
     """
     import tempfile
@@ -219,9 +249,17 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     from fedagent.model.policy import load_policy
     from fedagent.train import grpo
     from fedagent.train.local import TrainParams
-    from fedagent.train.actor import autocast, logprobs_nograd, token_slices, compile_for_training, deferred_steps, update_step
+    from fedagent.train.actor import (autocast, checkpoint_activations, compile_for_training, deferred_steps,
+                                      logprobs_nograd, token_slices, update_step)
 
+    micro = int(micro or B)
+    _reset_peak()
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
+    if mode.endswith("_ckpt"):
+        checkpoint_activations(model)
+        base_mode = mode[:-len("_ckpt")]
+    else:
+        base_mode = mode
     model.train()
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
@@ -231,7 +269,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
                            advantage=1.0) for r in rows]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
-    if mode == "compiled":
+    if base_mode == "compiled":
         compile_for_training(model)
     elif mode == "compiled_tunepw":      # + inductor's autotuning of its pointwise/reduction kernels
         from fedagent.train.actor import COMPILE_TRAIN_OPTIONS
@@ -242,11 +280,11 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
         if mode == "compiled_bf16res":
             compile_for_training(model)
     adv = torch.ones(B * resp, device=next(model.parameters()).device)
-    p = TrainParams(mini_batch_size=B, micro_batch_size=B, kl_coef=0.0, temperature=1.0)
+    p = TrainParams(mini_batch_size=B, micro_batch_size=micro, kl_coef=0.0, temperature=1.0)
     params = [q for q in model.parameters() if q.requires_grad]
     breaks = _graph_breaks(model, samples[:4]) if mode.startswith("compiled") else None
     with autocast(model):
-        old = logprobs_nograd(model, samples, B, 1.0)
+        old = logprobs_nograd(model, samples, micro, 1.0)
     slices, mb, deferred = token_slices(samples), list(range(B)), deferred_steps(opt)
 
     def step():
@@ -303,7 +341,14 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
     flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
              + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
+    # Checkpointing recomputes each layer's forward in the backward pass: hardware FLOPs, not model FLOPs.
+    recompute = (2 * (n_params - emb) * tokens + 2 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
+                 if mode.endswith("_ckpt") else 0)
+    peak = _peak()
+    del model, opt
     return {"mode": mode, "step_s": t_back, **({"kernel_ms_per_step": kernel_ms} if profile else {}),
+            "micro_batch_rows": micro, "seq": seq, **peak,
+            "hfu": (flops + recompute) / t_back / (peak_tflops * 1e12),
             **({"graphs": breaks[0], "graph_breaks": breaks[1]} if breaks else {}),
             "first_step_s": first, "tokens_per_s": tokens / t_back,
             "tflops": flops / t_back / 1e12, "mfu": flops / t_back / (peak_tflops * 1e12),
@@ -313,22 +358,14 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12)}
 
 
-def random_weight_model(config_dir: Path, out: Path) -> Path:
-    """An fp32 HF dir at ``out``: ``config_dir``'s config with weights from a seeded generator, and
-    its tokenizer files copied (``--random-weights``)."""
-    import shutil
+def random_weight_model(source: str, out: Path, seed: int = 0) -> Path:
+    """An fp32 HF dir at ``out`` with seeded random weights, written as the base-model stage writes a
+    ``random:`` source (fedagent.model.base_model_random: streamed, one piece in memory at a time):
+    ``source`` is ``random:<architecture name>`` (``--source``) or ``random:<dir>`` (``--random-weights``:
+    that dir's config.json and tokenizer)."""
+    from fedagent.model.base_model_random import build_random_model
 
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(str(config_dir))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.save_pretrained(str(out))
-    for f in Path(config_dir).iterdir():
-        if f.is_file() and f.suffix in (".json", ".jinja", ".txt", ".model") and not (out / f.name).exists():
-            shutil.copy(f, out / f.name)
+    build_random_model(source, out, seed)
     return out
 
 
@@ -340,14 +377,19 @@ def generation(args, out) -> None:
 
     from fedagent.model.policy import load_policy
 
+    _reset_peak()
     model, tok = load_policy(args.model, 1, verify=False, device="cuda")
     model = model.to(torch.bfloat16)
     prompts = _prompts(model.config.vocab_size)
     gen_tokens = B * NEW
     t_hf = bench_hf(model, prompts, args.reps)
     out["hf_eager_tok_s"] = gen_tokens / t_hf
+    out["hf_eager_peak"] = _peak()
     for mode in args.local_modes:
+        torch.cuda.empty_cache()
+        _reset_peak()
         t_local, first = bench_local(model, tok, prompts, args.reps, mode)
+        out[f"local_{mode}_peak"] = _peak()   # the bf16 weights + its static KV cache and graphs
         # "local_tok_s" is the default mode's (the first listed) row; every mode has its own key.
         out[f"local_{mode}_tok_s"] = gen_tokens / t_local
         out[f"local_{mode}_first_call_s"] = first
@@ -369,15 +411,26 @@ def generation(args, out) -> None:
 
 
 def main(argv=None) -> int:
+    global B, PROMPT, NEW     # --batch / --prompt / --new set the module's shapes
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, required=True, help="HF model dir (fp32 safetensors)")
+    ap.add_argument("--model", type=Path, default=None, help="HF model dir (fp32 safetensors)")
+    ap.add_argument("--source", default=None, metavar="random:NAME",
+                    help="instead of --model: write a random-weight model of this named architecture first "
+                         "(e.g. random:smollm2-1.7b, random:qwen2.5-1.5b; fedagent/core/architectures.py)")
+    ap.add_argument("--batch", type=int, default=B, help="generation rows and training rows (B)")
+    ap.add_argument("--prompt", type=int, default=PROMPT, help="generation prompt tokens")
+    ap.add_argument("--new", type=int, default=NEW, help="generated tokens per row")
+    ap.add_argument("--train-seq", type=int, default=512, help="training tokens per row")
+    ap.add_argument("--train-micro", type=int, default=None,
+                    help="training rows per forward/backward (gradients accumulated over the batch; default: all)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--train-modes", nargs="+", default=["eager_leftpad", "eager", "compiled"],
-                    choices=["eager_leftpad", "eager", "eager_bf16res", "compiled", "compiled_bf16res", "compiled_tunepw"],
-                    help="training step variants to time (see bench_train)")
+    ap.add_argument("--train-modes", nargs="*", default=["eager_leftpad", "eager", "compiled"],
+                    choices=["eager_leftpad", "eager", "eager_bf16res", "compiled", "compiled_bf16res", "compiled_tunepw",
+                             "eager_ckpt", "compiled_ckpt"],
+                    help="training step variants to time (see bench_train; none given: generation only)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph"],
                     help="StaticSampler modes to time (the first, by default the backend's default, is "
@@ -391,24 +444,32 @@ def main(argv=None) -> int:
                          "config with seeded random weights (the same shapes and kernels; throughput does not "
                          "depend on the values), e.g. on a bare GPU node without the converted base model")
     args = ap.parse_args(argv)
+    B, PROMPT, NEW = args.batch, args.prompt, args.new
+    if (args.model is None) == (args.source is None):
+        ap.error("give exactly one of --model and --source")
 
     import tempfile
 
     import torch
 
-    if args.random_weights:
+    if args.source is not None:
         keep = tempfile.TemporaryDirectory(prefix="fa-random-model-")
-        args.model = random_weight_model(args.model, Path(keep.name) / "model")
+        t0 = time.time()
+        args.model = random_weight_model(args.source, Path(keep.name) / "model")
+        print(f"wrote {args.source} to {args.model} in {time.time() - t0:.1f} s", flush=True)
+    elif args.random_weights:
+        keep = tempfile.TemporaryDirectory(prefix="fa-random-model-")
+        args.model = random_weight_model(f"random:{args.model}", Path(keep.name) / "model")
 
     assert torch.cuda.is_available(), "this bench needs a GPU"
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
-           "new_tokens": NEW}
+           "new_tokens": NEW, **({"source": args.source, "weights": "random"} if args.source else {})}
     if not args.skip_generation:
         generation(args, out)
     out["train"] = {}
     for m in args.train_modes:
-        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, profile=args.profile,
-                                      profile_dir=args.profile_dir)
+        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, seq=args.train_seq,
+                                      profile=args.profile, profile_dir=args.profile_dir, micro=args.train_micro)
         print(f"TRAIN {m}: " + json.dumps(out["train"][m]), flush=True)
         torch.cuda.empty_cache()
     print(json.dumps(out, indent=1))
@@ -423,10 +484,15 @@ def main(argv=None) -> int:
         if "vllm_tok_s" in out:
             print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
     for tr in out["train"].values():
-        print(f"training B{B}x512 {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, {tr['tflops']:.1f} TFLOP/s, "
+        print(f"training B{B}x{tr['seq']} (micro {tr['micro_batch_rows']}) {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, "
+              f"{tr['tflops']:.1f} TFLOP/s, "
               f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "
               f"(synced after every step: {tr['tokens_per_s_synced']:.0f} tok/s, MFU {tr['mfu_synced']:.3f}; "
-              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f})")
+              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f}; HFU {tr['hfu']:.3f}); "
+              f"peak GPU memory {tr['peak_reserved_mib']} MiB reserved, {tr['peak_allocated_mib']} allocated")
+    if not args.skip_generation:
+        for key in ["hf_eager_peak"] + [f"local_{m}_peak" for m in args.local_modes]:
+            print(f"  generation {key[:-5]}: peak GPU memory {out[key]['peak_reserved_mib']} MiB reserved")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedagent.report.summary", "summary.csv and curves.png"),
     "matrix-table": ("fedagent.report.matrix_table", "a matrix's comparison table and curves from its runs' summaries"),
     "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
+    "gpu-mem": ("fedagent.report.gpu_mem", "the GPU jobs' declared memory (gpu_mem_mb) term by term, and what fits the card"),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
     "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
 }

@@ -69,6 +69,9 @@ def test_missing_file_is_named(tmp_path):
     ({"train.backend": "verl", "train.ref_anchor": "round", "train.clip_ratio_c": None},
      "config key 'train.clip_ratio_c': null (no dual-clip) is implemented for train.backend=local only (verl's "
      "vanilla policy loss always caps at clip_ratio_c > 1; got 'verl')", "train-client-verl"),
+    ({"train.backend": "verl", "train.ref_anchor": "round", "train.activation_checkpointing": True},
+     "config key 'train.activation_checkpointing': True is implemented for train.backend=local only (the verl "
+     "backend would ignore it; got 'verl')", "train-client-verl"),
 ])
 def test_local_only_features_are_refused_with_their_own_message(overrides, message, job):
     """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job
@@ -78,7 +81,7 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     import fedagent.train.warm_start  # noqa: F401  (registers the warm-start JobKeys)
     from fedagent.core.config import JOB_KEYS, REQUIREMENTS
 
-    assert len(REQUIREMENTS) == 8
+    assert len(REQUIREMENTS) == 9
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "config" / "config.yaml", overrides)
     assert str(err.value) == message

@@ -11,6 +11,7 @@ sys.path.insert(0, workflow.basedir)  # the package is importable even from a ba
 
 from snakemake.utils import validate
 
+from fedagent.core.architectures import is_random_source
 from fedagent.core.config import ConfigError, prepare_config
 from fedagent.core.provenance import config_sha256, register_run
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
@@ -126,7 +127,8 @@ PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_class
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 def job_params(section, drop):
     """A train/eval section's job knobs: ``sampler``/``compile_train`` only matter (and only count) on cuda;
-    ``residual_dtype`` counts only when not float32 (bfloat16 needs cuda: a config error otherwise)."""
+    ``residual_dtype`` counts only when not float32 (bfloat16 needs cuda: a config error otherwise),
+    ``activation_checkpointing`` only when true."""
     d = {k: v for k, v in config[section].items() if k not in drop}
     if d.get("device", "cpu") == "cpu":
         d.pop("sampler", None)
@@ -134,6 +136,9 @@ def job_params(section, drop):
     # train.residual_dtype only when not the default (a default run's params and cached jobs stay as they were)
     if d.get("residual_dtype") == "float32":
         d.pop("residual_dtype")
+    # train.activation_checkpointing only when on (likewise)
+    if d.get("activation_checkpointing") is False:
+        d.pop("activation_checkpointing")
     return d
 
 
@@ -174,6 +179,9 @@ EVAL_PARAMS = as_json({
     "projection": config["rollout"]["projection"],   # the env's semantics of an invalid answer
     **rollout_params(),
     **({"backend": "vllm", "vllm": config["eval"]["vllm"]} if config["eval"]["backend"] == "vllm" else {}),
+    # model: random:<architecture>: every eval.json says its weights are random (for speed and memory only);
+    # only for such runs, so every other run's eval params stay as they were
+    **({"random_weights": config["model"]} if is_random_source(config["model"]) else {}),
 })
 
 # warm_start.enabled: round 0's two evals carry what they score (eval.json's "label").
@@ -225,6 +233,8 @@ def base_model_command():
     """`fedagent <command> <flags>` of round 0; PPO adds round 1's critic (fedagent.model.critic)."""
     if config["model"] == "tiny":
         cmd = f"tiny-model --seed {config['seed']}"
+    elif is_random_source(config["model"]):   # random weights (issue 29): seeded by the run's seed
+        cmd = f"base-model --source {config['model']} --seed {config['seed']}"
     else:
         cmd = f"base-model --source {config['model']}"
     if config["train"]["algorithm"] == "ppo":

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from fedagent.core.architectures import is_random_source, random_source_problem
 from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path
 from fedagent.core.weights import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
 
@@ -105,9 +106,11 @@ def _pool_holds_a_group(get):
 @cross_rule("model", ["model"], violation={"model": "/nonexistent/model-dir"})
 def _model_exists(get):
     model = get("model")
+    if is_random_source(model):   # random:<architecture name or dir>: random weights (issue 29)
+        return random_source_problem(model, lambda p: (Path(p) / "config.json").is_file())
     if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
-        return (f"{model!r} is not one of {MODEL_KEYWORDS} and not a local HF model directory "
-                "(no config.json there)")
+        return (f"{model!r} is not one of {MODEL_KEYWORDS}, not random:<architecture> and not a local HF model "
+                "directory (no config.json there)")
     return None
 
 
@@ -206,6 +209,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 "{value!r} is implemented for train.backend=local only (verl keeps its own mixed precision)",
                 {"train.residual_dtype": "bfloat16", "train.device": "cuda", "train.backend": "verl",
                  "train.ref_anchor": "round"}),
+    Requirement("train.activation_checkpointing", "train.activation_checkpointing", lambda on: bool(on),
+                "train.backend", "local",
+                "{value!r} is implemented for train.backend=local only (the verl backend would ignore it; got {got!r})",
+                {"train.activation_checkpointing": True, "train.backend": "verl", "train.ref_anchor": "round"}),
     Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
                 "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
                 {"train.algorithm": "ppo", "rollout.mode": "concat"}),

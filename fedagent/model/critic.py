@@ -29,6 +29,7 @@ import json
 import sys
 from pathlib import Path
 
+from fedagent.core.architectures import is_random_source
 from fedagent.core.config import MODEL_KEYWORDS, ConfigError, JobKeys
 from fedagent.core.weights import (HEAD_NAMINGS, HEAD_TENSORS, INDEX_FILE, NO_HEAD_HINT,  # noqa: F401 - re-exported
                                    SINGLE_FILE, has_value_head, safetensors_names, value_head_naming)
@@ -62,7 +63,7 @@ def resolve_start_critic(source: str, critic_path: str | None) -> tuple[str, Pat
             raise ConfigError(f"config key 'train.ppo.critic_path': {critic_path!r} holds no value head "
                               f"({NO_HEAD_HINT}); omit the key to start a fresh head")
         return EXPLICIT, p, f"critic: explicit train.ppo.critic_path {p}"
-    if source not in MODEL_KEYWORDS:
+    if source not in MODEL_KEYWORDS and not is_random_source(source):
         sib = Path(source) / CRITIC_DIR
         if sib.is_dir():
             if has_value_head(sib) is not True:

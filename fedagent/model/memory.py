@@ -50,10 +50,12 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied: bool
+    qkv_bias: bool = False   # Qwen2: biases on q/k/v
 
 
 def model_shape(config: Mapping) -> ModelShape:
-    """The shape of an HF ``config.json`` dict (Llama field names; GQA's ``num_key_value_heads``)."""
+    """The shape of an HF ``config.json`` dict (Llama field names; GQA's ``num_key_value_heads``;
+    q/k/v biases for Qwen2 or ``attention_bias``)."""
     try:
         hidden, layers, heads = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
         intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
@@ -63,7 +65,8 @@ def model_shape(config: Mapping) -> ModelShape:
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or hidden // heads)
     return ModelShape(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
-                      bool(config.get("tie_word_embeddings", False)))
+                      bool(config.get("tie_word_embeddings", False)),
+                      bool(config.get("attention_bias") or config.get("model_type") == "qwen2"))
 
 
 # SmolLM2-135M(-Instruct)'s config.json (what base_model.smollm2_architecture writes; tests check it).
@@ -76,11 +79,19 @@ TINY = model_shape({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_he
 
 
 def shape_of_source(source: str) -> ModelShape:
-    """The shape of the config's ``model``: ``smollm2``, ``tiny`` or a local HF dir (its config.json)."""
+    """The shape of the config's ``model``: ``smollm2``, ``tiny``, ``random:<architecture>`` (its entry in
+    :data:`fedagent.core.architectures.ARCHITECTURES`, or ``random:<dir>``'s config.json) or a local HF
+    dir (its config.json)."""
+    from fedagent.core.architectures import ARCHITECTURES, is_random_source, random_target
+
     if source == "smollm2":
         return SMOLLM2_135M
     if source == "tiny":
         return TINY
+    if is_random_source(source):
+        source = random_target(source)
+        if source in ARCHITECTURES:
+            return model_shape(ARCHITECTURES[source]["config"])
     path = Path(source) / "config.json"
     if not path.is_file():
         raise ValueError(f"model {source!r}: no config.json to estimate its GPU memory from "
@@ -92,8 +103,17 @@ def param_count(s: ModelShape) -> int:
     """Parameters of a Llama-style decoder (no biases): embedding, per layer q/k/v/o + gated MLP + 2
     norms, the final norm, and the LM head unless tied to the embedding."""
     attn = s.hidden * s.heads * s.head_dim * 2 + s.hidden * s.kv_heads * s.head_dim * 2
+    if s.qkv_bias:
+        attn += (s.heads + 2 * s.kv_heads) * s.head_dim
     per_layer = attn + 3 * s.hidden * s.intermediate + 2 * s.hidden
     return s.vocab * s.hidden * (1 if s.tied else 2) + s.layers * per_layer + s.hidden
+
+
+def reference_bytes(s: ModelShape) -> int:
+    """The GPU path's KL reference (:func:`fedagent.train.actor.bf16_reference`): linear weights in bf16
+    (2 B), the embedding and the norms in fp32 (4 B; a tied LM head is the embedding)."""
+    fp32 = s.vocab * s.hidden + (2 * s.layers + 1) * s.hidden
+    return 4 * fp32 + 2 * (param_count(s) - fp32)
 
 
 def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 2) -> int:
@@ -101,30 +121,35 @@ def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 
     return 2 * s.layers * s.kv_heads * s.head_dim * tokens * batch * dtype_bytes
 
 
-def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int) -> int:
-    """Saved activations of a training forward (bf16 autocast, no checkpointing): per token and
-    layer the norms' outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream;
-    plus, for the response tokens only (grpo.forward_logprobs runs the LM head on those), the logits
-    (bf16, fp32 over the temperature), their log-softmax, its gradient and the entropy's exp."""
+def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int, checkpointing: bool = False) -> int:
+    """Saved activations of a training forward (bf16 autocast): per token and layer the norms'
+    outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream; with
+    ``checkpointing`` (``train.activation_checkpointing``) each layer's fp32 input only, plus one
+    layer's full set while the backward pass recomputes it; plus, for the response tokens only
+    (grpo.forward_logprobs runs the LM head on those), the logits (bf16, fp32 over the
+    temperature), their log-softmax, its gradient and the entropy's exp."""
     per_token_layer = 2 * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) + 4 * 2 * s.hidden
-    return rows * (tokens * s.layers * per_token_layer + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
+    per_token = s.layers * 4 * s.hidden + per_token_layer if checkpointing else s.layers * per_token_layer
+    return rows * (tokens * per_token + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
 
 
 def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_prompt_tokens: int,
                 max_new_tokens: int, response_tokens: int | None = None, reference: bool = True,
-                ppo: bool = False) -> dict[str, int]:
+                ppo: bool = False, checkpointing: bool = False) -> dict[str, int]:
     """Bytes of a local-backend ``train-client`` job on cuda, by term (before margin and fixed part):
-    fp32 master weights + gradients + AdamW's two moments (16 B/param), the KL reference (fp32 copy),
-    the bf16 rollout copy, the sampler's static KV cache (``pool_size`` rows of prompt + new tokens),
-    one micro-batch's activations and response logits (``response_tokens`` per row: one turn's
-    ``max_new_tokens`` windowed, every turn's in concat mode); PPO: its critic (16 B/param more)."""
+    fp32 master weights + gradients + AdamW's two moments (16 B/param), the KL reference (its linear
+    weights bf16: :func:`reference_bytes`), the bf16 rollout copy, the sampler's static KV cache
+    (``pool_size`` rows of prompt + new tokens), one micro-batch's activations and response logits
+    (``response_tokens`` per row: one turn's ``max_new_tokens`` windowed, every turn's in concat
+    mode; ``checkpointing``: train.activation_checkpointing); PPO: its critic (16 B/param more)."""
     p = param_count(s)
     tokens = max_prompt_tokens + max_new_tokens
-    return {"policy_and_adamw": 16 * p, "reference": 4 * p if reference else 0, "rollout_copy": 2 * p,
+    return {"policy_and_adamw": 16 * p, "reference": reference_bytes(s) if reference else 0, "rollout_copy": 2 * p,
             "critic": 16 * p if ppo else 0,
             "kv_cache": kv_cache_size(s, batch=pool_size, tokens=tokens),
             "activations": _activations(s, micro_batch_size, tokens,
-                                        max_new_tokens if response_tokens is None else response_tokens)}
+                                        max_new_tokens if response_tokens is None else response_tokens,
+                                        checkpointing=checkpointing)}
 
 
 def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tokens: int) -> dict[str, int]:
@@ -173,7 +198,8 @@ def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
         terms = train_terms(shape, micro_batch_size=sec["micro_batch_size"], pool_size=config["env"]["pool_size"],
                             max_prompt_tokens=sec["max_prompt_tokens"], max_new_tokens=sec["max_new_tokens"],
                             response_tokens=sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1),
-                            reference=bool(sec["kl_coef"]), ppo=sec["algorithm"] == "ppo")
+                            reference=bool(sec["kl_coef"]), ppo=sec["algorithm"] == "ppo",
+                            checkpointing=bool(sec.get("activation_checkpointing")))
         extra = _vllm_share(sec["verl"], card_mib) if backend == "verl" else 0
     else:
         terms = eval_terms(shape, batch=min(sec["batch"], config["env"]["pool_size"]),
@@ -190,6 +216,17 @@ KNOBS = {
     "warm-start": ("train.gpu_mem_gb (the warm start declares the train job's memory)",
                    "train.micro_batch_size or train.max_prompt_tokens"),
 }
+
+
+def gpu_peak_mib(device: str = "cuda") -> dict[str, int]:
+    """The job's peak GPU memory so far (MiB; torch's caching allocator: what tensors held at most,
+    and what the allocator had reserved from the card at most, the figure to compare with the
+    declared ``gpu_mem_mb``; neither counts the CUDA context, ≈ 0.5 GiB). Empty off CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not str(device).startswith("cuda") or not torch.cuda.is_initialized():
+        return {}
+    return {"gpu_peak_allocated_mib": int(math.ceil(torch.cuda.max_memory_allocated() / MIB)),
+            "gpu_peak_reserved_mib": int(math.ceil(torch.cuda.max_memory_reserved() / MIB))}
 
 
 class GpuOutOfMemory(SystemExit):

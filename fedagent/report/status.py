@@ -151,6 +151,8 @@ def run_status(run_dir: Path) -> dict:
         if ev is not None:
             out["latest"] = {"round": r, **{k: ev.get(k) for k in ("n", "success_rate", "ci95", "score_mean",
                                                                     "return_mean")}}
+            if ev.get("random_weights"):   # model: random:<architecture> (issue 29)
+                out["latest"]["random_weights"] = ev["random_weights"]
             break
     return out
 
@@ -203,7 +205,8 @@ def format_status(status: dict) -> str:
     latest = status["latest"]
     if latest:
         lines.append(f"latest eval: round {latest['round']:03d} success_rate {latest['success_rate']}"
-                     f" ci95 {latest['ci95']} score_mean {latest['score_mean']} (n={latest['n']})")
+                     f" ci95 {latest['ci95']} score_mean {latest['score_mean']} (n={latest['n']})"
+                     + (f" [{latest['random_weights']['note']}]" if latest.get("random_weights") else ""))
     else:
         lines.append("latest eval: none yet")
     return "\n".join(lines)

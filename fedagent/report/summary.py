@@ -11,6 +11,21 @@ import pandas as pd
 
 SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean",
                    "clients_dropped"]
+# model: random:<architecture> (issue 29): its evals carry random_weights, and the tables get this last
+# column (only then: every other run's files stay as they were) and the curve a warning title.
+WEIGHTS_COLUMN = "weights"
+
+
+def _weights_note(data: dict) -> str | None:
+    """eval.json's note on random weights (None: the model's weights are not random)."""
+    rw = data.get("random_weights")
+    return f"{rw['note']} ({rw['source']})" if rw else None
+
+
+def _with_weights_column(table: pd.DataFrame, notes: list) -> pd.DataFrame:
+    if any(notes):
+        table[WEIGHTS_COLUMN] = [n or "" for n in notes]
+    return table
 
 
 # Row order within a round: the base model before the warm start made from it.
@@ -23,9 +38,10 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
     With the expert warm start (``warm_start.enabled``) round 0 has two rows: ``base`` (the base
     model, ``round_000/base_eval.json``) and ``warm_start`` (round 0's model), as each eval.json's
     ``label`` says."""
-    rows = []
+    rows, notes = [], []
     for path in eval_files:
         data = json.loads(Path(path).read_text())
+        notes.append(_weights_note(data))
         low, high = data.get("ci95", [None, None])
         rows.append({
             "round": int(data["round"]),
@@ -39,7 +55,7 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
             # clients dropped in this round (clients.min_per_round), space-separated ids
             "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
         })
-    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    table = _with_weights_column(pd.DataFrame(rows, columns=SUMMARY_COLUMNS), notes)
     table = table.assign(_order=table["model"].map(_MODEL_ORDER).fillna(3)).sort_values(
         ["round", "_order"], kind="stable").drop(columns="_order")
     dup = table[["round", "model"]].duplicated()
@@ -49,7 +65,8 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
 
 
 TIMING_COLUMNS = ["round", "train_jobs", "train_job_s", "cold_start_s", "cold_start_share", "generation_s",
-                  "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s"]
+                  "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s",
+                  "train_gpu_peak_mib", "eval_gpu_peak_mib"]
 
 
 def _bench_seconds(path: Path) -> float:
@@ -63,13 +80,16 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
 
     Train jobs: cold start (process start → first sampled token) and generation / training
     phases from each client's ``metrics.json``; every job's wall time from its Snakemake
-    benchmark file; eval's split from ``eval_timings.json``. Wall clock, informational only.
+    benchmark file; eval's split from ``eval_timings.json``. Wall clock, informational only. On the GPU
+    also the peak memory the allocator reserved: the largest train job's and the eval's (empty on the CPU).
     """
     by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
     ev = json.loads(Path(eval_timings).read_text())
     # A dropped client (clients.min_per_round) left dropped.json, no metrics: it trained nothing.
     trained = [Path(c) for c in clients if (Path(c) / "metrics.json").is_file()]
-    train = [json.loads((c / "metrics.json").read_text()).get("timings", {}) for c in trained]
+    metrics = [json.loads((c / "metrics.json").read_text()) for c in trained]
+    train = [m.get("timings", {}) for m in metrics]
+    peaks = [m["gpu_peak_reserved_mib"] for m in metrics if "gpu_peak_reserved_mib" in m]
     train_job_s = sum(v for k, v in by_name.items() if k.startswith("train_client_"))
     cold = sum(t.get("cold_start_s") or 0.0 for t in train)
     return {
@@ -80,6 +100,7 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
         "training_s": round(sum(t.get("phases", {}).get("train", 0.0) for t in train), 3),
         "aggregate_s": by_name.get("aggregate"), "merge_s": by_name.get("merge"), "eval_s": by_name.get("eval"),
         "eval_cold_start_s": ev.get("cold_start_s"), "eval_generation_s": ev.get("phases", {}).get("rollout"),
+        "train_gpu_peak_mib": max(peaks) if peaks else None, "eval_gpu_peak_mib": ev.get("gpu_peak_reserved_mib"),
     }
 
 
@@ -95,16 +116,18 @@ CLIENT_COLUMNS = ["round", "client", "n", "success_rate", "ci95_low", "ci95_high
 
 def client_table(eval_files: list[Path]) -> pd.DataFrame:
     """One row per (round, client) from per-client eval files (``eval.clients: true``)."""
-    rows = []
+    rows, notes = [], []
     for path in eval_files:
         data = json.loads(Path(path).read_text())
         if data.get("client") is None:
             raise ValueError(f"{path}: not a per-client eval (no 'client')")
+        notes.append(_weights_note(data))
         low, high = data.get("ci95", [None, None])
         rows.append({"round": int(data["round"]), "client": int(data["client"]), "n": data["n"],
                      "success_rate": data["success_rate"], "ci95_low": low, "ci95_high": high,
                      "score_mean": data.get("score_mean"), "return_mean": data.get("return_mean")})
-    return pd.DataFrame(rows, columns=CLIENT_COLUMNS).sort_values(["round", "client"], kind="stable").reset_index(drop=True)
+    table = _with_weights_column(pd.DataFrame(rows, columns=CLIENT_COLUMNS), notes)
+    return table.sort_values(["round", "client"], kind="stable").reset_index(drop=True)
 
 
 def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = None) -> None:
@@ -131,6 +154,8 @@ def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = N
                    label="client updates", zorder=3)
     ax.set_xlabel("round (0 = warm start)" if len(base) else "round (0 = base model)")
     ax.set_ylabel("validation success rate")
+    if WEIGHTS_COLUMN in table.columns and table[WEIGHTS_COLUMN].astype(bool).any():
+        ax.set_title("RANDOM WEIGHTS: for speed and memory only, not results", color="tab:red", fontsize=9)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xticks(list(table["round"]))
     ax.grid(alpha=0.3)

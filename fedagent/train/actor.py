@@ -91,6 +91,59 @@ def _no_mask(*args, **kwargs):
     return None
 
 
+def checkpoint_activations(model) -> None:
+    """``train.activation_checkpointing``: every decoder layer of ``model`` keeps only its input for
+    the backward pass and recomputes its activations there (``torch.utils.checkpoint``, non-reentrant),
+    so a micro-batch's saved activations are one layer's plus each layer's input instead of every
+    layer's (:func:`fedagent.model.memory.train_terms`). Only forwards that record a graph
+    (the update's) are checkpointed; the no-grad behaviour/reference passes run as before.
+
+    transformers' own ``gradient_checkpointing_enable`` does nothing here: it checkpoints only in
+    ``train()`` mode, and the actor runs the model in ``eval()`` mode. The layers draw no random
+    numbers (no dropout in eval mode), so the recomputation is the same computation: the gradients
+    are those without checkpointing (tests/test_scale.py checks it on the CPU). Call it after the
+    job's copies of the policy are made: the reference and the rollout copy are never trained."""
+    import types
+
+    for layer in decoder_layers(model):
+        if "forward" not in layer.__dict__:
+            # A bound method in the instance's dict: a deepcopy of the model rebinds it to the copy.
+            layer.forward = types.MethodType(_checkpointed_forward, layer)
+
+
+def _checkpointed_forward(self, *args, **kwargs):
+    forward = type(self).forward
+    if not torch.is_grad_enabled():
+        return forward(self, *args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, self, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a transformers causal LM (Llama, Qwen2: ``model.model.layers``)."""
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers at model.base_model.layers "
+                         "(train.activation_checkpointing needs a Llama-style model)")
+    return list(layers)
+
+
+def bf16_reference(model) -> None:
+    """The KL reference on the GPU path, held in bf16 where the forward computes in bf16 anyway.
+
+    The reference is never trained and its log-probs are computed under bf16 autocast, which casts
+    every linear layer's fp32 weight to bf16 (round to nearest even) at each call; holding those
+    weights in bf16 already is the same cast done once, so the log-probs are the same bits and the
+    reference takes 2 bytes per linear weight instead of 4. The embedding (a lookup autocast does
+    not cast), the norms and a tied LM head (it is the embedding) stay fp32, as autocast reads them.
+    """
+    tied = model.get_input_embeddings().weight
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not tied:
+            module.to(torch.bfloat16)
+
+
 def autocast(model):
     """bf16 autocast for forward passes on a GPU (fp32 master weights, fp32 log-softmax);
     nothing on the CPU, whose path stays byte-identical to before."""

@@ -82,7 +82,8 @@ def _run(args: argparse.Namespace) -> int:
                         "fedprox_mu": params.fedprox_mu, "rollout_mode": params.rollout_mode,
                         "algorithm": params.algorithm, "mini_batch_size": params.mini_batch_size,
                         "group_size": params.group_size, "groups_per_epoch": params.groups_per_epoch,
-                        "clip_ratio_c": params.clip_ratio_c})
+                        "clip_ratio_c": params.clip_ratio_c,
+                        "activation_checkpointing": params.activation_checkpointing})
         return _run_verl(args, params, shard, out, verl_json, env_params)
     with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
                          max_turns=params.max_turns, client_id=str(args.client),

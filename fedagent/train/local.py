@@ -28,7 +28,7 @@ import torch
 from fedagent.core.config import JobKeys, dataclass_from_dict
 from fedagent.core.seeds import derive_seed, python_rng, torch_generator
 from fedagent.train import fedprox, grpo
-from fedagent.train.actor import compile_for_training, grpo_epoch
+from fedagent.train.actor import bf16_reference, checkpoint_activations, compile_for_training, grpo_epoch
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class TrainParams:
     sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
+    activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
     # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
     algorithm: str = "grpo"               # grpo | ppo
     gamma: float = 1.0                    # GAE discount (verl's default, the reference's)
@@ -92,6 +93,8 @@ class TrainParams:
         if self.algorithm != "ppo":
             for k in PPO_FIELDS:
                 d.pop(k)
+        if not self.activation_checkpointing:   # recorded only when on (files of other runs as they were)
+            d.pop("activation_checkpointing")
         return d
 
 
@@ -177,6 +180,10 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         if ref_state is not None:
             _fill(ref_model, ref_state.result(), Path(ref_model_dir))
         ref_model.requires_grad_(False)
+        if p.device == "cuda":
+            # Never trained, scored under bf16 autocast: its linear weights in bf16 give the same
+            # log-probs at half their memory (the CPU path keeps its fp32 reference and its bytes).
+            bf16_reference(ref_model)
     rollout_model, sampler = model, None
     if p.device == "cuda":
         from fedagent.model.static_sampler import StaticSampler
@@ -205,6 +212,9 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         for m in (model, ref_model):
             if m is not None:
                 grpo.set_residual_dtype(m, p.residual_dtype)
+    if p.activation_checkpointing:
+        # After the copies above: only the trained policy recomputes its activations.
+        checkpoint_activations(model)
     if p.device == "cuda" and p.compile_train:
         # Fused kernels and CUDA graphs for the training forward/backward (compiled lazily, one
         # static shape bucket at a time). After the copies above: the reference and the rollout
@@ -294,6 +304,11 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         "steps": steps, "task_seeds": seeds_used, "params": p.recorded(),
         "threads": threads, "device": p.device, "wall_time_s": round_(time.time() - t0),
     }
+    if p.device == "cuda":
+        # The job's peak GPU memory (issue 29: recorded per job, beside its declared gpu_mem_mb).
+        from fedagent.model.memory import gpu_peak_mib
+
+        metrics.update(gpu_peak_mib(p.device))
     if critic is None:
         # GRPO learns only from groups whose samples differ: the share that carried signal.
         metrics.update(groups=groups_total, groups_nonzero_advantage=groups_signal)

@@ -38,14 +38,19 @@ class Shapes:
     model_dir: Path
     train: Mapping | None     # pool, width, new_tokens, micro, sampler
     eval: Mapping | None      # batch, width, new_tokens, sampler
-    # The run's ``model`` (``smollm2`` or an HF dir): its architecture is known before round 0's
-    # model is built (None: wait for ``model_dir``).
+    # The run's ``model`` (``smollm2``, ``random:<architecture>`` or an HF dir): its architecture is
+    # known before round 0's model is built (None: wait for ``model_dir``).
     source: str | None = None
 
     def absolute(self) -> "Shapes":
         """The same with its paths absolute (a standby's job may run in another directory)."""
+        from fedagent.core.architectures import ARCHITECTURES, RANDOM_PREFIX, is_random_source, random_target
+
         source = self.source
-        if source is not None and source != "smollm2":
+        if source is not None and is_random_source(source):
+            target = random_target(source)   # a named architecture stays a name; a dir becomes absolute
+            source = source if target in ARCHITECTURES else RANDOM_PREFIX + os.path.abspath(target)
+        elif source is not None and source != "smollm2":
             source = os.path.abspath(source)
         return Shapes(Path(os.path.abspath(self.model_dir)), self.train, self.eval, source)
 
@@ -79,11 +84,20 @@ def architecture_dir(shapes: Shapes, give_up) -> Iterator[Path | None]:
     0's model if it exists; else, for ``source`` ``smollm2``, both written from the GGUF's
     metadata into a temporary directory (:func:`fedagent.model.base_model.smollm2_architecture`;
     a few seconds, where building the base model takes about a minute) or an HF dir ``source``
-    itself; else (``tiny``) round 0's model once it exists. None: ``give_up()`` came true first."""
+    itself; for ``random:<architecture>`` its config.json and tokenizer without the weights
+    (:func:`fedagent.model.base_model_random.write_architecture`); else (``tiny``) round 0's model once
+    it exists. None: ``give_up()`` came true first."""
+    from fedagent.core.architectures import is_random_source
     from fedagent.core.atomic import MANIFEST
 
     if (shapes.model_dir / MANIFEST).is_file():
         yield shapes.model_dir
+    elif shapes.source is not None and is_random_source(shapes.source):
+        from fedagent.model.base_model_random import write_architecture
+
+        with tempfile.TemporaryDirectory(prefix="fa-arch-") as tmp:
+            write_architecture(shapes.source, Path(tmp))
+            yield Path(tmp)
     elif shapes.source == "smollm2":
         from fedagent.model.base_model import smollm2_architecture
 

@@ -31,7 +31,8 @@ VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_ancho
                                           "mini_batch_size": "train.mini_batch_size", "group_size": "train.group_size",
                                           "groups_per_epoch": "train.groups_per_epoch",
                                           "residual_dtype": "train.residual_dtype",
-                                          "clip_ratio_c": "train.clip_ratio_c"})
+                                          "clip_ratio_c": "train.clip_ratio_c",
+                                          "activation_checkpointing": "train.activation_checkpointing"})
 
 
 def check_job_keys(values: dict) -> None:
