@@ -262,3 +262,24 @@ def test_a_planner_search_that_blows_up_is_given_up_within_its_memory_budget():
         pytest.fail("the planner's search on train[83] (data_seed 42) did not end within 150 s")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), (proc.returncode, proc.stderr[-2000:])
 
+
+def test_planner_expert_plays_in_worker_processes(games_root, tmp_path):
+    """The warm start's ALFWorld demos through an expert service whose envs (and planner libraries)
+    live in 2 forked worker processes (``env.procs``): every game won by the planner's own plan. An
+    expert service used to refuse worker processes, so ALFWorld's demos (one PDDL lock per process)
+    played one at a time: 128 of them ≈ 3.5 min of one core, the largest serial step of gpu-alfworld."""
+    from fedagent.envs.lifecycle import env_service
+    from fedagent.model.base_model_tiny import build_tokenizer
+    from fedagent.rollout.episode import run_episodes
+
+    source = _source(games_root)
+    ids = source.task_ids("train")
+    with env_service(games_root, "train", ids, tmp_path / "svc", mode="index", pool_size=len(ids), max_turns=12,
+                     source="alfworld", answer_format="action", expert=True, env_procs=2) as env:
+        assert env.health()["ok"]
+        trajs = run_episodes(None, build_tokenizer(), env, list(range(len(ids))), max_turns=12, max_new_tokens=0,
+                             temperature=1.0, generator=None, session_prefix="d", max_prompt_tokens=4096,
+                             answer_format="action", expert=True)
+    for tid, t in zip(ids, trajs):
+        assert t.won, t.summary()
+        assert [turn.action for turn in t.turns] == _walkthrough(source, tid)
