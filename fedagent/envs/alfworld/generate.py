@@ -237,6 +237,7 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
     library copy piles up in the generating process). Any other error in the child is raised here.
     """
     import os
+    import signal
     import sys
 
     r, w = os.pipe()
@@ -261,7 +262,13 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
     with os.fdopen(r, "rb") as f:
         raw = f.read()
     _, status = os.waitpid(pid, 0)
-    if not raw:                                    # bad_alloc -> abort, or fast-downward's own exit
+    if not raw:
+        # Over the budget: bad_alloc -> std::terminate -> SIGABRT, or fast-downward's own
+        # out-of-memory exit. Any other death (SIGSEGV, the OOM killer's SIGKILL) is not a verdict
+        # on the game: raised, so that no catalogue silently depends on it.
+        aborted = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT
+        if not (aborted or (os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0)):
+            raise RuntimeError(f"solving {_problem_name(game)}: the planner's process died (wait status {status})")
         print(f"alfworld-gen: {_problem_name(game)}: the planner went over its {PLANNER_MEM_MB} MiB "
               f"(wait status {status}); next attempt", file=sys.stderr, flush=True)
         return None
