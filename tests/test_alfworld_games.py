@@ -230,3 +230,56 @@ def test_parallel_generation_from_a_script_without_a_main_guard(tmp_path):
                         "--n-train", "3", "--n-val", "1", "--jobs", "2"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(data.read_manifest(out / data.MANIFEST_DIR / "train.json")["games"]) == 3
+
+
+def test_a_planner_search_that_blows_up_is_given_up_within_its_memory_budget():
+    """Game train[83] of data_seed 42, attempt 0 (two cups into the fridge of FloorPlan30: 47
+    receptacles, 40 of them openable) sends the PDDL planner into a search that grew past 3.4 GB
+    in 12 minutes and did not end: the gpu-alfworld catalogue never finished (on the H200 node nor
+    here). The planner now runs in a forked child whose address space may grow by at most
+    ``PLANNER_MEM_MB`` (96 MiB here, to keep the test short); over it, the attempt counts as
+    unsolvable and the next attempt's game is made. The calling process survives."""
+    import subprocess
+    import sys
+
+    code = (
+        "from fedagent.envs.alfworld import assets, generate as g\n"
+        "from fedagent.core.seeds import python_rng\n"
+        "g.PLANNER_MEM_MB = 96\n"
+        "plans = list(assets.floor_plans())\n"
+        "rng = python_rng(42, 'alfworld_gen_train', index=83, epoch=0)\n"
+        "plan = rng.choice(plans)\n"
+        "spec = g.plan_game(g.TASK_TYPE_CYCLE[83 % 6], plan, rng, rng.randint(*g.DEFAULT_DISTRACTORS))\n"
+        "assert (spec.floor_plan, spec.obj, spec.recep) == ('FloorPlan30', 'Cup', 'Fridge'), spec\n"
+        "assert g.solve(g.game_data(spec, 'fedagent_train_83')) is None\n"
+        "spec2, game = g.make_game('train', 83, 42, plans)\n"
+        "assert game['solvable'] and game['walkthrough'] and spec2 != spec\n"
+        "print('ok', spec2.floor_plan, len(game['walkthrough']))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the planner's search on train[83] (data_seed 42) did not end within 150 s")
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), (proc.returncode, proc.stderr[-2000:])
+
+
+def test_planner_expert_plays_in_worker_processes(games_root, tmp_path):
+    """The warm start's ALFWorld demos through an expert service whose envs (and planner libraries)
+    live in 2 forked worker processes (``env.procs``): every game won by the planner's own plan. An
+    expert service used to refuse worker processes, so ALFWorld's demos (one PDDL lock per process)
+    played one at a time: 128 of them ≈ 3.5 min of one core, the largest serial step of gpu-alfworld."""
+    from fedagent.envs.lifecycle import env_service
+    from fedagent.model.base_model_tiny import build_tokenizer
+    from fedagent.rollout.episode import run_episodes
+
+    source = _source(games_root)
+    ids = source.task_ids("train")
+    with env_service(games_root, "train", ids, tmp_path / "svc", mode="index", pool_size=len(ids), max_turns=12,
+                     source="alfworld", answer_format="action", expert=True, env_procs=2) as env:
+        assert env.health()["ok"]
+        trajs = run_episodes(None, build_tokenizer(), env, list(range(len(ids))), max_turns=12, max_new_tokens=0,
+                             temperature=1.0, generator=None, session_prefix="d", max_prompt_tokens=4096,
+                             answer_format="action", expert=True)
+    for tid, t in zip(ids, trajs):
+        assert t.won, t.summary()
+        assert [turn.action for turn in t.turns] == _walkthrough(source, tid)

@@ -57,3 +57,38 @@ def test_the_recipe_pins_every_environment():
     pins = {line.split("==")[0].lower() for line in (REPO / "scripts/gpu/device-wheels.txt").read_text().splitlines()
             if line and not line.startswith("#")}
     assert {"textworld", "jericho", "bm25s", "rapidfuzz", "alfworld", "fast-downward-textworld"} <= pins
+
+
+def _snakemake_record(games: str) -> str:
+    """Where Snakemake's file persistence keeps the record of output ``games`` (its own code)."""
+    from snakemake.persistence.file import FilePersistence
+
+    class _Stub:
+        def _fetch_max_len(self, subject):
+            return 255
+
+    return FilePersistence._record_path(_Stub(), ".snakemake/metadata", games)
+
+
+def test_pack_games_carries_the_record_snakemake_reads(tmp_path):
+    """pack-games.sh names the record as Snakemake does (URL-safe base64, cut into NAME_MAX-1 pieces):
+    with a run name long enough for two pieces, `base64 -w0` of the path (the TextWorld-era
+    script) found no record. The tarball holds the catalogue and the record, and nothing else."""
+    import tarfile
+
+    for run in ("gpu-alfworld", "a" * 200):
+        repo = tmp_path / run[:20]
+        games = f"results/{run}/plan/games"
+        (repo / games / "alfworld" / "train").mkdir(parents=True)
+        (repo / games / "games.json").write_text("{}\n")
+        (repo / games / "manifest.json").write_text("{}\n")
+        record = _snakemake_record(games)
+        (repo / record).parent.mkdir(parents=True)
+        (repo / record).write_text('{"rule": "games"}\n')
+        (repo / "cfg.yaml").write_text(f"run: {run}\nenv: {{kind: alfworld}}\n")
+        proc = subprocess.run(["bash", str(REPO / "scripts/gpu/pack-games.sh"), "cfg.yaml", "out"], cwd=repo,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        with tarfile.open(repo / "out" / "games.tgz") as tf:
+            names = {m.name for m in tf.getmembers() if m.isfile()}
+        assert names == {f"{games}/games.json", f"{games}/manifest.json", record}, names

@@ -194,6 +194,9 @@ WARM_START_PARAMS = as_json({
     **{k: config["warm_start"][k] for k in ("epochs", "lr", "mini_batch_size", "only_won")},
     **{k: config["train"][k] for k in ("micro_batch_size", "max_turns", "max_prompt_tokens", "device")},
     "pool_size": config["env"]["pool_size"],
+    # env.procs only when set: the expert service's worker processes (ALFWorld's planner holds a lock
+    # per process, so its demos play one at a time without them)
+    **({"env_procs": config["env"]["procs"]} if config["env"]["procs"] else {}),
     "answer_format": config["rollout"]["answer_format"],
     "history": config["rollout"]["history"],
 })

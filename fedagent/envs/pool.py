@@ -18,13 +18,15 @@ import threading
 from typing import Any
 
 
-def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int, ...] = ()) -> None:
+def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int, ...] = (),
+            expert: bool = False) -> None:
     for fd in close_fds:      # forked: the service's ends of every pipe so far (EOF must reach us)
         try:
             os.close(fd)
         except OSError:
             pass
-    envs = [task_source.make_env(max_turns) for _ in range(n_envs)]
+    envs = [task_source.make_env(max_turns, policy_commands=True) if expert else task_source.make_env(max_turns)
+            for _ in range(n_envs)]
     conn.send(("ok", n_envs))                 # ready
     while True:
         try:
@@ -49,14 +51,16 @@ def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int
 class EnvWorker:
     """One worker process owning ``n_envs`` envs; calls are serialized per worker."""
 
-    def __init__(self, ctx, task_source, max_turns: int, n_envs: int, siblings: tuple["EnvWorker", ...] = ()):
-        """Start the process (envs are built inside it). Forked, it closes its copies of the
-        service's pipe ends (its own and ``siblings``'), so it still sees EOF when the service dies."""
+    def __init__(self, ctx, task_source, max_turns: int, n_envs: int, siblings: tuple["EnvWorker", ...] = (),
+                 expert: bool = False):
+        """Start the process (envs are built inside it; ``expert``: with their expert). Forked, it closes
+        its copies of the service's pipe ends (its own and ``siblings``'), so it still sees EOF when the
+        service dies."""
         self.conn, child = ctx.Pipe()
         close_fds = ()
         if ctx.get_start_method() == "fork":
             close_fds = tuple(w.conn.fileno() for w in siblings) + (self.conn.fileno(),)
-        self.proc = ctx.Process(target=_worker, args=(child, task_source, max_turns, n_envs, close_fds),
+        self.proc = ctx.Process(target=_worker, args=(child, task_source, max_turns, n_envs, close_fds, expert),
                                 daemon=True)
         self.proc.start()
         child.close()
@@ -112,6 +116,10 @@ class RemoteEnv:
         """See TextEnv.step."""
         return self.worker.call(self.idx, "step", action)
 
+    def expert_action(self):
+        """See the env's ``expert_action`` (a worker started with ``expert=True``)."""
+        return self.worker.call(self.idx, "expert_action")
+
     def close(self) -> None:
         """Nothing to do here: the worker closes its envs when it exits."""
 
@@ -133,16 +141,18 @@ def default_start_method() -> str:
 
 
 def process_envs(task_source, max_turns: int, pool_size: int, n_procs: int, *,
-                 start_method: str | None = None, ready_timeout: float = 120.0):
+                 start_method: str | None = None, ready_timeout: float = 120.0, expert: bool = False):
     """``pool_size`` env proxies spread round-robin over ``n_procs`` workers; returns (envs, workers).
 
-    ``start_method`` None: :func:`default_start_method`."""
+    ``start_method`` None: :func:`default_start_method`. ``expert``: envs made with their expert
+    (``make_env(..., policy_commands=True)``; the proxies answer ``expert_action``): the warm start's
+    ALFWorld demos, whose planner holds a process-wide lock, play in parallel only this way."""
     n_procs = max(1, min(int(n_procs), int(pool_size)))
     ctx = multiprocessing.get_context(start_method or default_start_method())
     counts = [pool_size // n_procs + (1 if k < pool_size % n_procs else 0) for k in range(n_procs)]
     workers: list[EnvWorker] = []
     for n in counts:
-        workers.append(EnvWorker(ctx, task_source, max_turns, n, tuple(workers)))
+        workers.append(EnvWorker(ctx, task_source, max_turns, n, tuple(workers), expert=expert))
     try:
         for w in workers:
             w.wait_ready(ready_timeout)

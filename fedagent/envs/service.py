@@ -132,16 +132,15 @@ def build_app(
         type_counts[t] = type_counts.get(t, 0) + 1
 
     workers = []
-    if expert and env_procs > 0:
-        raise ValueError("an expert service keeps its envs in process (env_procs 0)")
-    if expert:
-        env_list = [task_source.make_env(max_turns, policy_commands=True) for _ in range(pool_size)]
-    elif env_procs > 0:
-        # Envs live in worker processes (GIL-bound envs step in parallel); see envs/pool.py.
+    if env_procs > 0:
+        # Envs live in worker processes (GIL-bound envs step in parallel; ALFWorld's PDDL lock is
+        # per process); see envs/pool.py. An expert service's workers build their envs with it.
         from fedagent.envs.pool import process_envs
 
-        env_list, workers = process_envs(task_source, max_turns, pool_size, env_procs)
+        env_list, workers = process_envs(task_source, max_turns, pool_size, env_procs, expert=expert)
         env_threads = True                    # proxies block on a pipe: keep them off the loop
+    elif expert:
+        env_list = [task_source.make_env(max_turns, policy_commands=True) for _ in range(pool_size)]
     else:
         env_list = [task_source.make_env(max_turns) for _ in range(pool_size)]
     pool_ = EnvPool(env_list)

@@ -53,6 +53,7 @@ class WarmStartParams:
     max_turns: int = 3
     max_prompt_tokens: int = 1024
     pool_size: int = 8
+    env_procs: int = 0                    # env.procs: the expert service's worker processes (0: in process)
     answer_format: str = "think_action"
     history: int = 2
     device: str = "cpu"
@@ -74,8 +75,8 @@ WARM_START_KEYS = JobKeys.for_dataclass(
     "warm-start", WarmStartParams, "warm_start",
     {"base_seed": "seed", "micro_batch_size": "train.micro_batch_size", "max_turns": "train.max_turns",
      "max_prompt_tokens": "train.max_prompt_tokens", "pool_size": "env.pool_size",
-     "answer_format": "rollout.answer_format", "history": "rollout.history", "device": "train.device",
-     "rollout_mode": "rollout.mode"})
+     "env_procs": "env.procs", "answer_format": "rollout.answer_format", "history": "rollout.history",
+     "device": "train.device", "rollout_mode": "rollout.mode"})
 
 
 def play_demos(tok, env, n: int, p: WarmStartParams):
@@ -215,7 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     # Index mode: demo seed i plays task i of the pool, each task once; the unperturbed env (no arm).
     with job_env_service(args.games, "train", tasks, out, mode="index", pool_size=params.pool_size,
                          max_turns=params.max_turns, answer_format=params.answer_format,
-                         source=games_kind(args.games), expert=True, wait=False) as pending:
+                         source=games_kind(args.games), expert=True, env_procs=params.env_procs,
+                         wait=False) as pending:
         metrics = warm_start(args.model, pending, n_demos=len(tasks), params=params, threads=args.threads,
                              out_dir=out, quarantine=args.quarantine)
     print(json.dumps({k: metrics[k] for k in ("demos", "demos_won", "num_samples", "loss_first_epoch",
