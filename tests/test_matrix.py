@@ -15,7 +15,7 @@ import yaml
 from fedagent.core.config import ConfigError
 from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, RUNS_ENV, config_sha256, register_run, run_record
 from fedagent.plan.matrix import load_matrix
-from fedagent.report.matrix_table import auc, build_table, newcombe_interval, wilson
+from fedagent.report.matrix_table import auc, build_table, newcombe_interval, t_interval, welch_interval, wilson
 from workflow_helpers import REPO, executed_jobs, make_workdir, run_snakemake
 
 MATRICES = sorted((REPO / "config" / "matrices").glob("*.yaml"))
@@ -154,6 +154,9 @@ def test_interval_helpers():
     lo, hi = newcombe_interval(56, 70, 48, 80)
     assert (lo, hi) == (pytest.approx(0.0524, abs=1e-4), pytest.approx(0.3339, abs=1e-4))
     assert auc(pd.DataFrame({"round": [0, 1, 2], "success_rate": [0.0, 1.0, 1.0]})) == pytest.approx(0.75)
+    # two seeds far apart: t(0.975, 1) = 12.7 puts the raw interval far outside [0, 1]; a rate's is clipped
+    assert t_interval([0.0, 0.4]) == (0.0, pytest.approx(1.0))
+    assert welch_interval([0.0, 0.9], [0.5, 0.5]) == (-1.0, pytest.approx(1.0))
 
 
 # --------------------------------------------------------------------------- through Snakemake

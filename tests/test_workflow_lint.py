@@ -21,6 +21,7 @@ CASES = {
     "default": [],
     "webshop-clients-hardness": ["--config", "env={kind: webshop}", "eval={clients: true}",
                                  "partition={strategy: hardness, labels_model: random}"],
+    "matrix": ["--config", "matrix=gpu-textworld-quest2"],          # workflow/matrix.smk and its modules
     "ppo-keep-temp": ["--config", "train={algorithm: ppo, group_size: 1, groups_per_epoch: 2}",
                       "keep={client_updates: false, aggregates: false, models_every: 2, protect_models: true}"],
 }

@@ -19,14 +19,10 @@ except ConfigError as exc:
     sys.exit(1)
 
 
-def _catalogue_rule(cfg):
-    """The rule that builds a catalogue of this env kind (rules/webshop.smk's for WebShop)."""
-    return "webshop_catalog" if cfg["env"]["kind"] == "webshop" else "games"
-
-
 for _cat_key, _cat_config in MATRIX.catalogues.items():
-    _module = "catalogue_" + _cat_key.replace("-", "_") + "__"
-    _rule = _catalogue_rule(_cat_config)
+    _module = f"catalogue_{_cat_key.replace('-', '_')}__"
+    # the rule that builds a catalogue of this env kind (rules/webshop.smk's for WebShop)
+    _rule = "webshop_catalog" if _cat_config["env"]["kind"] == "webshop" else "games"
 
     module:
         name: _module
@@ -43,7 +39,7 @@ for _cat_key, _cat_config in MATRIX.catalogues.items():
 
 
 for _run in MATRIX.runs:
-    _module = _run.module + "__"
+    _module = f"{_run.module}__"
 
     module:
         name: _module

@@ -29,6 +29,15 @@ GIB = 2**30
 # on the H200; torch.compile's graphs and the allocator's rounding add the rest).
 FIXED_BYTES = int(1.5 * GIB)
 MARGIN = 1.25           # on the modelled terms: fragmentation, temporaries the model leaves out
+# The training step's activations as the card holds them, per modelled byte: calibrated on the H200
+# (2026-12-03, docs/results.md). Two presets whose prompts reach their max_prompt_tokens had train jobs
+# peaking at 31 974 MiB (gpu-textworld-quest2) and 55 860 MiB (gpu-alfworld) reserved by the caching
+# allocator, + ≈ 0.5 GiB of CUDA context, where the uncalibrated estimate declared 21 129 and 36 938:
+# covering them under MARGIN needs the activation term × 1.74 and × 1.64 (autograd's saved tensors and
+# the allocator's blocks for each step's shapes beside the rollout's). With × 1 six train jobs were
+# admitted on the card where four fit, and one ran out of memory. 1.9 leaves 8–11 % over both peaks.
+# Eval jobs stayed within MARGIN (2 678 and 4 542 MiB reserved against 3 699 and 5 183 declared).
+ACTIVATION_FACTOR = 1.9
 
 
 def kv_cache_bytes(gb: float) -> int:
@@ -141,15 +150,16 @@ def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_pro
     weights bf16: :func:`reference_bytes`), the bf16 rollout copy, the sampler's static KV cache
     (``pool_size`` rows of prompt + new tokens), one micro-batch's activations and response logits
     (``response_tokens`` per row: one turn's ``max_new_tokens`` windowed, every turn's in concat
-    mode; ``checkpointing``: train.activation_checkpointing); PPO: its critic (16 B/param more)."""
+    mode; ``checkpointing``: train.activation_checkpointing; × :data:`ACTIVATION_FACTOR`, measured);
+    PPO: its critic (16 B/param more)."""
     p = param_count(s)
     tokens = max_prompt_tokens + max_new_tokens
     return {"policy_and_adamw": 16 * p, "reference": reference_bytes(s) if reference else 0, "rollout_copy": 2 * p,
             "critic": 16 * p if ppo else 0,
             "kv_cache": kv_cache_size(s, batch=pool_size, tokens=tokens),
-            "activations": _activations(s, micro_batch_size, tokens,
-                                        max_new_tokens if response_tokens is None else response_tokens,
-                                        checkpointing=checkpointing)}
+            "activations": int(ACTIVATION_FACTOR * _activations(
+                s, micro_batch_size, tokens, max_new_tokens if response_tokens is None else response_tokens,
+                checkpointing=checkpointing))}
 
 
 def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tokens: int) -> dict[str, int]:

@@ -15,7 +15,6 @@ comment: the file it came from, or ``command line``.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -144,13 +143,18 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "else the installed workflow's); 'none' for defaults only")
 
 
+def resolve_base(base: Path | None) -> Path | None:
+    """``--base``: the workflow's own config file (./config/config.yaml, else the installed workflow's;
+    None if neither), a given file, or None for 'none' (schema defaults only)."""
+    if base is None:
+        found = WORKFLOW_CONFIG if WORKFLOW_CONFIG.is_file() else REPO / WORKFLOW_CONFIG
+        return found if found.is_file() else None
+    return None if str(base).lower() == "none" else base
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent config show``."""
-    if args.base is None:
-        base = WORKFLOW_CONFIG if WORKFLOW_CONFIG.is_file() else REPO / WORKFLOW_CONFIG
-        base = base if base.is_file() else None
-    else:
-        base = None if str(args.base).lower() == "none" else args.base
+    base = resolve_base(args.base)
     try:
         config, source = effective_config(base, args.configfile, args.set)
     except ConfigError as exc:

@@ -99,15 +99,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent gpu-mem``."""
-    from fedagent.report.config_show import REPO, WORKFLOW_CONFIG, effective_config
+    from fedagent.report.config_show import effective_config, resolve_base
 
-    if args.base is None:
-        base = WORKFLOW_CONFIG if WORKFLOW_CONFIG.is_file() else REPO / WORKFLOW_CONFIG
-        base = base if base.is_file() else None
-    else:
-        base = None if str(args.base).lower() == "none" else args.base
     try:
-        config, _source = effective_config(base, args.configfile, args.set)
+        config, _source = effective_config(resolve_base(args.base), args.configfile, args.set)
         text, fits = report(config, args.card_mib, args.train_jobs)
     except (ConfigError, ValueError) as exc:
         print(f"fedagent: invalid config: {exc}", file=sys.stderr)

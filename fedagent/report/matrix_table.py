@@ -3,7 +3,8 @@
 One row per arm (``table.csv``, ``table.md``), from each run's last ``summary.csv`` (it has every round):
 
 - ``final_mean`` — the last round's validation success, mean over the arm's seeds, with a 95 % interval
-  across seeds (Student's t on the per-seed values, k − 1 degrees of freedom; none for one seed) and the
+  across seeds (Student's t on the per-seed values, k − 1 degrees of freedom, clipped to [0, 1]; none for
+  one seed: with two seeds t = 12.7, so such an interval says little) and the
   pooled binomial interval (Wilson, all seeds' episodes together: ``pooled_wins`` / ``pooled_n``). The
   seeds share one validation set (``data_seed`` drives plan/), so the pooled interval treats repeated
   tasks as independent draws: it is the narrower, optimistic one; the across-seed one carries the
@@ -51,14 +52,15 @@ def wilson(wins: int, n: int) -> tuple[float, float]:
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
-    """95 % Student-t interval of the mean of ``values`` (NaNs for fewer than two)."""
+    """95 % Student-t interval of the mean of ``values``, clipped to [0, 1] where a success rate can lie
+    (NaNs for fewer than two)."""
     from scipy import stats
 
     if len(values) < 2:
         return (math.nan, math.nan)
     a = np.asarray(values, dtype=float)
     half = stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a))
-    return (float(a.mean() - half), float(a.mean() + half))
+    return (max(0.0, float(a.mean() - half)), min(1.0, float(a.mean() + half)))
 
 
 def welch_interval(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -72,7 +74,7 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float]:
     if np.std(a) == 0 and np.std(b) == 0:
         return (diff, diff)
     ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-    return (float(ci.low), float(ci.high))
+    return (max(-1.0, float(ci.low)), min(1.0, float(ci.high)))     # a difference of rates lies in [-1, 1]
 
 
 def newcombe_interval(w1: int, n1: int, w2: int, n2: int) -> tuple[float, float]:
