@@ -92,3 +92,47 @@ def test_pack_games_carries_the_record_snakemake_reads(tmp_path):
         with tarfile.open(repo / "out" / "games.tgz") as tf:
             names = {m.name for m in tf.getmembers() if m.isfile()}
         assert names == {f"{games}/games.json", f"{games}/manifest.json", record}, names
+
+
+def _node_run(tmp_path, *args):
+    """scripts/gpu/node-run.sh in a scratch checkout, with a `snakemake` that prints its arguments."""
+    import os
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "gpu").mkdir(parents=True, exist_ok=True)
+    for name in ("node-run.sh", "node-env.sh", "warm.sh"):
+        shutil.copy(REPO / "scripts" / "gpu" / name, repo / "scripts" / "gpu" / name)
+    (repo / "config" / "matrices").mkdir(parents=True, exist_ok=True)
+    (repo / "config" / "base.yaml").write_text("run: base\nenv: {kind: textworld}\n")
+    (repo / "config" / "matrices" / "m.yaml").write_text("base: config/base.yaml\narms: {a: {}}\n")
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "snakemake").write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"arg:$a\"; done\n")
+    (fake / "snakemake").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SKIP_ENV_CHECK": "1", "GPU_SAMPLE": "0", "FA_GPU": str(tmp_path / "fa")}
+    env.pop("OUT", None)
+    env.pop("WARM", None)
+    proc = subprocess.run(["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=60)
+    return proc, [line[4:] for line in proc.stdout.splitlines() if line.startswith("arg:")]
+
+
+def test_node_run_keeps_the_matrix_when_the_caller_adds_config(tmp_path):
+    """Snakemake keeps only the last --config: node-run.sh's own `--config matrix=NAME` followed by a
+    caller's `--config rounds=2` ran the workflow's default on the node (208 s of device time). The
+    caller's --config now carries matrix=NAME; a second --config is refused before Snakemake starts."""
+    proc, args = _node_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert args[args.index("--config") + 1] == "matrix=m"
+
+    proc, args = _node_run(tmp_path, "--keep-going", "--config", "rounds=2")
+    assert proc.returncode == 0, proc.stderr
+    assert args.count("--config") == 1
+    i = args.index("--config")
+    assert set(args[i + 1:i + 3]) == {"matrix=m", "rounds=2"}, args
+
+    proc, args = _node_run(tmp_path, "--config", "rounds=2", "--config", "eval.n=8")
+    assert proc.returncode == 2 and args == []
+    assert "--config given 2 times" in proc.stderr

@@ -28,6 +28,17 @@ else:
 PY
 )
 if [ "$base" = - ]; then what=(--configfile "$cfg"); warm_cfg=$cfg; else what=(--config "matrix=$run"); warm_cfg=$base; fi
+# Snakemake keeps only the last --config (each replaces the one before): a second one after ours
+# would drop matrix=NAME and run the workflow's default instead (seen on the node: `--config rounds=2`
+# ran the CPU default for 208 s of device time). So: one --config at most, and ours joins it.
+n=0; for a in "$@"; do [ "$a" = --config ] && n=$((n + 1)); done
+if [ "$n" -gt 1 ]; then
+  echo "node-run.sh: --config given $n times; Snakemake keeps only the last: give every KEY=VALUE after one --config" >&2; exit 2
+fi
+if [ "$n" = 1 ] && [ "$base" != - ]; then
+  args=(); for a in "$@"; do args+=("$a"); [ "$a" = --config ] && args+=("matrix=$run"); done
+  set -- "${args[@]}"; what=()
+fi
 # The run's environment must import and play here before any job starts (one line naming what is
 # missing; ≈ 2-20 s). SKIP_ENV_CHECK=1: not again (a resumed call of the same run on the same node).
 [ "${SKIP_ENV_CHECK:-0}" = 1 ] || scripts/gpu/node-setup.sh check "$kind" || exit 1
