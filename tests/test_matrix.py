@@ -185,6 +185,8 @@ def test_every_shipped_matrix_plans(tmp_path, matrix):
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_path):
+    """Seen failing (2026-12-03) with a shared output path keyed by the seed list (the catalogue's run
+    directory named after every seed): adding seed 9 re-ran the catalogue and seeds 7 and 8's jobs."""
     work = make_workdir(tmp_path / "w")
     _matrix_file(work, "tiny", TINY)
     run_snakemake(work, "--config", "matrix=tiny", timeout=1800)
