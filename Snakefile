@@ -23,6 +23,7 @@ else:
     include: "workflow/common.smk"
     include: "rules/plan.smk"
     include: "rules/warm_start.smk"
+    include: "rules/start.smk"
     include: "rules/webshop.smk"
     include: "rules/train.smk"
     include: "rules/aggregate.smk"

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "labels": ("fedagent.evaluate.labels", "hardness labels: a reference policy plays every train task once"),
     "demo-pool": ("fedagent.plan.demo_pool", "set aside the warm start's demo tasks (train tasks no client owns)"),
     "warm-start": ("fedagent.train.warm_start", "fine-tune the base model on expert demonstrations (round 0's model)"),
+    "start-copy": ("fedagent.plan.start_copy", "round 0 taken from another run (config start): model and evals copied, manifests checked"),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.plan.val_set", "fix the validation tasks"),
     "select": ("fedagent.plan.selection", "choose the clients of one round"),

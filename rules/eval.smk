@@ -10,6 +10,8 @@ rule eval:
         eval=report(f"{RUN}/round_{{round}}/eval.json", category="Evaluation", caption="../workflow/report/eval.rst"),
         # Phase timings (wall clock) beside eval.json, which stays byte-identical across re-runs.
         timings=f"{RUN}/round_{{round}}/eval_timings.json",
+    wildcard_constraints:
+        round=r"(?!000)\d{3}" if START else r"\d{3}",   # `start`: round 0's eval is copied (rules/start.smk)
     params:
         # warm_start.enabled: round 0's eval.json is labelled as the warm start's (inside the params, so
         # the shell command and every other run's params stay as they were)

@@ -91,20 +91,23 @@ rule val_set:
         "fedagent val-set --games {input} --n {params.n} --out {output} > {log} 2>&1"
 
 
-rule base_model:
-    output:
-        # every round's KL reference by default: kept always, protected() when asked
-        protected(directory(BASE_DIR)) if config["keep"]["protect_models"] else directory(BASE_DIR),
-    params:
-        command=BASE_MODEL_COMMAND,
-        quarantine=QUARANTINE,
-    threads: 2
-    conda:
-        "../envs/fedagent.yaml"
-    log:
-        f"{RUN}/logs/base_model.log",
-    shell:
-        "fedagent {params.command} --out {output} --quarantine {params.quarantine} > {log} 2>&1"
+# (not with `start`: round 0 is then copied from the start run, rules/start.smk)
+if not START:
+
+    rule base_model:
+        output:
+            # every round's KL reference by default: kept always, protected() when asked
+            protected(directory(BASE_DIR)) if config["keep"]["protect_models"] else directory(BASE_DIR),
+        params:
+            command=BASE_MODEL_COMMAND,
+            quarantine=QUARANTINE,
+        threads: 2
+        conda:
+            "../envs/fedagent.yaml"
+        log:
+            f"{RUN}/logs/base_model.log",
+        shell:
+            "fedagent {params.command} --out {output} --quarantine {params.quarantine} > {log} 2>&1"
 
 
 rule select:

@@ -3,6 +3,7 @@
 # fine-tuned on the expert's demonstrations (fedagent.train.warm_start).
 
 
+# The demo pool is plan/ (data_seed): every run sets it aside from its shards, `start` or not.
 rule demo_pool:
     input:
         GAMES,
@@ -22,54 +23,57 @@ rule demo_pool:
         " --min-tasks {params.min_tasks} --out {output} > {log} 2>&1"
 
 
-rule warm_start:
-    input:
-        model=BASE_DIR,
-        games=GAMES,
-        demo_pool=DEMO_POOL,
-    output:
-        protected(directory(model_dir(0))) if config["keep"]["protect_models"] else directory(model_dir(0)),
-    params:
-        params=WARM_START_PARAMS,
-        quarantine=QUARANTINE,
-    threads: config["train"]["threads"]
-    resources:
-        gpu=1 if config["train"]["device"] == "cuda" else 0,
-        gpu_mem_mb=TRAIN_GPU_MEM_MIB,    # a train job's weights, AdamW and micro-batch (it samples nothing)
-    conda:
-        "../envs/fedagent.yaml"
-    log:
-        f"{RUN}/logs/warm_start.log",
-    benchmark:
-        f"{RUN}/benchmarks/warm_start.tsv"
-    shell:
-        "fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
-        " --params '{params.params}' --threads {threads} --out {output} --quarantine {params.quarantine}"
-        " > {log} 2>&1"
+# (not with `start`: round 0 is then copied from the start run, rules/start.smk)
+if not START:
+
+    rule warm_start:
+        input:
+            model=BASE_DIR,
+            games=GAMES,
+            demo_pool=DEMO_POOL,
+        output:
+            protected(directory(model_dir(0))) if config["keep"]["protect_models"] else directory(model_dir(0)),
+        params:
+            params=WARM_START_PARAMS,
+            quarantine=QUARANTINE,
+        threads: config["train"]["threads"]
+        resources:
+            gpu=1 if config["train"]["device"] == "cuda" else 0,
+            gpu_mem_mb=TRAIN_GPU_MEM_MIB,    # a train job's weights, AdamW and micro-batch (it samples nothing)
+        conda:
+            "../envs/fedagent.yaml"
+        log:
+            f"{RUN}/logs/warm_start.log",
+        benchmark:
+            f"{RUN}/benchmarks/warm_start.tsv"
+        shell:
+            "fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
+            " --params '{params.params}' --threads {threads} --out {output} --quarantine {params.quarantine}"
+            " > {log} 2>&1"
 
 
-# The base model's score, kept beside the warm start's (round 0's eval.json).
-rule eval_base:
-    input:
-        model=BASE_DIR,
-        games=GAMES,
-        val_set=VAL_SET,
-    output:
-        eval=f"{RUN}/round_000/base_eval.json",
-        timings=f"{RUN}/round_000/base_eval_timings.json",
-    params:
-        eval=EVAL_PARAMS_BASE,
-    threads: config["eval"]["threads"]
-    resources:
-        gpu=1 if config["eval"]["backend"] == "vllm" else 0,
-        gpu_mem_mb=EVAL_GPU_MEM_MIB,
-    conda:
-        "../envs/fedagent.yaml"
-    log:
-        f"{RUN}/logs/round_000/base_eval.log",
-    benchmark:
-        f"{RUN}/benchmarks/round_000/base_eval.tsv"
-    shell:
-        "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
-        " --params '{params.eval}' --round 000 --threads {threads}"
-        " --out {output.eval} --timings {output.timings} > {log} 2>&1"
+    # The base model's score, kept beside the warm start's (round 0's eval.json).
+    rule eval_base:
+        input:
+            model=BASE_DIR,
+            games=GAMES,
+            val_set=VAL_SET,
+        output:
+            eval=f"{RUN}/round_000/base_eval.json",
+            timings=f"{RUN}/round_000/base_eval_timings.json",
+        params:
+            eval=EVAL_PARAMS_BASE,
+        threads: config["eval"]["threads"]
+        resources:
+            gpu=1 if config["eval"]["backend"] == "vllm" else 0,
+            gpu_mem_mb=EVAL_GPU_MEM_MIB,
+        conda:
+            "../envs/fedagent.yaml"
+        log:
+            f"{RUN}/logs/round_000/base_eval.log",
+        benchmark:
+            f"{RUN}/benchmarks/round_000/base_eval.tsv"
+        shell:
+            "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+            " --params '{params.eval}' --round 000 --threads {threads}"
+            " --out {output.eval} --timings {output.timings} > {log} 2>&1"

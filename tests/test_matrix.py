@@ -14,7 +14,7 @@ import yaml
 
 from fedagent.core.config import ConfigError
 from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, RUNS_ENV, config_sha256, register_run, run_record
-from fedagent.plan.matrix import load_matrix
+from fedagent.plan.matrix import start_settings, load_matrix
 from fedagent.report.matrix_table import auc, build_table, newcombe_interval, t_interval, welch_interval, wilson
 from workflow_helpers import REPO, executed_jobs, make_workdir, run_snakemake
 
@@ -32,6 +32,30 @@ def _matrix_file(root: Path, name: str, spec: dict) -> None:
 
 
 # --------------------------------------------------------------------------- expansion
+def test_arms_that_differ_only_in_training_share_one_round_0_per_seed(tmp_path):
+    """start_key: the seed and everything round 0 reads; an arm's partition, pinned client, rounds or
+    WebShop env arm leave it alone (its round 0 is the same), its eval, model or PPO (a round-0
+    critic) do not."""
+    arms = {"uniform": {}, "pinned": {"clients": {"pinned": 1}}, "longer": {"rounds": 3, "train": {"lr": 1e-3}},
+            "hardness": {"partition": {"strategy": "hardness", "success_std": 1.0, "labels_model": "random"}},
+            "more_val": {"eval": {"n": 1}}, "ppo": {"train": {"algorithm": "ppo", "group_size": 1}}}
+    _matrix_file(tmp_path, "m", {**TINY, "arms": arms})
+    m = load_matrix("m", DEFAULTS, {"matrix": "m"}, root=tmp_path)
+    start = {(r.arm, r.seed): r.config["start"] for r in m.runs}
+    for seed in (7, 8):
+        shared = {start[(a, seed)] for a in ("uniform", "pinned", "longer", "hardness")}
+        assert len(shared) == 1 and shared.pop().startswith(f"results/m/_start/seed{seed}-")
+        assert len({start[(a, seed)] for a in arms}) == 3   # + more_val's own, + ppo's own
+    assert len(m.starts) == 6 and all(cfg["start"] is None for cfg in m.starts.values())
+    # the start's module is a run of the reference arm's config, under _start/<key>
+    (key,) = [k for k, v in m.starts.items() if f"results/m/_start/{k}" == start[("uniform", 7)]]
+    assert m.starts[key]["results_dir"] == "results/m/_start" and m.starts[key]["run"] == key
+    assert m.starts[key]["clients"]["pinned"] is None
+    # WebShop's env arms perturb only the training clients: one start for all of them
+    ws = {k: v for k, v in start_settings({**m.runs[0].config, "env": {"kind": "webshop", "webshop": {"arm": "lookalike"}}}).items()}
+    assert "arm" not in ws["env"]["webshop"]
+
+
 def test_runs_are_arms_times_seeds_with_one_shared_catalogue(tmp_path):
     _matrix_file(tmp_path, "m", {**TINY, "seeds": [7, 8, 9]})
     m = load_matrix("m", DEFAULTS, {"matrix": "m"}, root=tmp_path)
@@ -189,8 +213,20 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
     directory named after every seed): adding seed 9 re-ran the catalogue and seeds 7 and 8's jobs."""
     work = make_workdir(tmp_path / "w")
     _matrix_file(work, "tiny", TINY)
-    run_snakemake(work, "--config", "matrix=tiny", timeout=1800)
+    first = run_snakemake(work, "--config", "matrix=tiny", timeout=1800)
     out = work / "results" / "tiny"
+
+    # round 0 built once per seed (the arms share it), and every arm's copy is the start's, byte for byte
+    built = [rule for rule, _ in executed_jobs(first)]
+    assert sorted(r for r in built if r.endswith("__base_model")) == sorted(
+        f"start_{k.replace('-', '_')}__base_model" for k in load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work).starts)
+    assert sum(r.endswith("__base_model") for r in built) == 2 and sum(r.endswith("__start_copy") for r in built) == 4
+    for seed in (7, 8):
+        (start,) = (out / "_start").glob(f"seed{seed}-*")
+        for arm in ("uniform", "pinned"):
+            run0 = out / arm / f"seed_{seed}" / "round_000"
+            for rel in ("model/model.safetensors", "model/manifest.json", "eval.json"):
+                assert (run0 / rel).read_bytes() == (start / "round_000" / rel).read_bytes(), (arm, seed, rel)
     table = pd.read_csv(out / "table.csv").set_index("arm")
     assert (out / "table.md").is_file() and (out / "curves.png").stat().st_size > 0
 
@@ -220,10 +256,68 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
     _matrix_file(work, "tiny", {**TINY, "seeds": [7, 8, 9]})
     plan = run_snakemake(work, "-n", "--config", "matrix=tiny")
     rules = {rule for rule, _ in executed_jobs(plan)}
-    assert rules and all(r.endswith("__s9") or "__s9__" in r or r.startswith("matrix") for r in rules), rules
+    assert rules and all(r.endswith("__s9") or "__s9__" in r or r.startswith(("matrix", "start_seed9_")) for r in rules), rules
     assert "matrix_table" in rules and not any(r.startswith("catalogue_") for r in rules)
 
 
 def _as_validated(run) -> dict:
     """The config a run's module validated (what workflow/common.smk hashes): the run's config as loaded."""
     return run.config
+
+
+def test_start_copy_is_byte_identical_and_refuses_a_damaged_start(tmp_path, capsys):
+    """fedagent start-copy: the start model's manifest is checked before anything is written; a damaged
+    start leaves no model directory behind (the atomic staging goes to the quarantine)."""
+    import argparse
+
+    from fedagent.core.atomic import write_manifest
+    from fedagent.plan import start_copy
+
+    src = tmp_path / "start" / "round_000"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    (src / "model" / "config.json").write_text('{"a": 1}\n')
+    write_manifest(src / "model")
+    (src / "eval.json").write_text('{"success_rate": 0.5}\n')
+    dst = tmp_path / "run" / "round_000"
+
+    def copy(*extra):
+        p = argparse.ArgumentParser()
+        start_copy.add_args(p)
+        return start_copy.run(p.parse_args(["--model", str(src / "model"), str(dst / "model"),
+                                            "--quarantine", str(tmp_path / "run" / "_failed"), *extra]))
+
+    assert copy("--file", str(src / "eval.json"), str(dst / "eval.json")) == 0
+    for rel in ("model/model.safetensors", "model/config.json", "model/manifest.json", "eval.json"):
+        assert (dst / rel).read_bytes() == (src / rel).read_bytes()
+
+    # a missing start file: exit 2, naming it
+    assert copy("--file", str(src / "nope.json"), str(dst / "nope.json")) == 2
+    assert "nope.json" in capsys.readouterr().err
+
+    # one flipped byte in the start's weights: refused, and this run's model directory is not there
+    import shutil
+    shutil.rmtree(dst)
+    blob = bytearray((src / "model" / "model.safetensors").read_bytes())
+    blob[7] ^= 1
+    (src / "model" / "model.safetensors").write_bytes(bytes(blob))
+    assert copy() == 1
+    assert "sha256" in capsys.readouterr().err
+    assert not (dst / "model").exists()
+
+
+def test_matrix_table_names_a_bad_runs_argument(tmp_path, capsys):
+    """--runs that is not JSON (e.g. a file's path without @): exit 2 and one line saying what to give,
+    not a JSONDecodeError traceback (seen before the check)."""
+    import argparse
+
+    from fedagent.report import matrix_table
+
+    p = argparse.ArgumentParser()
+    matrix_table.add_args(p)
+    common = ["--matrix", "m", "--reference", "a", "--csv", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md"),
+              "--curves", str(tmp_path / "c.png")]
+    assert matrix_table.run(p.parse_args(["--runs", str(tmp_path / "runs.json"), *common])) == 2
+    assert "give the JSON itself or @FILE" in capsys.readouterr().err
+    assert matrix_table.run(p.parse_args(["--runs", f"@{tmp_path / 'missing.json'}", *common])) == 2
+    assert "missing.json" in capsys.readouterr().err

@@ -62,6 +62,13 @@ def model_dir(r):
 WARM_START = config["warm_start"]["enabled"]
 DEMO_POOL = f"{RUN}/plan/demo_pool.json"
 BASE_DIR = f"{round_dir(0)}/base" if WARM_START else model_dir(0)
+# `start`: round 0 is another run's (a matrix's shared start per seed, fedagent.plan.matrix), copied
+# into this run's round_000/ by rules/start.smk; this run's base_model, demo_pool, warm_start,
+# eval_base and round-0 eval rules are not defined then.
+START = config["start"]
+# the start run's round-0 files besides the model (paths under the run directory)
+START_FILES = (["round_000/eval.json", "round_000/eval_timings.json", "benchmarks/round_000/eval.tsv"]
+               + (["round_000/base_eval.json", "round_000/base_eval_timings.json"] if WARM_START else []))
 
 
 def selected_clients(r):

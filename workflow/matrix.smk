@@ -1,7 +1,8 @@
 # An experiment matrix (`--config matrix=<name>`): every arm × seed of config/matrices/<name>.yaml as its
 # own run directory, <results_dir>/<matrix>/<arm>/seed_<seed>/, each the ordinary round graph (../Snakefile)
 # loaded as a Snakemake module with that run's config, its rules prefixed <arm>__s<seed>__. Runs with the
-# same task catalogue read one copy, built by a module that keeps only the catalogue rule. Then the
+# same task catalogue read one copy, built by a module that keeps only the catalogue rule; runs with the
+# same round 0 (an arm's seed and round-0 settings) copy one, built under _start/<key>/. Then the
 # table: results/<matrix>/table.csv, table.md and curves.png (fedagent matrix-table).
 # The expansion and every check live in fedagent.plan.matrix; this file is wiring only.
 import json
@@ -36,6 +37,20 @@ for _cat_key, _cat_config in MATRIX.catalogues.items():
     else:
 
         use rule webshop_catalog from _module as _module*
+
+
+# One shared round 0 per start key (same seed and round-0 settings): a run of its own under _start/<key>/
+# of which only round 0 is asked for; the arms' runs copy it (rules/start.smk), so every arm of a seed
+# starts from the same model and the base model, warm start and round-0 evals are built once per seed.
+for _start_key, _start_config in MATRIX.starts.items():
+    _module = f"start_{_start_key.replace('-', '_')}__"
+
+    module:
+        name: _module
+        snakefile: "../Snakefile"
+        config: _start_config
+
+    use rule * from _module exclude games, webshop_catalog, all as _module*
 
 
 for _run in MATRIX.runs:

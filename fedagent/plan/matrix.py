@@ -43,6 +43,18 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 RESERVED = ("run", "results_dir", "seed")   # set per run by the matrix, never by an arm
 FILE_KEYS = ("base", "seeds", "reference", "common", "arms", "description")
 CATALOGUE_DIR = "_catalogue"
+START_DIR = "_start"
+# Config keys that only the training rounds (1, 2, ...) read, as dotted paths: runs whose configs agree
+# on everything else build the same round 0 (base model, warm start, validation set, round-0 evals) and
+# share one (`start`), except the keys ROUND0_READS names inside these sections.
+TRAINING_ONLY = ("rounds", "aggregate", "server", "keep", "clients.per_round", "clients.min_per_round",
+                 "clients.retries", "clients.pinned", "partition", "train",
+                 "env.webshop.arm", "env.webshop.variant_n", "env.webshop.variant", "env.webshop.env_div",
+                 "env.webshop.keep_ratio")
+# ... read by round 0 all the same: the demo pool (clients.total is kept whole; the shards' minimum),
+# the warm start (train's budgets, micro-batch and device), PPO's round-0 critic (algorithm, ppo).
+ROUND0_READS = ("partition.min_tasks_per_client", "train.micro_batch_size", "train.max_turns",
+                "train.max_prompt_tokens", "train.device", "train.threads", "train.algorithm", "train.ppo")
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class Matrix:
     seeds: tuple[int, ...]
     runs: tuple[MatrixRun, ...]
     catalogues: Mapping[str, dict]     # key → the config of the module that builds that catalogue
+    starts: Mapping[str, dict] = field(default_factory=dict)   # key → the config of a shared round 0's module
 
     def last_round_summary(self, run: MatrixRun) -> str:
         return f"{run.run_dir}/round_{run.config['rounds']:03d}/summary.csv"
@@ -107,6 +120,43 @@ def catalogue_key(config: Mapping) -> str:
     settings = catalogue_settings(config)
     blob = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return f"{settings['env']['kind']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _get(config: Mapping, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def start_settings(config: Mapping) -> dict:
+    """The run's config without what only the training rounds read (:data:`TRAINING_ONLY`, less
+    :data:`ROUND0_READS`) and without its name and place: what its round 0 is made of."""
+    settings = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("run", "results_dir", "start")}
+    for dotted in TRAINING_ONLY:
+        *parents, leaf = dotted.split(".")
+        node = settings
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    for dotted in ROUND0_READS:
+        value = _get(config, dotted)
+        if value is not None:
+            *parents, leaf = dotted.split(".")
+            node = settings
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = copy.deepcopy(value)
+    return settings
+
+
+def start_key(config: Mapping) -> str:
+    """Round 0's settings hashed (seed first): runs with the same key start from one shared round 0."""
+    blob = json.dumps(start_settings(config), sort_keys=True, separators=(",", ":"), default=str)
+    return f"seed{config['seed']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
 def _check_overlay(where: str, overlay) -> dict:
@@ -164,7 +214,7 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
     if not isinstance(arms, dict) or not arms:
         raise ConfigError(f"{where}: arms: expected a non-empty mapping of arm name → config overlay")
     for arm in arms:
-        if not isinstance(arm, str) or not NAME.match(arm) or arm == CATALOGUE_DIR:
+        if not isinstance(arm, str) or not NAME.match(arm) or arm in (CATALOGUE_DIR, START_DIR):
             raise ConfigError(f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-')")
     seeds = spec.get("seeds", list(DEFAULT_SEEDS))
     if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or s < 0 for s in seeds)
@@ -201,5 +251,18 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
             # only the catalogue rule is used from this module: keep its other sections the base's (valid)
             catalogues[key] = _validated(f"{where}: catalogue of arm {run.arm}", cat, cli)
         run.config["catalogue"] = f"{out_dir}/{CATALOGUE_DIR}/{key}/plan/games"
+
+    # One shared round 0 per distinct start key (the seed among its settings): its module's config is
+    # the first run's with that key (the reference arm's when it has it), as a run of its own under
+    # _start/<key>/ of which only round 0 is ever asked for; the runs copy it (rules/start.smk).
+    starts: dict[str, dict] = {}
+    ordered = sorted(runs, key=lambda r: r.arm != reference)   # stable: the reference arm's runs first
+    for run in ordered:
+        key = start_key(run.config)
+        if key not in starts:
+            st = copy.deepcopy(run.config)
+            st.update(run=key, results_dir=f"{out_dir}/{START_DIR}")
+            starts[key] = st
+        run.config["start"] = f"{out_dir}/{START_DIR}/{key}"
     return Matrix(name=name, path=path, out_dir=out_dir, reference=reference, arms=tuple(arms),
-                  seeds=tuple(seeds), runs=tuple(runs), catalogues=catalogues)
+                  seeds=tuple(seeds), runs=tuple(runs), catalogues=catalogues, starts=starts)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,8 @@ def plot(curves: dict, out: Path, name: str) -> None:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matrix", required=True, help="the matrix's name (titles)")
-    parser.add_argument("--runs", required=True, help='JSON list of {"arm", "seed", "summary": path to the run\'s last summary.csv}')
+    parser.add_argument("--runs", required=True, help='JSON list of {"arm", "seed", "summary": path to the run\'s last '
+                        'summary.csv}, or @FILE holding it')
     parser.add_argument("--reference", required=True, help="the arm every other is compared with")
     parser.add_argument("--csv", required=True, type=Path)
     parser.add_argument("--md", required=True, type=Path)
@@ -241,7 +243,20 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent matrix-table``: table.csv, table.md and curves.png, each written atomically."""
     from fedagent.core.atomic import atomic_write_text
 
-    table, curves = build_table(json.loads(args.runs), args.reference)
+    text = args.runs
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            print(f"fedagent matrix-table: --runs {args.runs}: {exc.strerror}", file=sys.stderr)
+            return 2
+    try:
+        runs = json.loads(text)
+    except ValueError as exc:
+        print(f"fedagent matrix-table: --runs: not a JSON list of runs ({exc}); give the JSON itself or @FILE",
+              file=sys.stderr)
+        return 2
+    table, curves = build_table(runs, args.reference)
     atomic_write_text(args.csv, table.to_csv(index=False))
     atomic_write_text(args.md, markdown(table, args.matrix, args.reference))
     tmp = args.curves.with_name(".partial-" + args.curves.name)
