@@ -20,6 +20,11 @@ import time
 from pathlib import Path
 
 
+# per-step metric values at step 1 (step k logs k times these)
+FAKE_STEP_VALUES = {"actor/pg_loss": -0.01, "actor/kl_loss": 0.003, "actor/entropy": 1.25, "actor/pg_clipfrac": 0.02,
+                    "actor/grad_norm": 0.5, "critic/rewards/mean": 0.25}
+
+
 def parse(argv: list[str]) -> dict[str, str]:
     out = {}
     for a in argv:
@@ -113,8 +118,12 @@ def main() -> int:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     torch.save(sd, actor / "model_world_size_1_rank_0.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
-    print("step:1 - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
-          " - perf/throughput:1234.5 - actor/pg_loss:-0.01", flush=True)
+    # verl's console logger, one line per step, with known values (FAKE_STEP_VALUES below) that the
+    # job's metrics.json must carry
+    for step in range(1, steps + 1):
+        values = " - ".join(f"{k}:{v * step}" for k, v in FAKE_STEP_VALUES.items())
+        print(f"step:{step} - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
+              f" - perf/throughput:1234.5 - {values}", flush=True)
     if os.environ.get("FAKE_VERL_FAIL"):
         return 3
     return 0

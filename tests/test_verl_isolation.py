@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
 from fake_env import build_tiny_model
+from fake_verl_trainer import FAKE_STEP_VALUES
 from safetensors.torch import load_file
 
 from fedagent.core.atomic import verify_manifest
@@ -109,6 +110,15 @@ def test_two_jobs_at_once_share_nothing_and_leave_nothing(fake_trainer, tmp_path
         m = json.loads((out / "metrics.json").read_text())
         assert m["backend"] == "verl" and m["num_samples"] == 4 and m["num_episodes"] == 4
         assert m["verl"]["world_size"] == 1 and results[c]["num_samples"] == 4
+        # verl's own step values, not constants (seen failing with the old "kl": 0.0, "steps": [])
+        n = len(m["steps"])
+        assert n == m["params"]["epochs"] and [s["step"] for s in m["steps"]] == list(range(1, n + 1))
+        mean_k = (n + 1) / 2
+        assert m["kl"] == pytest.approx(FAKE_STEP_VALUES["actor/kl_loss"] * mean_k)
+        assert m["entropy"] == pytest.approx(FAKE_STEP_VALUES["actor/entropy"] * mean_k)
+        assert m["clipfrac"] == pytest.approx(FAKE_STEP_VALUES["actor/pg_clipfrac"] * mean_k)
+        assert m["steps"][0] == {"step": 1, "pg": -0.01, "kl": 0.003, "entropy": 1.25, "clipfrac": 0.02,
+                                 "grad_norm": 0.5, "reward_mean": 0.25}
         assert len((out / "samples.jsonl").read_text().splitlines()) == 4
     assert sorted(p.name for p in round_dir.iterdir()) == ["0", "1"]
 

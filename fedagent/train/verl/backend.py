@@ -120,6 +120,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 clock.mark(name, t_launch + secs)
         clock.mark("trainer_done", t_launch + trainer_s)
         steps = launch.step_metrics(job.log)
+        records = launch.step_records(steps)
         clock.phases.update(launch.phase_totals(steps))
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
@@ -127,7 +128,9 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             convert_s = time.time() - t1
             metrics = {
                 "round": round, "client": client, "backend": "verl", **episode_metrics(episodes),
-                "kl": 0.0, "steps": [],
+                # verl's own per-step values (its console logger's lines); None where verl logged none
+                "kl": launch.mean_of(records, "kl"), "entropy": launch.mean_of(records, "entropy"),
+                "clipfrac": launch.mean_of(records, "clipfrac"), "steps": records,
                 "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
                                                           "world_size": conv["world_size"]},

@@ -311,6 +311,27 @@ TRAIN_TIMINGS = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timin
                  "timing_s/update_weights")
 
 
+# verl's per-step metric names (verl 0.9.1's console logger: the actor's loss terms renamed under
+# "actor/", the trainer's reward statistics under "critic/") → the local backend's step-record names.
+STEP_METRICS = {"actor/pg_loss": "pg", "actor/kl_loss": "kl", "actor/entropy": "entropy",
+                "actor/pg_clipfrac": "clipfrac", "actor/grad_norm": "grad_norm",
+                "critic/rewards/mean": "reward_mean", "critic/score/mean": "score_mean",
+                "critic/vf_loss": "vf_loss"}
+
+
+def step_records(steps: Sequence[dict]) -> list[dict]:
+    """verl's logged steps as the local backend's step records (``metrics.json``'s ``steps``): each
+    step's number and the :data:`STEP_METRICS` verl logged for it (absent ones left out, never 0)."""
+    return [{"step": int(s["step"]), **{ours: float(s[theirs]) for theirs, ours in STEP_METRICS.items() if theirs in s}}
+            for s in steps if "step" in s]
+
+
+def mean_of(records: Sequence[dict], key: str):
+    """The mean of ``key`` over the records that have it; None when none has (verl did not log it)."""
+    values = [r[key] for r in records if key in r]
+    return sum(values) / len(values) if values else None
+
+
 def phase_totals(steps: Sequence[dict]) -> dict:
     """Rollout and training seconds summed over verl's logged steps (the local backend's phase names)."""
     return {"rollout": sum(float(s.get("timing_s/gen", 0.0)) for s in steps),
