@@ -241,3 +241,66 @@ def test_a_port_collision_is_relaunched_once_and_steps_are_kept(fake_trainer, tm
     assert tm["cold_start_s"] == mk["first_token"] and tm["total_s"] >= mk["saved"]
     assert not any("t_first_generation" in json.loads(line) for line in
                    (round_dir / "0" / "samples.jsonl").read_text().splitlines())
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fake_trainer, tmp_path, monkeypatch):
+    """SIGKILL of Snakemake and everything under it (a crashed node) while the second client's verl job
+    is mid-run (its fake trainer holding, as Ray's processes would): that client's update is absent,
+    the first's is intact, and the documented recovery (the same command, `--unlock` first if asked)
+    trains only the killed client. Seen failing with the update directory made at the job's start
+    (out_dir.mkdir() before the trainer: the crash left clients/<c> behind)."""
+    import signal
+    import subprocess
+
+    from workflow_helpers import RUN, executed_jobs, make_workdir, run_snakemake, snakemake_cmd, snakemake_env
+
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "20")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    work = make_workdir(tmp_path / "w")
+    (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1}}\n")
+    clients = work / RUN / "round_001" / "clients"
+    proc = subprocess.Popen(snakemake_cmd("--configfile", "verl.yaml"), cwd=work, env=snakemake_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    victim, orphans, deadline = None, [], time.time() + 600
+    try:
+        # train jobs run one at a time (the test config's threads = cores): kill once one update is
+        # complete and the other client's trainer is running
+        while victim is None and time.time() < deadline and proc.poll() is None:
+            done = [c for c in ("0", "1") if (clients / c / "manifest.json").is_file()]
+            for rec in sorted(fake_trainer.glob("*.json")):
+                r = json.loads(rec.read_text())
+                if len(done) == 1 and _alive(r["pid"]):
+                    argv = Path(f"/proc/{_ppid(r['pid'])}/cmdline").read_bytes().split(b"\0")
+                    client = argv[argv.index(b"--client") + 1].decode()
+                    if client not in done:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        victim, orphans = client, [r["pid"], r["child"]]
+                        break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        time.sleep(0.5)
+        for pid in orphans:                                # what Ray would leave; not the test's to keep
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert victim is not None, "no moment with one update done and the other client's verl job running"
+    assert not (clients / victim).exists()
+    (survivor,) = {"0", "1"} - {victim}
+    verify_manifest(clients / survivor)
+    again = run_snakemake(work, "--configfile", "verl.yaml", check=False)
+    if again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower():
+        run_snakemake(work, "--configfile", "verl.yaml", "--unlock")
+        again = run_snakemake(work, "--configfile", "verl.yaml")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    trained = [w for rule, w in executed_jobs(again) if rule == "train_client"]
+    assert len(trained) == 1 and f"client={victim}" in trained[0], trained
+    verify_manifest(clients / victim)
+    assert (work / RUN / "round_001" / "summary.csv").is_file()
