@@ -36,8 +36,12 @@ MARGIN = 1.25           # on the modelled terms: fragmentation, temporaries the 
 # covering them under MARGIN needs the activation term × 1.74 and × 1.64 (autograd's saved tensors and
 # the allocator's blocks for each step's shapes beside the rollout's). With × 1 six train jobs were
 # admitted on the card where four fit, and one ran out of memory. 1.9 leaves 8–11 % over both peaks.
-# Eval jobs stayed within MARGIN (2 678 and 4 542 MiB reserved against 3 699 and 5 183 declared).
 ACTIVATION_FACTOR = 1.9
+# The eval's prefill transient, likewise: TextWorld's and ALFWorld's eval jobs stayed within MARGIN
+# (2 678 and 4 542 MiB reserved against 3 699 and 5 183 declared), but WebShop's, whose prompts reach
+# 2 048 tokens in batches of 64, held 8 534 MiB + ≈ 0.5 GiB of context against 8 165 declared
+# (2026-12-03): covering it under MARGIN needs the prefill term × 1.38. 1.6 leaves ≈ 5 % over it.
+PREFILL_FACTOR = 1.6
 
 
 def kv_cache_bytes(gb: float) -> int:
@@ -165,12 +169,13 @@ def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_pro
 def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tokens: int) -> dict[str, int]:
     """Bytes of a local-backend ``eval`` job on cuda: the weights (loaded fp32, then bf16), the static
     KV cache (``batch`` rows), the prefill's transient activations (one layer's hidden states, q/k/v
-    and MLP, bf16) and its last-position logits (the sampler keeps one: bf16 + fp32)."""
+    and MLP, bf16) and its last-position logits (the sampler keeps one: bf16 + fp32), the latter two
+    × :data:`PREFILL_FACTOR`, measured)."""
     p = param_count(s)
     tokens = max_prompt_tokens + max_new_tokens
     per_token = 2 * (4 * s.hidden + 2 * s.kv_heads * s.head_dim + 3 * s.intermediate)
     return {"weights": 4 * p, "kv_cache": kv_cache_size(s, batch=batch, tokens=tokens),
-            "prefill": batch * (max_prompt_tokens * per_token + s.vocab * 6)}
+            "prefill": int(PREFILL_FACTOR * batch * (max_prompt_tokens * per_token + s.vocab * 6))}
 
 
 def estimate_bytes(terms: Mapping[str, int], extra: int = 0) -> int:
