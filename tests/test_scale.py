@@ -388,8 +388,8 @@ def test_gpu_mem_prints_the_terms_and_what_fits(monkeypatch, capsys):
     preset = "config/experiments/gpu-scale-webshop.yaml"
     assert gpu_mem.run(parser.parse_args(["--configfile", preset])) == 0
     out = capsys.readouterr().out
-    assert "train_client   56735 MiB" in out and "eval           20443 MiB" in out
-    assert "2 train + 1 eval = 133913 MiB of 138000: fits" in out
+    assert "train_client   56735 MiB" in out and "eval           22174 MiB" in out
+    assert "2 train + 1 eval = 135644 MiB of 138000: fits" in out
     assert "largest env.pool_size that fits (multiples of group_size 8, up to 256): 16" in out
     # the pool of the 135M preset does not fit at 1.7B: exit 1
     assert gpu_mem.run(parser.parse_args(["--configfile", preset, "--set", "env.pool_size=64"])) == 1

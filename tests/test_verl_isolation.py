@@ -227,7 +227,7 @@ def test_a_port_collision_is_relaunched_once_and_steps_are_kept(fake_trainer, tm
     assert not isinstance(m, Exception), m
     assert m["trainer_attempts"] == 2 and m["num_samples"] == 4       # the relaunch's episodes only
     assert m["verl_steps"] == [{"step": 1, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
-                                "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, "actor/pg_loss": -0.01}]
+                                "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, **FAKE_STEP_VALUES}]
     t = m["timings_s"]
     assert 0 <= t["launch_to_ray_started"] <= t["launch_to_first_generation"] <= t["launch_to_first_step_logged"] <= t["trainer"]
     assert (t["launch_to_ray_started"] <= t["launch_to_runner_ready"] <= t["launch_to_engines_initialized"]
