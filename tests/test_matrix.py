@@ -52,7 +52,7 @@ def test_arms_that_differ_only_in_training_share_one_round_0_per_seed(tmp_path):
     assert m.starts[key]["results_dir"] == "results/m/_start" and m.starts[key]["run"] == key
     assert m.starts[key]["clients"]["pinned"] is None
     # WebShop's env arms perturb only the training clients: one start for all of them
-    ws = {k: v for k, v in start_settings({**m.runs[0].config, "env": {"kind": "webshop", "webshop": {"arm": "lookalike"}}}).items()}
+    ws = start_settings({**m.runs[0].config, "env": {"kind": "webshop", "webshop": {"arm": "lookalike"}}})
     assert "arm" not in ws["env"]["webshop"]
 
 

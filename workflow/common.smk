@@ -63,8 +63,8 @@ WARM_START = config["warm_start"]["enabled"]
 DEMO_POOL = f"{RUN}/plan/demo_pool.json"
 BASE_DIR = f"{round_dir(0)}/base" if WARM_START else model_dir(0)
 # `start`: round 0 is another run's (a matrix's shared start per seed, fedagent.plan.matrix), copied
-# into this run's round_000/ by rules/start.smk; this run's base_model, demo_pool, warm_start,
-# eval_base and round-0 eval rules are not defined then.
+# into this run's round_000/ by rules/start.smk; this run's base_model, warm_start and eval_base
+# rules are not defined then, and its round-0 eval is not made here (its demo_pool stays: plan/).
 START = config["start"]
 # the start run's round-0 files besides the model (paths under the run directory)
 START_FILES = (["round_000/eval.json", "round_000/eval_timings.json", "benchmarks/round_000/eval.tsv"]

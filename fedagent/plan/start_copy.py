@@ -38,7 +38,9 @@ def copy_model(src: Path, dst: Path, quarantine: Path | None = None) -> None:
             target = staging / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-    verify_manifest(dst)
+    # atomic_dir hashed what it copied into dst's manifest: the same bytes as src's, or the copy is not the start's
+    if (dst / MANIFEST).read_bytes() != (src / MANIFEST).read_bytes():
+        raise ManifestError(f"{dst}: the copy's manifest differs from {src / MANIFEST}")
 
 
 def run(args: argparse.Namespace) -> int:
