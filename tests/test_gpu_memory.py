@@ -194,9 +194,10 @@ MEASURED_PEAKS = [
      {"env": {"train_games": 256, "val_games": 128, "world_size": 2, "quest_length": 2},
       "train": {"epochs": 1, "max_turns": 6, "threads": 2}, "eval": {"max_turns": 6, "threads": 2}}, 31974),
     ("eval", "config/experiments/gpu-textworld.yaml", {"eval": {"max_turns": 6}}, 2678),
-    # 2026-12-03, the WebShop matrix (docs/runs/2026-12-03-gpu-webshop-env-partial): gpu-webshop at
-    # micro-batch 8; its round-0 eval (the warm start's 128 goals, prompts up to 2048 tokens) held the most
-    ("train", "config/experiments/gpu-webshop.yaml", {}, 27772),
+    # 2026-12-03, the WebShop matrix (docs/runs/2026-12-03-gpu-webshop-env and -partial): gpu-webshop at
+    # micro-batch 8 (32 train jobs of the 4 arms: 25510-30134 MiB); its round-0 eval (the warm start's 128
+    # goals, prompts up to 2048 tokens) held the most
+    ("train", "config/experiments/gpu-webshop.yaml", {}, 30134),
     ("eval", "config/experiments/gpu-webshop.yaml", {}, 8534),
 ]
 

@@ -136,3 +136,22 @@ def test_node_run_keeps_the_matrix_when_the_caller_adds_config(tmp_path):
     proc, args = _node_run(tmp_path, "--config", "rounds=2", "--config", "eval.n=8")
     assert proc.returncode == 2 and args == []
     assert "--config given 2 times" in proc.stderr
+
+
+def test_node_run_unlocks_a_stale_lock(tmp_path):
+    """A Snakemake killed at the end of a device call (SIGKILL after the timeout's SIGINT) left its lock
+    and the next call stopped at once: "Directory cannot be locked" (node, 2026-12-03). With a lock and
+    no Snakemake of the checkout running, node-run.sh unlocks (same target) before it runs."""
+    repo = tmp_path / "repo"
+    (repo / ".snakemake" / "locks").mkdir(parents=True)
+    (repo / ".snakemake" / "locks" / "0.input.lock").write_text("x\n")
+    proc, args = _node_run(tmp_path, "--config", "rounds=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "stale Snakemake lock" in proc.stdout
+    assert args.index("--unlock") < args.index("--cores"), args      # the unlock ran first
+    assert args.count("matrix=m") == 2                               # both with the matrix
+
+    # no lock: no unlock
+    proc, args = _node_run(tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    assert "--unlock" not in args

@@ -48,6 +48,18 @@ if [ -n "${OUT:-}" ] && [ "${GPU_SAMPLE:-1}" = 1 ] && command -v nvidia-smi >/de
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
     >> "$OUT/gpu-util.csv" 2>/dev/null & sampler=$!
 fi
+# A Snakemake killed by the timeout below (SIGKILL after 30 s of SIGINT) or by the device call's own limit
+# leaves its lock in .snakemake/locks, and the next call stops at once with "Directory cannot be locked"
+# (seen on the node, 2026-12-03). When no Snakemake of this checkout is running, the lock is stale: unlock.
+if [ -n "$(ls -A .snakemake/locks 2>/dev/null)" ]; then
+  live=0; for p in $(pgrep -f snakemake 2>/dev/null); do
+    [ "$p" != $$ ] && [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$PWD" ] && live=1
+  done
+  if [ "$live" = 0 ]; then
+    echo "node-run.sh: a stale Snakemake lock (no Snakemake of this checkout runs): unlocking"
+    snakemake --profile profiles/local "${what[@]}" "$@" --unlock || exit 1
+  fi
+fi
 t0=$(date +%s); echo "snakemake started $(date -u +%FT%T)"
 timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local "${what[@]}" --cores all "$@"
 rc=$?
