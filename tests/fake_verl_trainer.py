@@ -23,6 +23,7 @@ from pathlib import Path
 # per-step metric values at step 1 (step k logs k times these)
 FAKE_STEP_VALUES = {"actor/pg_loss": -0.01, "actor/kl_loss": 0.003, "actor/entropy": 1.25, "actor/pg_clipfrac": 0.02,
                     "actor/grad_norm": 0.5, "critic/rewards/mean": 0.25}
+FAKE_CRITIC_VALUES = {"critic/vf_loss": 0.125}   # PPO jobs only
 
 
 def parse(argv: list[str]) -> dict[str, str]:
@@ -64,7 +65,17 @@ def main() -> int:
     tcp.listen()
     # The weight-transfer socket, named as verl 0.9.1 names it, from the job id our Ray hook
     # gives a verl caller (the unsalted id of a fresh cluster's first driver is 01000000).
-    ray_hook.install()                      # fails closed on a Ray without get_job_id
+    # Ray's worker setup hook, as Ray would run it in the trainer's worker, with the env vars the
+    # launch gives Ray's runtime_env (a PPO job's arms its critic loss: the armed line comes from
+    # the real verl trainer module, imported here as verl's TaskRunner imports it).
+    prefix = "ray_kwargs.ray_init.runtime_env.env_vars."
+    for key, value in ov.items():
+        if key.startswith(prefix) and key[len(prefix):] != ray_hook.TAG_ENV:
+            os.environ[key[len(prefix):]] = value
+    ray_hook.setup()                        # fails closed on a Ray without get_job_id
+    ppo = "critic.model.path" in ov
+    if ppo and not os.environ.get("FAKE_VERL_SKIP_TRAINER_IMPORT"):
+        import verl.trainer.ppo.v1.trainer_base  # noqa: F401 - the hook's patch runs on this import
     salted = ray_hook.salted_get_job_id(lambda self: "01000000", tag)
     job_id = eval("get_job_id(None)", {"__name__": "verl.workers.rollout.vllm_rollout.vllm_rollout",
                                        "get_job_id": salted})
@@ -118,10 +129,16 @@ def main() -> int:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     torch.save(sd, actor / "model_world_size_1_rank_0.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    if ppo:   # the critic's save beside the actor's: start critic + 1/512
+        critic = actor.parent / "critic"
+        critic.mkdir()
+        csd = {k: v + 2.0 ** -9 for k, v in load_file(Path(ov["critic.model.path"]) / "model.safetensors").items()}
+        torch.save(csd, critic / "model_world_size_1_rank_0.pt")
+        (critic / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
     # verl's console logger, one line per step, with known values (FAKE_STEP_VALUES below) that the
     # job's metrics.json must carry
     for step in range(1, steps + 1):
-        values = " - ".join(f"{k}:{v * step}" for k, v in FAKE_STEP_VALUES.items())
+        values = " - ".join(f"{k}:{v * step}" for k, v in {**FAKE_STEP_VALUES, **(FAKE_CRITIC_VALUES if ppo else {})}.items())
         print(f"step:{step} - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
               f" - perf/throughput:1234.5 - {values}", flush=True)
     if os.environ.get("FAKE_VERL_FAIL"):

@@ -52,8 +52,6 @@ def test_missing_file_is_named(tmp_path):
     ({"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"},
      "config key 'rollout.mode': 'concat' is implemented for train.backend=local only (verl trains windowed)",
      "train-client-verl"),
-    ({"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"},
-     "config key 'train.algorithm': ppo runs on train.backend=local only (got 'verl')", "train-client-verl"),
     ({"train.algorithm": "ppo", "rollout.mode": "concat"},
      "config key 'rollout.mode': 'concat' with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
      "train-client-verl"),
@@ -81,7 +79,7 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     import fedagent.train.warm_start  # noqa: F401  (registers the warm-start JobKeys)
     from fedagent.core.config import JOB_KEYS, REQUIREMENTS
 
-    assert len(REQUIREMENTS) == 9
+    assert len(REQUIREMENTS) == 8
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "config" / "config.yaml", overrides)
     assert str(err.value) == message

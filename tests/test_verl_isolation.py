@@ -17,6 +17,7 @@ import pytest
 from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
 from fake_env import build_tiny_model
 from fake_verl_trainer import FAKE_STEP_VALUES
+import torch
 from safetensors.torch import load_file
 
 from fedagent.core.atomic import verify_manifest
@@ -50,9 +51,9 @@ def fake_trainer(monkeypatch, tmp_path):
     return rec
 
 
-def _job(model, round_dir, client):
+def _job(model, round_dir, client, p=None):
     """One train_client job's verl part, in its own process (as Snakemake runs jobs)."""
-    p = TrainParams(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
+    p = p or TrainParams(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
     sock_dir = short_tmp()
     app = build_app(FakeTaskSource(n=6), "train", [f"fake-{i:03d}" for i in range(6)], mode="draw",
                     pool_size=4, max_turns=1)
@@ -61,13 +62,13 @@ def _job(model, round_dir, client):
                                  settings=VerlSettings(gpus=2), out_dir=round_dir / str(client))
 
 
-def _run_jobs(model, round_dir, clients):
+def _run_jobs(model, round_dir, clients, p=None):
     """Start every job at once, each in a fresh process; {client: metrics or exception}."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(len(clients), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = {c: pool.submit(_job, model, round_dir, c) for c in clients}
+        futs = {c: pool.submit(_job, model, round_dir, c, p) for c in clients}
         out = {}
         for c, f in futs.items():
             try:
@@ -304,3 +305,68 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     assert len(trained) == 1 and f"client={victim}" in trained[0], trained
     verify_manifest(clients / victim)
     assert (work / RUN / "round_001" / "summary.csv").is_file()
+
+
+PPO = dict(algorithm="ppo", groups_per_epoch=2, group_size=1, max_turns=1, pool_size=4, mini_batch_size=2)
+
+
+def _ppo_model(path):
+    from argparse import Namespace
+
+    from fedagent.model.base_model_tiny import write_tiny_model
+
+    return write_tiny_model(path, 1, critic_args=Namespace(critic=True, critic_seed=2, critic_path=None))
+
+
+@pytest.mark.slow
+def test_a_ppo_job_trains_gae_with_the_rounds_critic_and_federates_it(fake_trainer, tmp_path, monkeypatch):
+    """train.algorithm: ppo on the verl backend: GAE with <start model>/critic, the critic's fp32 masters
+    converted into the update's critic/ (recorded by digest), verl's critic values in metrics.json, and
+    the server averages and merges the critic like the actor's."""
+    from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests
+    from fedagent.server.aggregate import aggregate
+    from fedagent.server.merge import merge
+    from fedagent.server.optimizers import make_optimizer
+
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    model = _ppo_model(tmp_path / "m")
+    round_dir = tmp_path / "round_001" / "clients"
+    round_dir.mkdir(parents=True)
+    results = _run_jobs(model, round_dir, (0, 1), TrainParams(**PPO))
+    assert not [r for r in results.values() if isinstance(r, Exception)], results
+    start = load_file(model / "critic" / "model.safetensors")
+    for c in (0, 1):
+        out = round_dir / str(c)
+        verify_manifest(out)
+        got = load_file(out / "critic" / "model.safetensors")
+        assert set(got) == set(start) and "score.weight" in got
+        assert all(torch_equal(got[k], start[k] + 2.0 ** -9) for k in start)
+        m = json.loads((out / "metrics.json").read_text())
+        assert m[CRITIC_RECORD] == critic_digests(out)
+        n = len(m["steps"])
+        assert m["vf_loss"] == pytest.approx(0.125 * (n + 1) / 2) and m["steps"][0]["vf_loss"] == 0.125
+        argv = json.loads(next(p for p in fake_trainer.iterdir() if json.loads(p.read_text())["workdir"]
+                               .endswith(f".verl-{c}")).read_text())["argv"]
+        assert "algorithm.adv_estimator=gae" in argv and "algorithm.adv_estimator=grpo" not in argv
+        assert f"critic.model.path={model / 'critic'}" in argv
+    agg = tmp_path / "round_001" / "aggregate"
+    aggregate(model, [round_dir / "0", round_dir / "1"], agg)
+    merged = tmp_path / "round_001" / "model"
+    merge(model, agg, merged, make_optimizer("fedavg"), round_=1)
+    verify_manifest(merged)
+    new = load_file(merged / "critic" / "model.safetensors")
+    assert all(torch.allclose(new[k], start[k] + 2.0 ** -9, atol=1e-6) for k in start)
+
+
+@pytest.mark.slow
+def test_a_ppo_job_whose_critic_loss_was_not_armed_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+    """Fail closed: no armed line in the log (verl's trainer never imported under the hook) means the
+    critic trained verl's own 0.5 × global token-mean loss: the job errs and writes nothing."""
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_SKIP_TRAINER_IMPORT", "1")
+    model = _ppo_model(tmp_path / "m")
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,), TrainParams(**PPO))[0]
+    assert isinstance(err, RuntimeError) and "legacy_exact" in str(err), err
+    assert list(round_dir.iterdir()) == []

@@ -176,3 +176,97 @@ def test_verls_policy_loss_under_our_launch_is_our_loss(tmp_path, c):
     assert float(st["dual_clipped"].sum()) >= 3
     assert float(ours) == pytest.approx(float(theirs), rel=1e-6)
     assert torch.allclose(ours_lp.grad, verl_lp.grad[0], rtol=1e-6, atol=1e-8)
+
+
+def ppo_train_params(**overrides) -> TrainParams:
+    """TrainParams of a PPO run on the verl backend (the reference's PPO shape: n = 1)."""
+    cfg = load_config(REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "round",
+                                                        "train.algorithm": "ppo", "train.group_size": 1,
+                                                        "train.groups_per_epoch": 8, "train.mini_batch_size": 8,
+                                                        **overrides})
+    ppo = {k: v for k, v in cfg["train"]["ppo"].items() if k != "critic_path"}
+    d = {"base_seed": cfg["seed"], **ppo, "pool_size": cfg["env"]["pool_size"],
+         **{k: v for k, v in cfg["train"].items() if k not in ("threads", "backend", "ref_anchor", "ppo", "verl", "gpu_mem_gb")}}
+    return TrainParams.from_dict(d)
+
+
+def test_a_ppo_launch_composes_with_the_rounds_critic(tmp_path):
+    """train.algorithm: ppo on verl: GAE (γ, λ), the critic from <start model>/critic with our lr, clip,
+    micro-batch, fp32 masters and a model-only save, the legacy_exact loss's env var for Ray's workers;
+    verl's own validate_config and critic dataclass accept it (which loads the critic's HF config)."""
+    from argparse import Namespace
+
+    from hydra.errors import ConfigCompositionException
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from fedagent.model.base_model_tiny import write_tiny_model
+    from fedagent.train.verl.critic_loss import CRITIC_LOSS_ENV, LEGACY_EXACT
+
+    model = write_tiny_model(tmp_path / "model", 1, critic_args=Namespace(critic=True, critic_seed=2, critic_path=None))
+    p = ppo_train_params(**{"train.ppo.gamma": 0.99, "train.ppo.lam": 0.95, "train.ppo.critic_lr": 2e-5})
+    job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
+    ov = build_overrides(p, VerlSettings(), job=job, model_dir=model, rows=tmp_path / "rows.parquet",
+                         agent_loop_yaml=tmp_path / "agent_loop.yaml", rollout_seed=1)
+    cfg = compose_ppo(ov)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    critic = omega_conf_to_dataclass(cfg.critic)
+    assert need_critic(cfg) and cfg.algorithm.adv_estimator == "gae"
+    assert cfg.algorithm.gamma == 0.99 and cfg.algorithm.lam == 0.95
+    assert cfg.critic.model.path == str(model / "critic") and cfg.critic.model.tokenizer_path == str(model)
+    assert critic.optim.lr == 2e-5 and critic.cliprange_value == p.value_clip and critic.grad_clip == p.grad_clip
+    assert critic.ppo_micro_batch_size_per_gpu == p.micro_batch_size
+    assert critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size and critic.ppo_epochs == 1
+    assert cfg.critic.fsdp.model_dtype == "fp32" and list(critic.checkpoint.save_contents) == ["model"]
+    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.trainer.max_critic_ckpt_to_keep == 1
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[CRITIC_LOSS_ENV] == LEGACY_EXACT
+    bad = [o.replace("critic.cliprange_value=", "critic.clip_range_value=") for o in ov]
+    assert bad != ov
+    with pytest.raises(ConfigCompositionException, match="clip_range_value"):
+        compose_ppo(bad)
+
+
+def test_the_verl_critic_loss_is_the_local_backends_legacy_exact():
+    """The loss our verl PPO jobs train (critic_loss.legacy_exact_loss, per micro-batch as verl's engine
+    calls it, summed by backward) equals the local backend's critic step — Σ_micro token-mean ÷ n_micro,
+    coefficient 1 — in value and gradient, on micro-batches of unequal token counts. verl 0.9.1's own
+    loss (0.5 × the global token mean) does not (the assertion on it is this test seen failing)."""
+    import torch
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    from fedagent.train.ppo import value_loss_terms
+    from fedagent.train.verl.critic_loss import legacy_exact_loss
+
+    g = torch.Generator().manual_seed(5)
+    rows, micro, width, clip = 6, 2, 7, 0.2
+    lengths = [7, 1, 3, 7, 2, 5]                               # response tokens per row: micros hold 8, 10, 7
+    mask = torch.zeros(rows, width)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    v0 = torch.randn(rows, width, generator=g)
+    old = v0 + 0.3 * torch.randn(rows, width, generator=g)
+    ret = torch.randn(rows, width, generator=g)
+    micros = [slice(k, k + micro) for k in range(0, rows, micro)]
+
+    def run(loss_of):
+        v = v0.clone().requires_grad_(True)
+        total = sum(loss_of(v[s], old[s], ret[s], mask[s]) for s in micros)
+        total.backward()
+        return float(total.detach()), v.grad
+
+    def local(v, o, r, m):                                   # fedagent.train.ppo.critic_step's arithmetic
+        terms, _ = value_loss_terms(v[m.bool()], o[m.bool()], r[m.bool()], clip)
+        return terms.mean() / len(micros)
+
+    def ours(v, o, r, m):
+        return legacy_exact_loss(v, o, r, m, clip, micro_rows=v.shape[0], dp_size=1, global_batch_size=rows)[0]
+
+    def verls(v, o, r, m):                                   # verl 0.9.1's value_loss under its engine
+        return compute_value_loss(v, o, r, m, clip, "token-mean", dp_size=1,
+                                  batch_num_tokens=int(mask.sum()), global_batch_size=rows)[0]
+
+    want, want_grad = run(local)
+    got, got_grad = run(ours)
+    assert got == pytest.approx(want, rel=1e-6) and torch.allclose(got_grad, want_grad, rtol=1e-5, atol=1e-8)
+    stock, stock_grad = run(verls)
+    assert stock != pytest.approx(want, rel=1e-3) and not torch.allclose(stock_grad, want_grad, rtol=1e-3)

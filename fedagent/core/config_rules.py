@@ -195,9 +195,6 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("rollout.mode", "rollout.mode", lambda mode: mode != "windowed", "train.backend", "local",
                 "{value!r} is implemented for train.backend=local only (verl trains windowed)",
                 {"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"}),
-    Requirement("train.algorithm", "train.algorithm", lambda algo: algo == "ppo", "train.backend", "local",
-                "ppo runs on train.backend=local only (got {got!r})",
-                {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round"}),
     Requirement("train.clip_ratio_c", "train.clip_ratio_c", lambda c: c is None, "train.backend", "local",
                 "null (no dual-clip) is implemented for train.backend=local only (verl's vanilla policy loss always "
                 "caps at clip_ratio_c > 1; got {got!r})",

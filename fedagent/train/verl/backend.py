@@ -74,6 +74,12 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     t0 = time.time()
     p = params
     verify_manifest(Path(model_dir))
+    ppo = p.algorithm == "ppo"
+    if ppo:
+        from fedagent.model.critic_dir import critic_of
+
+        if not critic_of(model_dir).is_dir():
+            raise ValueError(f"train.algorithm ppo: the start model {model_dir} has no critic/ (value model)")
     if ref_model_dir is not None and p.kl_coef and not same_weights(model_dir, ref_model_dir):
         raise ValueError("train.backend=verl: verl's KL reference is the start model, but the reference "
                          f"{ref_model_dir} differs from {model_dir}; use train.ref_anchor: round")
@@ -109,6 +115,16 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             finally:
                 _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
+        if ppo:
+            from fedagent.train.verl.critic_loss import ARMED_LINE
+
+            # fail closed: without the armed line the critic trained verl's own loss, not legacy_exact
+            if ARMED_LINE not in job.log.read_text(errors="replace"):
+                raise RuntimeError(f"{job.log}: no '{ARMED_LINE}' line: the job's critic did not train the "
+                                   "legacy_exact loss (fedagent.train.verl.critic_loss); refusing its update")
+            critic_ckpt = actor.parent / "critic"
+            if not (critic_ckpt / "fsdp_config.json").is_file():
+                raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
@@ -125,6 +141,14 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             conv = write_update(actor, model_dir, staging)
+            critic_record = {}
+            if ppo:
+                from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests, critic_of
+                from fedagent.train.verl.convert import write_critic_update
+
+                write_critic_update(critic_ckpt, critic_of(model_dir), critic_of(staging))
+                # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
+                critic_record = {CRITIC_RECORD: critic_digests(staging)}
             convert_s = time.time() - t1
             metrics = {
                 "round": round, "client": client, "backend": "verl", **episode_metrics(episodes),
@@ -139,7 +163,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "trainer_attempts": attempts,
                 "verl_steps": steps,
                 "wall_time_s": round_(time.time() - t0),
+                **critic_record,
             }
+            if ppo:   # verl's critic values per step (vf_loss, …) are in steps / verl_steps
+                metrics["vf_loss"] = launch.mean_of(records, "vf_loss")
             clock.mark("saved")
             metrics["timings"] = clock.summary()
             (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")

@@ -54,8 +54,10 @@ def _local(key: str, value):
     raise CheckpointError(f"{key}: not a tensor ({type(value).__name__})")
 
 
-def merge_fsdp_shards(actor_dir: Path) -> dict[str, torch.Tensor]:
-    """The full fp32 state dict from every rank's shard file (exact: concatenation only)."""
+def merge_fsdp_shards(actor_dir: Path, dtype_key: str = "actor_rollout_ref.actor.fsdp_config.model_dtype") -> dict[str, torch.Tensor]:
+    """The full fp32 state dict from every rank's shard file (exact: concatenation only).
+
+    ``dtype_key``: the override that makes the saved masters fp32 (named when they are not)."""
     actor_dir = Path(actor_dir)
     ws = checkpoint_world_size(actor_dir)
     import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
@@ -78,8 +80,8 @@ def merge_fsdp_shards(actor_dir: Path) -> dict[str, torch.Tensor]:
         tensors = [t.detach().to("cpu") for t, _ in parts]
         for t in tensors:
             if t.dtype != torch.float32:
-                raise CheckpointError(f"{actor_dir}: {key} is {t.dtype}, not float32; the actor's masters must be "
-                                      "fp32 (actor_rollout_ref.actor.fsdp_config.model_dtype=fp32)")
+                raise CheckpointError(f"{actor_dir}: {key} is {t.dtype}, not float32; the saved masters must be "
+                                      f"fp32 ({dtype_key}=fp32)")
         if dim is None:
             for r, t in enumerate(tensors[1:], start=1):
                 if t.shape != tensors[0].shape or not torch.equal(t, tensors[0]):
@@ -116,6 +118,29 @@ def write_update(actor_dir: Path, start_model_dir: Path, staging: Path) -> dict:
     model.load_state_dict(state, strict=False)
     save_policy(model, load_tokenizer(start_model_dir), staging)
     return {"world_size": checkpoint_world_size(actor_dir), "tensors": len(state)}
+
+
+def write_critic_update(critic_ckpt: Path, start_critic_dir: Path, out_dir: Path) -> dict:
+    """verl's critic checkpoint → the update's ``critic/`` (fp32 HF dir, as the local backend writes it).
+
+    The tensors go into the start critic's architecture strictly (every key, every shape: a
+    token classifier has no tied weights) and are written by :func:`fedagent.model.critic.save_critic`.
+    """
+    from fedagent.model.critic import load_critic, save_critic
+
+    state = merge_fsdp_shards(critic_ckpt, dtype_key="critic.fsdp.model_dtype")
+    critic = load_critic(Path(start_critic_dir))
+    expected = critic.state_dict()
+    if set(state) != set(expected):
+        raise CheckpointError(f"{critic_ckpt}: tensors differ from the start critic's "
+                              f"{start_critic_dir}: {sorted(set(state) ^ set(expected))[:5]}")
+    for k, t in state.items():
+        if tuple(t.shape) != tuple(expected[k].shape):
+            raise CheckpointError(f"{k}: shape {tuple(t.shape)} in the critic checkpoint, "
+                                  f"{tuple(expected[k].shape)} in the start critic")
+    critic.load_state_dict(state, strict=True)
+    save_critic(critic, out_dir)
+    return {"world_size": checkpoint_world_size(critic_ckpt), "tensors": len(state)}
 
 
 def _tied_keys(model) -> set[str]:

@@ -231,7 +231,46 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     ]
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
+    if p.algorithm == "ppo":
+        ov = [o for o in ov if not o.startswith("algorithm.adv_estimator=")] + ppo_overrides(p, s, model_dir)
     return ov + list(s.extra_overrides)
+
+
+def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
+    """``train.algorithm: ppo``: GAE with the round's critic (``<start model>/critic``), as the local backend.
+
+    verl's GAE runs per row, and a row is one turn whose reward sits on its last response token
+    (the agent loop's ``rm_scores``): the local backend's ``ppo.gae`` over per-turn samples. The
+    critic trains beside the actor on the same mini-batches (``critic.ppo_mini_batch_size`` and
+    ``ppo_epochs`` follow the actor's), from the start critic's fp32 masters, one save at the end
+    (model shards only, converted like the actor's into the update's ``critic/``). Its loss is the
+    reference's ``legacy_exact`` (``critic_loss``, armed in the trainer's Ray worker by
+    :mod:`fedagent.train.verl.ray_hook` when ``CRITIC_LOSS_ENV`` is set: the backend sets it and
+    refuses a log without the armed line).
+    """
+    from fedagent.model.critic_dir import critic_of
+    from fedagent.train.verl.critic_loss import CRITIC_LOSS_ENV, LEGACY_EXACT
+
+    return [
+        "algorithm.adv_estimator=gae",
+        f"algorithm.gamma={float(p.gamma)}",
+        f"algorithm.lam={float(p.lam)}",
+        "critic.enable=True",
+        f"critic.model.path={critic_of(model_dir)}",
+        f"critic.model.tokenizer_path={model_dir}",
+        "critic.model.use_remove_padding=False",
+        "critic.model.enable_gradient_checkpointing=False",
+        f"+critic.model.override_config.attn_implementation={s.attn_implementation}",
+        f"critic.optim.lr={float(p.critic_lr)}",
+        f"critic.optim.weight_decay={float(p.weight_decay)}",
+        f"critic.grad_clip={float(p.grad_clip)}",
+        f"critic.cliprange_value={float(p.value_clip)}",
+        f"critic.ppo_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
+        "critic.checkpoint.save_contents=[model]",
+        "critic.fsdp.model_dtype=fp32",
+        "trainer.max_critic_ckpt_to_keep=1",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{CRITIC_LOSS_ENV}={LEGACY_EXACT}",
+    ]
 
 
 def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | None, env_token: str | None,

@@ -54,5 +54,13 @@ def install(tag: str | None = None) -> str:
 
 
 def setup() -> None:
-    """The hook Ray calls in each worker process (``runtime_env.worker_process_setup_hook``)."""
+    """The hook Ray calls in each worker process (``runtime_env.worker_process_setup_hook``).
+
+    A PPO job also sets ``FEDAGENT_VERL_CRITIC_LOSS`` (fedagent.train.verl.critic_loss): its critic
+    loss is armed here, in the process that will import verl's trainer (fails closed)."""
     install()
+    from fedagent.train.verl import critic_loss
+
+    mode = os.environ.get(critic_loss.CRITIC_LOSS_ENV)
+    if mode:
+        critic_loss.arm(mode)
