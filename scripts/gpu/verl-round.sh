@@ -22,7 +22,9 @@
 # that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
 # VLLM_EXECUTOR (mp | uni, default mp as verl sets it: uni runs each job's vLLM worker inside its
 # engine process, one process start fewer per job — a start-up candidate, docs/gpu.md),
-# EXTRA (more `--config` items).
+# ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
+# mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
+# ROUNDS (default 1; every round is verified), EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT]}
 FA=${FA_GPU:-/tmp/fa-gpu}
@@ -68,6 +70,10 @@ model: smollm2
 train:
   backend: verl
   ref_anchor: round            # verl's KL reference is the model a job starts from
+$( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
+  group_size: 1
+  groups_per_epoch: 8
+  mini_batch_size: 8" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
          extra_overrides: [$( [ "${VLLM_EXECUTOR:-mp}" = mp ] || echo "\"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=${VLLM_EXECUTOR}\"" )]}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
@@ -84,18 +90,22 @@ YAML
   set -e
   echo "snakemake rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/snakemake.log"
   R=results/$RUN
-  last=$(ls -d "$R"/round_0*/model 2>/dev/null | sort | tail -1); last=${last%/model}
+  # Every finished round (its aggregate kept: keep.aggregates) is verified against the round before.
   vrc=1
-  if [ -n "$last" ] && [ "$(basename "$last")" != round_000 ] && [ -d "$last/aggregate" ]; then
-    prev=$(printf '%s/round_%03d/model' "$R" $(( 10#${last##*_} - 1 )))
+  for rd in $(ls -d "$R"/round_0*/ 2>/dev/null | sort); do
+    rd=${rd%/}
+    [ "$(basename "$rd")" = round_000 ] && continue
+    [ -d "$rd/aggregate" ] && [ -d "$rd/model" ] || { vrc=1; break; }
+    prev=$(printf '%s/round_%03d/model' "$R" $(( 10#${rd##*_} - 1 )))
     set +e
-    state=(); [ "$(basename "$last")" != round_001 ] && state=(--prev-server-state "$prev")
-    fedagent verify --prev "$prev" --clients "$last"/clients/* --aggregate "$last/aggregate" \
-      --model "$last/model" "${state[@]}" 2>&1 | tee "$OUT/verify_$(basename "$last").log"
+    state=(); [ "$(basename "$rd")" != round_001 ] && state=(--prev-server-state "$prev")
+    fedagent verify --prev "$prev" --clients "$rd"/clients/* --aggregate "$rd/aggregate" \
+      --model "$rd/model" "${state[@]}" 2>&1 | tee "$OUT/verify_$(basename "$rd").log"
     vrc=${PIPESTATUS[0]}
     set -e
-    echo "verify $(basename "$last") rc=$vrc" | tee -a "$OUT/verify_$(basename "$last").log"
-  fi
+    echo "verify $(basename "$rd") rc=$vrc" | tee -a "$OUT/verify_$(basename "$rd").log"
+    [ "$vrc" = 0 ] || break
+  done
   # Bring back (flat names: the transfer drops deep folders): rule logs, benchmarks, the clients'
   # metrics, evals, aggregates (not the weights).
   for f in $(cd "$R" && find logs benchmarks -type f 2>/dev/null); do cp "$R/$f" "$OUT/$(echo "$f" | tr / _)"; done
