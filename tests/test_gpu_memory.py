@@ -129,7 +129,7 @@ def test_a_cuda_oom_in_a_job_exits_with_one_message_naming_the_knobs(monkeypatch
 
 # --------------------------------------------------------------------------- the rules, in a real plan
 def _plan(work: Path, *args: str) -> str:
-    proc = subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(),
+    proc = subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(warm=False),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr

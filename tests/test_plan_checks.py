@@ -287,7 +287,7 @@ def test_config_show_preset_and_command_line(tmp_path):
 
 
 def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(),
+    return subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(warm=False),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -376,7 +376,7 @@ def test_snakemake_refuses_every_job_constraint_before_any_job(tmp_path):
     work = make_workdir(tmp_path / "w")
     configs = [{}] + [nested(overrides) for _, overrides in cases]  # first: a good config (control)
     proc = subprocess.run([sys.executable, "-c", DRY_RUN_MANY, json.dumps(configs)], cwd=work,
-                          env=snakemake_env(), capture_output=True, text=True, timeout=600)
+                          env=snakemake_env(warm=False), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((work / "results.json").read_text())
     assert results[0]["rc"] in (0, None) and "Nothing to be done" not in results[0]["out"], results[0]["out"][-2000:]
@@ -414,7 +414,7 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
         print("PARSED=" + str("fedagent.server.optimizers" in sys.modules and "fedagent.plan.selection" in sys.modules))
         print("HEAVY=" + ",".join(m for m in ("torch", "transformers") if m in sys.modules))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=snakemake_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=snakemake_env(warm=False), capture_output=True,
                           text=True, timeout=300)
     assert "RC=0" in proc.stdout and "PARSED=True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "HEAVY=\n" in proc.stdout, proc.stdout

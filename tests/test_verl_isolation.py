@@ -266,7 +266,8 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     work = make_workdir(tmp_path / "w")
     (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1}}\n")
     clients = work / RUN / "round_001" / "clients"
-    proc = subprocess.Popen(snakemake_cmd("--configfile", "verl.yaml"), cwd=work, env=snakemake_env(),
+    # cold jobs: the kill aims at the train job's own process tree under Snakemake
+    proc = subprocess.Popen(snakemake_cmd("--configfile", "verl.yaml"), cwd=work, env=snakemake_env(warm=False),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     victim, orphans, deadline = None, [], time.time() + 600
     try:
@@ -296,10 +297,10 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     assert not (clients / victim).exists()
     (survivor,) = {"0", "1"} - {victim}
     verify_manifest(clients / survivor)
-    again = run_snakemake(work, "--configfile", "verl.yaml", check=False)
+    again = run_snakemake(work, "--configfile", "verl.yaml", check=False, warm=False)
     if again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower():
-        run_snakemake(work, "--configfile", "verl.yaml", "--unlock")
-        again = run_snakemake(work, "--configfile", "verl.yaml")
+        run_snakemake(work, "--configfile", "verl.yaml", "--unlock", warm=False)
+        again = run_snakemake(work, "--configfile", "verl.yaml", warm=False)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     trained = [w for rule, w in executed_jobs(again) if rule == "train_client"]
     assert len(trained) == 1 and f"client={victim}" in trained[0], trained

@@ -166,7 +166,9 @@ def _kill_stray_services(work: Path):
 
 def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     """A 1-round run killed in round 1's training, then a second round whose trainer is killed:
-    the rounds after the kill would only repeat jobs that the other tests already run."""
+    the rounds after the kill would only repeat jobs that the other tests already run. Cold jobs: the
+    kills aim at the jobs' own process trees (a warm-forked job outlives its killed caller for a moment,
+    and may finish its update: tests/test_warm.py covers that path)."""
     work = make_workdir(tmp_path / "w")
     one = ("--config", "rounds=1")
     clients = work / RUN / "round_001" / "clients"
@@ -178,7 +180,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
                    and not (clients / c).exists()]
         return len(done) == 1 and len(running) == 1
 
-    proc = subprocess.Popen(snakemake_cmd(*one), cwd=work, env=snakemake_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(snakemake_cmd(*one), cwd=work, env=snakemake_env(warm=False), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(one_done_other_running, 600, "one client finished and the other training", proc)
@@ -195,11 +197,11 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     assert not (clients / killed).exists()  # the partial update never reached its final path
 
     # Documented recovery: the same command; --unlock first when Snakemake's lock was left.
-    first = run_snakemake(work, *one, check=False)
+    first = run_snakemake(work, *one, check=False, warm=False)
     if first.returncode != 0:
         assert "unlock" in (first.stdout + first.stderr).lower(), first.stderr[-3000:]
-        run_snakemake(work, "--unlock")
-        first = run_snakemake(work, *one)
+        run_snakemake(work, "--unlock", warm=False)
+        first = run_snakemake(work, *one, warm=False)
     jobs = executed_jobs(first)
     assert ("train_client", f"round=001, client={killed}") in jobs
     assert ("train_client", f"round=001, client={done}") not in jobs  # finished client kept
@@ -209,7 +211,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     assert not list(clients.glob(".partial-*"))
 
     # SIGKILL of only the training process: the plain same command recovers.
-    proc = subprocess.Popen(snakemake_cmd("--config", "rounds=2"), cwd=work, env=snakemake_env(),
+    proc = subprocess.Popen(snakemake_cmd("--config", "rounds=2"), cwd=work, env=snakemake_env(warm=False),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             text=True)
     try:
@@ -231,7 +233,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         _kill_stray_services(work)
-    run_snakemake(work, "--config", "rounds=2")
+    run_snakemake(work, "--config", "rounds=2", warm=False)
     assert (work / RUN / "round_002" / "eval.json").exists()
     assert not list((work / RUN / "round_002" / "clients").glob(".partial-*"))
 

@@ -32,17 +32,63 @@ def snakemake_cmd(*args: str) -> list[str]:
     return [str(exe), "--profile", "profiles/local", *args]
 
 
-def snakemake_env() -> dict:
-    """Environment for Snakemake runs: the venv's bin first on PATH (rules call `fedagent`)."""
+_WARM: dict[tuple, str] = {}
+COLD_ENV = "FEDAGENT_TEST_COLD"
+
+
+def warm_socket(env: dict) -> str | None:
+    """A warm fork server (``fedagent warm-server``, every preload group) for jobs of environment
+    ``env``: one per distinct set of the variables read at interpreter start-up (the server refuses a
+    job whose differ: PYTHONPATH, TORCH_*, OMP_*, …), started on first use from ``env`` and stopped when
+    this test process exits; None with ``FEDAGENT_TEST_COLD=1``.
+
+    Workflow tests hand their heavy jobs (train-client, eval, serve-env, aggregate, merge) to it, as
+    the GPU node's runs do (scripts/gpu/warm.sh): each job then skips its ≈ 3-5 s of imports. The
+    jobs and their files are the same (tests/test_warm.py checks byte-identical outputs); the cold
+    path stays covered by the runs given ``warm=False`` and by ``FEDAGENT_TEST_COLD=1``.
+    """
+    if os.environ.get(COLD_ENV) == "1":
+        return None
+    from fedagent.warm.preload import read_at_startup
+
+    key = tuple(sorted((k, v) for k, v in env.items() if read_at_startup(k)))
+    if key not in _WARM:
+        import atexit
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="fa-tw-", dir="/tmp")
+        sock = os.path.join(d, "s")
+        exe = str(Path(sys.executable).parent / "fedagent")
+        server_env = {k: v for k, v in env.items() if k != "FEDAGENT_WARM_SOCKET"}
+        subprocess.run([exe, "warm-server", "--socket", sock, "--preload", "train,eval,env,server", "--detach"],
+                       env=server_env, check=True, capture_output=True, text=True, timeout=300)
+        atexit.register(lambda: subprocess.run([exe, "warm-server", "--socket", sock, "--stop"], env=server_env,
+                                               capture_output=True, timeout=120))
+        _WARM[key] = sock
+    return _WARM[key]
+
+
+def snakemake_env(warm: bool = True) -> dict:
+    """Environment for Snakemake runs: the venv's bin first on PATH (rules call `fedagent`); heavy jobs
+    through a warm server of this environment unless ``warm`` is False (:func:`warm_socket`)."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("PYTHONHASHSEED", "0")
+    env.pop("FEDAGENT_WARM_SOCKET", None)
+    sock = warm_socket(env) if warm else None
+    if sock:
+        env["FEDAGENT_WARM_SOCKET"] = sock
     return env
 
 
-def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run Snakemake in ``workdir``; on failure show its output and the failed job logs."""
-    proc = subprocess.run(snakemake_cmd(*args), cwd=workdir, env=snakemake_env(), capture_output=True,
+def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900,
+                  warm: bool = True) -> subprocess.CompletedProcess:
+    """Run Snakemake in ``workdir``; on failure show its output and the failed job logs.
+
+    Heavy jobs go through a warm server (``warm``, :func:`warm_socket`); a plan (``-n``), lint or
+    unlock runs no job and starts none."""
+    warm = warm and not {"-n", "--dry-run", "--lint", "--unlock"} & set(args)
+    proc = subprocess.run(snakemake_cmd(*args), cwd=workdir, env=snakemake_env(warm), capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"

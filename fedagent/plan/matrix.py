@@ -214,8 +214,10 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
     if not isinstance(arms, dict) or not arms:
         raise ConfigError(f"{where}: arms: expected a non-empty mapping of arm name → config overlay")
     for arm in arms:
-        if not isinstance(arm, str) or not NAME.match(arm) or arm in (CATALOGUE_DIR, START_DIR):
-            raise ConfigError(f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-')")
+        # NAME's first character is a letter or digit, so an arm never collides with _catalogue/_start
+        if not isinstance(arm, str) or not NAME.match(arm):
+            raise ConfigError(f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-'; "
+                              "starting with a letter or digit)")
     seeds = spec.get("seeds", list(DEFAULT_SEEDS))
     if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or s < 0 for s in seeds)
             or len(set(seeds)) != len(seeds)):

@@ -80,7 +80,9 @@ class Trial:
 
 
 def _env(extra: dict | None = None) -> dict:
-    env = snakemake_env()
+    # cold jobs: the hook (sitecustomize on PYTHONPATH) runs at each job's interpreter start and the
+    # kills aim at the jobs' own process trees under Snakemake (the warm server's are tests/test_warm.py's)
+    env = snakemake_env(warm=False)
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("FEDAGENT_KILL_RENAME", None)
     env.update(extra or {})
@@ -168,13 +170,13 @@ def build_reference(base: Path) -> Path:
     """The uninterrupted run (test config, rounds: 1); a finished one already in ``base`` is reused."""
     ref = base / "reference"
     if (ref / RUN / "round_001" / "summary.csv").is_file() and not any((ref / ".snakemake" / "locks").glob("*")):
-        run_snakemake(ref, timeout=1800)  # finishes anything left, normally nothing to do
+        run_snakemake(ref, timeout=1800, warm=False)  # finishes anything left, normally nothing to do
         return ref
     ref = make_workdir(ref)
     cfg = ref / "config" / "config.yaml"
     cfg.write_text(cfg.read_text().replace("rounds: 3", "rounds: 1"))
     assert "rounds: 1" in cfg.read_text()
-    run_snakemake(ref, timeout=1800)
+    run_snakemake(ref, timeout=1800, warm=False)
     return ref
 
 
