@@ -62,8 +62,14 @@ def warm_socket(env: dict) -> str | None:
         server_env = {k: v for k, v in env.items() if k != "FEDAGENT_WARM_SOCKET"}
         subprocess.run([exe, "warm-server", "--socket", sock, "--preload", "train,eval,env,server", "--detach"],
                        env=server_env, check=True, capture_output=True, text=True, timeout=300)
-        atexit.register(lambda: subprocess.run([exe, "warm-server", "--socket", sock, "--stop"], env=server_env,
-                                               capture_output=True, timeout=120))
+        def stop():
+            import shutil
+
+            subprocess.run([exe, "warm-server", "--socket", sock, "--stop"], env=server_env,
+                           capture_output=True, timeout=120)
+            shutil.rmtree(d, ignore_errors=True)
+
+        atexit.register(stop)
         _WARM[key] = sock
     return _WARM[key]
 
