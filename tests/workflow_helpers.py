@@ -59,9 +59,10 @@ def warm_socket(env: dict) -> str | None:
         d = tempfile.mkdtemp(prefix="fa-tw-", dir="/tmp")
         sock = os.path.join(d, "s")
         exe = str(Path(sys.executable).parent / "fedagent")
-        server_env = {k: v for k, v in env.items() if k != "FEDAGENT_WARM_SOCKET"}
+        server_env = dict(env)                  # snakemake_env dropped any FEDAGENT_WARM_SOCKET
         subprocess.run([exe, "warm-server", "--socket", sock, "--preload", "train,eval,env,server", "--detach"],
                        env=server_env, check=True, capture_output=True, text=True, timeout=300)
+
         def stop():
             import shutil
 

@@ -105,42 +105,35 @@ def write_update(actor_dir: Path, start_model_dir: Path, staging: Path) -> dict:
 
     state = merge_fsdp_shards(actor_dir)
     model = AutoModelForCausalLM.from_pretrained(str(start_model_dir), dtype=torch.float32, use_safetensors=True)
-    expected = model.state_dict()
-    tied = {k for k in expected if k not in state}
-    if tied - _tied_keys(model):
-        raise CheckpointError(f"{actor_dir}: missing tensors {sorted(tied - _tied_keys(model))[:5]}")
-    extra = sorted(set(state) - set(expected))
-    if extra:
-        raise CheckpointError(f"{actor_dir}: tensors the start model does not have: {extra[:5]}")
-    for k, t in state.items():
-        if tuple(t.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"{k}: shape {tuple(t.shape)} in the checkpoint, {tuple(expected[k].shape)} in the model")
-    model.load_state_dict(state, strict=False)
+    _load_exactly(model, state, actor_dir)
     save_policy(model, load_tokenizer(start_model_dir), staging)
     return {"world_size": checkpoint_world_size(actor_dir), "tensors": len(state)}
 
 
-def write_critic_update(critic_ckpt: Path, start_critic_dir: Path, out_dir: Path) -> dict:
-    """verl's critic checkpoint → the update's ``critic/`` (fp32 HF dir, as the local backend writes it).
-
-    The tensors go into the start critic's architecture strictly (every key, every shape: a
-    token classifier has no tied weights) and are written by :func:`fedagent.model.critic.save_critic`.
-    """
+def write_critic_update(critic_ckpt: Path, start_critic_dir: Path, out_dir: Path) -> None:
+    """verl's critic checkpoint → the update's ``critic/`` (fp32 HF dir, as the local backend writes it):
+    the tensors loaded exactly into the start critic's token classifier, written by
+    :func:`fedagent.model.critic.save_critic`."""
     from fedagent.model.critic import load_critic, save_critic
 
-    state = merge_fsdp_shards(critic_ckpt, dtype_key="critic.fsdp.model_dtype")
     critic = load_critic(Path(start_critic_dir))
-    expected = critic.state_dict()
-    if set(state) != set(expected):
-        raise CheckpointError(f"{critic_ckpt}: tensors differ from the start critic's "
-                              f"{start_critic_dir}: {sorted(set(state) ^ set(expected))[:5]}")
+    _load_exactly(critic, merge_fsdp_shards(critic_ckpt, dtype_key="critic.fsdp.model_dtype"), critic_ckpt)
+    save_critic(critic, out_dir)
+
+
+def _load_exactly(model, state: dict[str, torch.Tensor], ckpt: Path) -> None:
+    """Load ``state`` into ``model``: every key but tied aliases, no extra key, every shape (else CheckpointError)."""
+    expected = model.state_dict()
+    missing = {k for k in expected if k not in state} - _tied_keys(model)
+    if missing:
+        raise CheckpointError(f"{ckpt}: missing tensors {sorted(missing)[:5]}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise CheckpointError(f"{ckpt}: tensors the start model does not have: {extra[:5]}")
     for k, t in state.items():
         if tuple(t.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"{k}: shape {tuple(t.shape)} in the critic checkpoint, "
-                                  f"{tuple(expected[k].shape)} in the start critic")
-    critic.load_state_dict(state, strict=True)
-    save_critic(critic, out_dir)
-    return {"world_size": checkpoint_world_size(critic_ckpt), "tensors": len(state)}
+            raise CheckpointError(f"{k}: shape {tuple(t.shape)} in the checkpoint, {tuple(expected[k].shape)} in the model")
+    model.load_state_dict(state, strict=False)
 
 
 def _tied_keys(model) -> set[str]:

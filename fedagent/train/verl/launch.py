@@ -162,7 +162,7 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     """
     use_kl = float(p.kl_coef) > 0
     ov = [
-        "algorithm.adv_estimator=grpo",
+        f"algorithm.adv_estimator={'gae' if p.algorithm == 'ppo' else 'grpo'}",
         "algorithm.use_kl_in_reward=False",
         f"data.train_files={rows}",
         f"data.val_files={rows}",
@@ -232,12 +232,13 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
     if p.algorithm == "ppo":
-        ov = [o for o in ov if not o.startswith("algorithm.adv_estimator=")] + ppo_overrides(p, s, model_dir)
+        ov += ppo_overrides(p, s, model_dir)
     return ov + list(s.extra_overrides)
 
 
 def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
-    """``train.algorithm: ppo``: GAE with the round's critic (``<start model>/critic``), as the local backend.
+    """``train.algorithm: ppo`` (``adv_estimator=gae`` in the base list): GAE with the round's critic
+    (``<start model>/critic``), as the local backend.
 
     verl's GAE runs per row, and a row is one turn whose reward sits on its last response token
     (the agent loop's ``rm_scores``): the local backend's ``ppo.gae`` over per-turn samples. The
@@ -252,7 +253,6 @@ def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
     from fedagent.train.verl.critic_loss import CRITIC_LOSS_ENV, LEGACY_EXACT
 
     return [
-        "algorithm.adv_estimator=gae",
         f"algorithm.gamma={float(p.gamma)}",
         f"algorithm.lam={float(p.lam)}",
         "critic.enable=True",
