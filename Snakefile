@@ -7,6 +7,18 @@
 configfile: "config/config.yaml"
 
 
+# Before the first job (not for -n, not when there is nothing to do): do the run's model dirs fit the disk?
+onstart:
+    import sys
+
+    from fedagent.report import disk_need
+
+    _short = disk_need.check_registered()
+    if _short:
+        print(f"fedagent: {_short}", file=sys.stderr)
+        sys.exit(1)
+
+
 if config.get("matrix"):
 
     include: "workflow/matrix.smk"

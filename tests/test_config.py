@@ -70,6 +70,10 @@ def test_missing_file_is_named(tmp_path):
     ({"train.backend": "verl", "train.ref_anchor": "round", "train.activation_checkpointing": True},
      "config key 'train.activation_checkpointing': True is implemented for train.backend=local only (the verl "
      "backend would ignore it; got 'verl')", "train-client-verl"),
+    ({"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"},
+     "config key 'train.compile_train': True with train.activation_checkpointing: the compiled, CUDA-graphed "
+     "training step with checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
+     "set one of them to false", "train-client"),
 ])
 def test_local_only_features_are_refused_with_their_own_message(overrides, message, job):
     """One row per config.REQUIREMENTS entry: the exact refusal, at plan time and in the job
@@ -79,7 +83,7 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     import fedagent.train.warm_start  # noqa: F401  (registers the warm-start JobKeys)
     from fedagent.core.config import JOB_KEYS, REQUIREMENTS
 
-    assert len(REQUIREMENTS) == 8
+    assert len(REQUIREMENTS) == 9
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "config" / "config.yaml", overrides)
     assert str(err.value) == message

@@ -210,6 +210,15 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 "train.backend", "local",
                 "{value!r} is implemented for train.backend=local only (the verl backend would ignore it; got {got!r})",
                 {"train.activation_checkpointing": True, "train.backend": "verl", "train.ref_anchor": "round"}),
+    # Seen on the H200 (2026-12-03, bench/gpu_throughput.py --train-modes compiled_ckpt at 1.7B): the
+    # CUDA-graphed forward with checkpointed layers fails on its first backward ("accessing tensor
+    # output of CUDAGraphs that has been overwritten by a subsequent run"). Refused before any job.
+    Requirement("train.compile_train", "train.compile_train", lambda on: bool(on),
+                "train.activation_checkpointing", False,
+                "{value!r} with train.activation_checkpointing: the compiled, CUDA-graphed training step with "
+                "checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
+                "set one of them to false",
+                {"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"}),
     Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
                 "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
                 {"train.algorithm": "ppo", "rollout.mode": "concat"}),
