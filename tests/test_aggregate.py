@@ -157,6 +157,30 @@ def test_refuses_missing_or_mismatching_manifest(tmp_path):
         aggregate(prev_dir, dirs, tmp_path / "agg")
 
 
+def _flip_byte(path, offset):
+    with open(path, "r+b") as fh:
+        fh.seek(offset, 0 if offset >= 0 else 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 1]))
+
+
+def test_inputs_hashed_beside_the_arithmetic_never_reach_the_output(tmp_path):
+    """The inputs' sha256 run in threads while the delta is computed (fedagent.core.atomic.verifying):
+    a corrupt input still leaves no output dir, and its manifest error wins over what the corrupt
+    bytes made the body raise (a header byte flipped: the body's own parse fails first)."""
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    _flip_byte(dirs[1] / "model.safetensors", -3)                  # data: the arithmetic runs to the end
+    with pytest.raises(ManifestError, match=r"client1.*sha256"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+    assert not (tmp_path / "agg").exists()
+    _flip_byte(dirs[1] / "model.safetensors", -3)                  # restored
+    _flip_byte(dirs[1] / "model.safetensors", 10)                  # the header's JSON: unreadable
+    with pytest.raises(ManifestError, match=r"client1.*sha256"):
+        aggregate(prev_dir, dirs, tmp_path / "agg")
+    assert not (tmp_path / "agg").exists()
+
+
 def test_streamed_writer_sharded_roundtrip(tmp_path):
     sd = random_model("prev", 0)
     d = save_model_dir(tmp_path / "m", sd, shard_bytes=1500)

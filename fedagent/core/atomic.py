@@ -46,15 +46,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _hash_pool(n: int):
+    """Threads for ``n`` files' sha256 (hashlib releases the GIL on large buffers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max(1, min(n, os.cpu_count() or 1)), thread_name_prefix="sha256")
+
+
 def write_manifest(directory: Path) -> dict:
-    """Hash every file under ``directory`` (sorted, relative paths) and write the manifest."""
+    """Hash every file under ``directory`` (sorted, relative paths; files in parallel threads) and
+    write the manifest."""
     directory = Path(directory)
-    files = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        rel = path.relative_to(directory).as_posix()
-        if rel == MANIFEST:
-            continue
-        files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and p.relative_to(directory).as_posix() != MANIFEST]
+    with _hash_pool(len(paths)) as pool:
+        digests = list(pool.map(sha256_file, paths))
+    files = {path.relative_to(directory).as_posix(): {"sha256": digest, "bytes": path.stat().st_size}
+             for path, digest in zip(paths, digests)}
     manifest = {"format": "fedagent-manifest-v1", "files": files}
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -62,14 +69,8 @@ def write_manifest(directory: Path) -> dict:
     return manifest
 
 
-def verify_manifest(directory: Path, *, check_hashes: bool = True, hash_only=None) -> dict:
-    """Check that ``directory`` holds exactly what its manifest lists; return the manifest.
-
-    Every listed file must exist with its size; ``check_hashes`` also compares each one's
-    sha256, or, with ``hash_only`` (a predicate on the relative path), only those it accepts:
-    a reader of a few files of a large directory hashes what it reads.
-    Raises :class:`ManifestError` naming the directory and the first offending file.
-    """
+def _listing(directory: Path) -> dict:
+    """The manifest of ``directory`` once its file list and sizes agree with the disk (no hashing)."""
     directory = Path(directory)
     mpath = directory / MANIFEST
     if not mpath.is_file():
@@ -94,9 +95,66 @@ def verify_manifest(directory: Path, *, check_hashes: bool = True, hash_only=Non
         path = directory / rel
         if path.stat().st_size != entry["bytes"]:
             raise ManifestError(f"{path}: size {path.stat().st_size} != manifest {entry['bytes']}")
-        if check_hashes and (hash_only is None or hash_only(rel)) and sha256_file(path) != entry["sha256"]:
-            raise ManifestError(f"{path}: sha256 differs from manifest")
     return manifest
+
+
+def _check_hash(path: Path, expected: str) -> None:
+    if sha256_file(path) != expected:
+        raise ManifestError(f"{path}: sha256 differs from manifest")
+
+
+def verify_manifest(directory: Path, *, check_hashes: bool = True, hash_only=None) -> dict:
+    """Check that ``directory`` holds exactly what its manifest lists; return the manifest.
+
+    Every listed file must exist with its size; ``check_hashes`` also compares each one's
+    sha256, or, with ``hash_only`` (a predicate on the relative path), only those it accepts:
+    a reader of a few files of a large directory hashes what it reads.
+    Raises :class:`ManifestError` naming the directory and the first offending file.
+    """
+    directory = Path(directory)
+    manifest = _listing(directory)
+    for rel, entry in manifest["files"].items():
+        if check_hashes and (hash_only is None or hash_only(rel)):
+            _check_hash(directory / rel, entry["sha256"])
+    return manifest
+
+
+class Verifying:
+    """The sha256 checks of :func:`verifying`, running; :meth:`wait` raises the first failure."""
+
+    def __init__(self, checks):
+        self._checks = checks
+
+    def wait(self) -> None:
+        for check in self._checks:
+            check.result()
+
+
+@contextlib.contextmanager
+def verifying(dirs, *, enabled: bool = True) -> Iterator[Verifying]:
+    """Verify the manifests of ``dirs`` while the body reads them: the listings and sizes first
+    (here, before the body), then every file's sha256 in parallel threads beside the body.
+
+    A body that writes an output calls ``.wait()`` before committing it (inside its
+    :func:`atomic_dir`), so nothing derived from an unverified input reaches a final path. On
+    leaving, the checks are waited for in any case, and a failed check raises its
+    :class:`ManifestError` even over the body's own error (the corrupt input is the cause).
+    Each directory is checked once however often it is listed.
+    """
+    unique: dict[Path, Path] = {}
+    for d in dirs if enabled else []:
+        unique.setdefault(Path(d).resolve(), Path(d))
+    dirs = list(unique.values())
+    work = [(d / rel, entry["sha256"]) for d in dirs for rel, entry in _listing(d)["files"].items()]
+    if not work:
+        yield Verifying([])
+        return
+    with _hash_pool(len(work)) as pool:
+        handle = Verifying([pool.submit(_check_hash, path, digest) for path, digest in work])
+        try:
+            yield handle
+        finally:
+            handle.wait()
 
 
 def quarantine(path: Path, quarantine_root: Path, label: str | None = None) -> Path:

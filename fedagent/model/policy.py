@@ -8,7 +8,6 @@ caller-provided local generator.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -40,42 +39,21 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: s
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from fedagent.core.atomic import verifying
+
     torch.set_num_threads(int(threads))
     check_device(device)
     # safetensors only: a pickled checkpoint (pytorch_model.bin) in a model dir is refused, never unpickled
     # On a GPU the safetensors go straight to the device (no model built and filled on the CPU
     # first, then copied): the larger part of a GPU job's model load.
     placement = {"device_map": device} if device != "cpu" else {}
-    with _verifying(Path(model_dir), verify):
+    with verifying([model_dir], enabled=verify):
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, use_safetensors=True,
                                                      **placement)
     model.to(device=device, dtype=torch.float32)
     model.eval()
     tokenizer = load_tokenizer(model_dir)
     return model, tokenizer
-
-
-@contextmanager
-def _verifying(model_dir: Path, verify: bool):
-    """Check ``model_dir``'s manifest (sha256 of every file) in a thread while the body loads it.
-
-    hashlib releases the GIL on large reads, so on a GPU the hash of a 540 MB model overlaps
-    CUDA's start and the copy to the device. The body's result is used only after the check has
-    passed: a mismatch raises here, on leaving the block, before the caller sees the model.
-    """
-    if not verify:
-        yield
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    from fedagent.core.atomic import verify_manifest
-
-    with ThreadPoolExecutor(1, thread_name_prefix="verify") as pool:
-        check = pool.submit(verify_manifest, model_dir)
-        try:
-            yield
-        finally:
-            check.result()   # raises the manifest's error (even over the body's own)
 
 
 def check_device(device: str) -> None:

@@ -14,13 +14,12 @@ import contextlib
 import json
 import math
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from fedagent.core.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.config import JobKeys
 from fedagent.model.critic_dir import CRITIC_DIR, critic_pairs
 from fedagent.model.hf_dir import FLOAT_CODES, ITEMSIZE, SafetensorsWriter, TensorInfo, TensorReader, chunks, tensor_index
@@ -34,15 +33,6 @@ METRIC_OF = {"samples": "num_samples", "tokens": "num_tokens", "episodes": "num_
 
 class AggregateError(RuntimeError):
     """An input is refused; the message names the client directory and tensor."""
-
-
-def verify_inputs(dirs: Sequence[Path], *, threads: int = 2) -> None:
-    """``verify_manifest`` on every input directory (hashing in parallel threads).
-
-    hashlib releases the GIL on large buffers, so two threads hash two files at once.
-    """
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        list(pool.map(lambda d: verify_manifest(Path(d)), dirs))
 
 
 AGGREGATE_KEYS = JobKeys("aggregate", {"weighting": "aggregate.weighting"})
@@ -240,37 +230,39 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
     client_dirs = [Path(d) for d in client_dirs]
     if len(set(map(str, client_dirs))) != len(client_dirs):
         raise AggregateError(f"a client directory is listed twice: {[str(d) for d in client_dirs]}")
-    if check_manifests:
-        verify_inputs([prev_dir, *client_dirs])
-    given = None
-    if weights is not None:
-        if len(weights) != len(client_dirs):
-            raise AggregateError(f"{len(weights)} client weights for {len(client_dirs)} clients")
-        given = dict(zip(map(str, client_dirs), map(float, weights)))
-    client_dirs, dropped = survivors(client_dirs, min_clients)
-    weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
-    prev, clients = check_structure(prev_dir, client_dirs)
-    summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
-    if dropped:  # only then: an undropped round's aggregate.json stays as it was
-        summary["dropped"] = dropped
-    # PPO (fedagent.model.critic_dir): a critic/ beside prev is aggregated the same way, same weights.
-    critic = critic_pairs(prev_dir, client_dirs)
-    if critic is not None:
-        critic_prev, critic_clients = check_structure(*critic)
-        critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev)
-        summary["critic"] = {"dir": CRITIC_DIR, "num_tensors": len(critic_prev)}
-    with atomic_dir(out_dir, quarantine) as stage:
-        stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs)
-        (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    # The inputs' hashes run in threads beside the reads and the arithmetic; the output is committed
+    # only once they all matched (a mismatch raises inside atomic_dir: nothing reaches out_dir).
+    with verifying([prev_dir, *client_dirs], enabled=check_manifests) as checked:
+        given = None
+        if weights is not None:
+            if len(weights) != len(client_dirs):
+                raise AggregateError(f"{len(weights)} client weights for {len(client_dirs)} clients")
+            given = dict(zip(map(str, client_dirs), map(float, weights)))
+        client_dirs, dropped = survivors(client_dirs, min_clients)
+        weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
+        prev, clients = check_structure(prev_dir, client_dirs)
+        summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
+        if dropped:  # only then: an undropped round's aggregate.json stays as it was
+            summary["dropped"] = dropped
+        # PPO (fedagent.model.critic_dir): a critic/ beside prev is aggregated the same way, same weights.
+        critic = critic_pairs(prev_dir, client_dirs)
         if critic is not None:
-            (stage / CRITIC_DIR).mkdir()
-            stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
-            (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
-        params = {"weighting": weighting, "min_clients": min_clients}
-        if given is not None:   # only then: other weightings' provenance stays as it was
-            params["client_weights"] = given
-        write_provenance(stage, job="aggregate", params=params,
-                         extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
+            critic_prev, critic_clients = check_structure(*critic)
+            critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev)
+            summary["critic"] = {"dir": CRITIC_DIR, "num_tensors": len(critic_prev)}
+        with atomic_dir(out_dir, quarantine) as stage:
+            stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs)
+            (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+            if critic is not None:
+                (stage / CRITIC_DIR).mkdir()
+                stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
+                (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
+            params = {"weighting": weighting, "min_clients": min_clients}
+            if given is not None:   # only then: other weightings' provenance stays as it was
+                params["client_weights"] = given
+            write_provenance(stage, job="aggregate", params=params,
+                             extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
+            checked.wait()   # every input's sha256 matched its manifest: only then the commit
     return summary
 
 

@@ -22,7 +22,7 @@ import torch
 
 from fedagent.server.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.model.critic_dir import CRITIC_DIR, critic_of, has_critic
-from fedagent.core.atomic import ManifestError, atomic_dir, verify_manifest
+from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.provenance import write_provenance
 from fedagent.model.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
                              tensor_index, write_weights)
@@ -135,25 +135,27 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
     ``server.json``, from ``prev_state_dir/critic``.
     """
     prev_dir, agg_dir, out_dir = Path(prev_dir), Path(agg_dir), Path(out_dir)
-    # The state dir is usually prev itself (last round's output): hash each directory once.
-    for d in dict.fromkeys(Path(d).resolve() for d in (prev_dir, agg_dir, prev_state_dir) if d is not None):
-        verify_manifest(d)
-    step = _check_step(prev_dir, agg_dir, prev_state_dir, opt, round_)
-    critic = None
-    if has_critic(prev_dir) or has_critic(agg_dir):
-        for d in (prev_dir, agg_dir, prev_state_dir):
-            if d is not None and not has_critic(d):
-                raise MergeError(f"{d}: no {CRITIC_DIR}/ (the PPO critic) while "
-                                 f"{prev_dir if has_critic(prev_dir) else agg_dir} has one")
-        critic = _check_step(critic_of(prev_dir), critic_of(agg_dir),
-                             critic_of(prev_state_dir) if prev_state_dir is not None else None, opt, round_)
-    with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
-        new_meta = _write_step(stage, step, opt, round_, reader, shard_bytes)
-        if critic is not None:
-            (stage / CRITIC_DIR).mkdir()
-            _write_step(stage / CRITIC_DIR, critic, opt, round_, reader, shard_bytes)
-        write_provenance(stage, job="merge", params={"optimizer": opt.name, "hparams": opt.hparams(), "round": round_,
-                                                     "prev_server_state": str(prev_state_dir) if prev_state_dir else None})
+    # The state dir is usually prev itself (last round's output): each directory is hashed once, in
+    # threads beside the reads and the server step; the new model is committed only once all matched.
+    with verifying([d for d in (prev_dir, agg_dir, prev_state_dir) if d is not None]) as checked:
+        step = _check_step(prev_dir, agg_dir, prev_state_dir, opt, round_)
+        critic = None
+        if has_critic(prev_dir) or has_critic(agg_dir):
+            for d in (prev_dir, agg_dir, prev_state_dir):
+                if d is not None and not has_critic(d):
+                    raise MergeError(f"{d}: no {CRITIC_DIR}/ (the PPO critic) while "
+                                     f"{prev_dir if has_critic(prev_dir) else agg_dir} has one")
+            critic = _check_step(critic_of(prev_dir), critic_of(agg_dir),
+                                 critic_of(prev_state_dir) if prev_state_dir is not None else None, opt, round_)
+        with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
+            new_meta = _write_step(stage, step, opt, round_, reader, shard_bytes)
+            if critic is not None:
+                (stage / CRITIC_DIR).mkdir()
+                _write_step(stage / CRITIC_DIR, critic, opt, round_, reader, shard_bytes)
+            write_provenance(stage, job="merge", params={"optimizer": opt.name, "hparams": opt.hparams(),
+                                                         "round": round_, "prev_server_state":
+                                                         str(prev_state_dir) if prev_state_dir else None})
+            checked.wait()   # every input's sha256 matched its manifest: only then the commit
     return new_meta
 
 
