@@ -114,16 +114,6 @@ def _model_exists(get):
     return None
 
 
-@cross_rule("train.ref_anchor", ["train.ref_anchor", "train.backend", "train.kl_coef"],
-            violation={"train.backend": "verl", "train.ref_anchor": "base", "train.kl_coef": 0.01})
-def _verl_reference_is_the_start_model(get):
-    # verl's KL reference is the model a job starts from (its actor's initial weights).
-    if get("train.backend") == "verl" and get("train.ref_anchor") != "round" and get("train.kl_coef") > 0:
-        return (f"{get('train.ref_anchor')!r} with train.backend=verl: verl's KL reference is the model a job "
-                "starts from; use train.ref_anchor: round (or train.kl_coef: 0)")
-    return None
-
-
 @cross_rule("train.group_size", ["train.algorithm", "train.group_size"],
             violation={"train.algorithm": "grpo", "train.group_size": 1})
 def _grpo_needs_a_group(get):

@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     # The workflow passes the backend inside --params (so a local run's params stay as they were).
     backend = raw.pop("backend", args.backend)
     verl_json = json.dumps(raw.pop("verl")) if "verl" in raw else args.verl
-    ref_anchor = raw.pop("ref_anchor", None)     # verl only: its reference must be the start model
+    ref_anchor = raw.pop("ref_anchor", None)     # verl jobs check it with their keys; --ref-model is the reference
     if backend not in ("local", "verl"):
         raise ValueError(f"train backend must be 'local' or 'verl', got {backend!r}")
     params = TrainParams.from_dict(raw)

@@ -24,7 +24,8 @@
 # engine process, one process start fewer per job — a start-up candidate, docs/gpu.md),
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
 # mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
-# ROUNDS (default 1; every round is verified), EXTRA (more `--config` items).
+# ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
+# verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT]}
 FA=${FA_GPU:-/tmp/fa-gpu}
@@ -69,7 +70,7 @@ clients: {total: 2, per_round: 2}
 model: smollm2
 train:
   backend: verl
-  ref_anchor: round            # verl's KL reference is the model a job starts from
+  ref_anchor: ${REF_ANCHOR:-round}   # round: the start model (what ran on the H200); base: round 0's (ref_model.py)
 $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
   group_size: 1
   groups_per_epoch: 8

@@ -80,9 +80,18 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
 
         if not critic_of(model_dir).is_dir():
             raise ValueError(f"train.algorithm ppo: the start model {model_dir} has no critic/ (value model)")
+    ref_dir = None
     if ref_model_dir is not None and p.kl_coef and not same_weights(model_dir, ref_model_dir):
-        raise ValueError("train.backend=verl: verl's KL reference is the start model, but the reference "
-                         f"{ref_model_dir} differs from {model_dir}; use train.ref_anchor: round")
+        # Another reference than the start model (train.ref_anchor: base, rounds >= 2): verl builds it
+        # with the start model's HF config, so its weights must fit that config exactly.
+        from fedagent.train.verl.ref_model import same_architecture
+
+        verify_manifest(Path(ref_model_dir))
+        if not same_architecture(model_dir, ref_model_dir):
+            raise ValueError(f"train.backend=verl: the KL reference {ref_model_dir} is not the architecture of the "
+                             f"start model {model_dir} (config.json differs), and verl builds it with the start "
+                             "model's config")
+        ref_dir = Path(ref_model_dir).resolve()
     out_dir = Path(out_dir)
     workdir = out_dir.parent / f".verl-{out_dir.name}"
     with launch.isolated_job(workdir, round=round, client=client) as job:
@@ -93,7 +102,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history)
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
-            rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31)
+            rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31,
+            ref_model_dir=ref_dir)
         attempts = 0
         while True:
             attempts += 1
@@ -115,6 +125,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             finally:
                 _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
+        if ref_dir is not None:
+            from fedagent.train.verl.ref_model import check_loaded
+
+            # fail closed: without the loaded line the KL reference was the start model, not ref_model_dir
+            check_loaded(job.log, ref_dir)
         if ppo:
             from fedagent.train.verl.critic_loss import ARMED_LINE
 
@@ -157,7 +172,9 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "clipfrac": launch.mean_of(records, "clipfrac"), "steps": records,
                 "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
-                                                          "world_size": conv["world_size"]},
+                                                          "world_size": conv["world_size"],
+                                                          # None: verl's KL reference was the start model
+                                                          "ref_model": None if ref_dir is None else str(ref_dir)},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}},
                 "trainer_attempts": attempts,

@@ -18,10 +18,6 @@ it (fail closed: an unarmed job would have trained verl's own critic loss).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-
 CRITIC_LOSS_ENV = "FEDAGENT_VERL_CRITIC_LOSS"
 LEGACY_EXACT = "legacy_exact"
 TARGET_MODULE = "verl.trainer.ppo.v1.trainer_base"
@@ -77,30 +73,10 @@ def _patch(module) -> None:
     print(ARMED_LINE, flush=True)
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`TARGET_MODULE` through the other finders and patches it right after it executes."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            raise RuntimeError(f"{TARGET_MODULE} not found: cannot arm the {LEGACY_EXACT} critic loss")
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def arm(mode: str) -> None:
     """Make ``verl.trainer.ppo.v1.trainer_base.value_loss`` ours in this process (now or on import)."""
     if mode != LEGACY_EXACT:
         raise RuntimeError(f"{CRITIC_LOSS_ENV}={mode!r}: only {LEGACY_EXACT!r} is known")
-    if TARGET_MODULE in sys.modules:
-        _patch(sys.modules[TARGET_MODULE])
-    elif not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+    from fedagent.train.verl.post_import import patch_on_import
+
+    patch_on_import(TARGET_MODULE, _patch, f"arm the {LEGACY_EXACT} critic loss")

@@ -151,14 +151,17 @@ def mini_batch_prompts(p) -> int:
 
 
 def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: Path,
-                    agent_loop_yaml: Path, rollout_seed: int) -> list[str]:
+                    agent_loop_yaml: Path, rollout_seed: int, ref_model_dir: Path | None = None) -> list[str]:
     """The Hydra overrides of one client's round, against verl's ``ppo_trainer`` config.
 
     ``p`` is :class:`fedagent.train.local.TrainParams` (the same knobs as the local backend).
     One dataset row per task draw (``groups_per_epoch`` rows per epoch, ``epochs`` epochs in
     order, no shuffling), ``rollout.n = group_size``, one optimizer pass per step, one save at
     the last step (model shards only: the fp32 masters; no HF export, which verl writes in
-    bf16), no resume, no validation.
+    bf16), no resume, no validation. ``ref_model_dir``: a KL reference other than the start model
+    (``train.ref_anchor: base`` after round 1); verl 0.9.1 has no key for it, so it reaches Ray's
+    workers as ``REF_MODEL_ENV``, where :mod:`fedagent.train.verl.ray_hook` arms
+    :mod:`fedagent.train.verl.ref_model` (None: verl's reference is the start model).
     """
     use_kl = float(p.kl_coef) > 0
     ov = [
@@ -231,6 +234,10 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     ]
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
+    if ref_model_dir is not None:
+        from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REF_MODEL_ENV}={ref_model_dir}")
     if p.algorithm == "ppo":
         ov += ppo_overrides(p, s, model_dir)
     return ov + list(s.extra_overrides)
