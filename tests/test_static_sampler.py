@@ -141,3 +141,22 @@ def test_sampler_modes_are_checked(policy):
         StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="fast")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="graph")
+
+
+def test_stats_count_the_real_calls_longest_prompts(policy):
+    """metrics.json / eval_timings.json's ``sampler`` (GPU path): what the fixed width costs against the
+    longest prompt of each call; warm-up calls are not counted."""
+    model, tok = policy
+    ps = _prompts(tok)
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=4, mode="eager")
+    s.warmup(0.0)
+    assert s.stats()["calls"] == 0 and s.stats()["longest_prompt_max"] is None
+    s(model, tok, ps[:1], 4, 0.0, None)
+    s(model, tok, ps, 4, 0.0, None)
+    lens = [len(p) for p in ps]
+    st = s.stats()
+    assert st["calls"] == 2 and st["width"] == 64 and st["rows"] == 4
+    assert st["longest_prompt_max"] == max(lens)
+    assert st["longest_prompt_mean"] == round((lens[0] + max(lens)) / 2, 1)
+    assert st["prompt_tokens_per_row"] == round((lens[0] + sum(lens)) / 4, 1)
+    assert st["rows_filled"] == round(4 / 8, 3)

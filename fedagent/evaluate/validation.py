@@ -238,6 +238,8 @@ def _run(args: argparse.Namespace) -> int:
         from fedagent.model.memory import gpu_peak_mib
 
         peak = gpu_peak_mib(params.device) if backend == "local" else {}
-        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary(), **peak})
+        stats = getattr(sampler, "stats", None)     # the static sampler's shapes against the prompts (GPU path)
+        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary(), **peak,
+                                         **({"sampler": stats()} if stats is not None else {})})
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

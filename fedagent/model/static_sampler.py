@@ -80,6 +80,9 @@ class StaticSampler:
         self.first_token_time: float | None = None    # wall clock of the first sampled token
         self.calls = 0
         self.tokens = 0                                # response tokens produced (real rows only)
+        self._longest: list[int] = []                  # per real call: its longest prompt (:meth:`stats`)
+        self._prompt_tokens = 0                        # real rows' prompt tokens, over the real calls
+        self._rows = 0                                 # real rows, over the real calls
 
     @torch.no_grad()
     def _decode_step(self, tok, pos, cache_pos, mask, noise, inv_t):
@@ -186,6 +189,10 @@ class StaticSampler:
             raise ValueError(f"a prompt is longer than max_prompt_tokens={self.width}")
         gen = self._generator(generator)
         self.calls += 1
+        if not self._warming:
+            self._longest.append(max(map(len, prompt_ids)))
+            self._prompt_tokens += sum(map(len, prompt_ids))
+            self._rows += n
         self._bad = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         rows = prompt_ids + [prompt_ids[0]] * (self.batch_size - n)
         B, W, N = self.batch_size, self.width, self.max_new_tokens
@@ -253,6 +260,18 @@ class StaticSampler:
             gens.append(Generation(prompt_ids=p, response_ids=resp,
                                    text=tokenizer.decode(body, skip_special_tokens=True), finished=done))
         return gens
+
+    def stats(self) -> dict:
+        """What the fixed shapes cost against what the calls needed (the job's metrics, GPU path):
+        every call prefills ``width`` columns for ``rows`` rows and decodes over ``width +
+        max_new_tokens`` cache slots, where a call's longest prompt is what a narrower shape would
+        need. Warm-up calls are not counted."""
+        calls = len(self._longest)
+        return {"calls": calls, "rows": self.batch_size, "width": self.width, "max_new_tokens": self.max_new_tokens,
+                "longest_prompt_mean": round(sum(self._longest) / calls, 1) if calls else None,
+                "longest_prompt_max": max(self._longest) if calls else None,
+                "prompt_tokens_per_row": round(self._prompt_tokens / self._rows, 1) if self._rows else None,
+                "rows_filled": round(self._rows / (calls * self.batch_size), 3) if calls else None}
 
     @torch.no_grad()
     def warmup(self, temperature: float) -> float:

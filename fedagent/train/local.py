@@ -309,6 +309,8 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         from fedagent.model.memory import gpu_peak_mib
 
         metrics.update(gpu_peak_mib(p.device))
+        if sampler is not None:     # the static shapes against the prompts' real lengths
+            metrics["sampler"] = sampler.stats()
     if critic is None:
         # GRPO learns only from groups whose samples differ: the share that carried signal.
         metrics.update(groups=groups_total, groups_nonzero_advantage=groups_signal)
