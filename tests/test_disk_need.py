@@ -71,21 +71,44 @@ def test_shortfall_names_the_keys_and_the_numbers(tmp_path):
     assert disk_need.shortfall([need], free=lambda p: 50 * 10**9) is None
 
 
-def test_the_workflow_refuses_before_any_job_and_still_plans(tmp_path):
-    wd = make_workdir(tmp_path / "wd")
-    huge = tmp_path / "huge"        # an architecture whose one model dir is ≈ 0.5 PB: no disk has that
+def _huge_model(tmp_path):
+    """An architecture whose one model dir is ≈ 0.5 PB: no disk has that."""
+    huge = tmp_path / "huge"
     huge.mkdir()
     (huge / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 65536, "num_hidden_layers": 2000,
         "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 65536, "vocab_size": 49152,
         "tie_word_embeddings": True}))
-    cfg = f"model=random:{huge}"
+    return huge
+
+
+def test_the_workflow_refuses_before_any_job_and_still_plans(tmp_path):
+    wd = make_workdir(tmp_path / "wd")
+    cfg = f"model=random:{_huge_model(tmp_path)}"
     plan = run_snakemake(wd, "-n", "--config", cfg)
     assert "train_client" in plan.stdout
     proc = run_snakemake(wd, "--cores", "1", "--config", cfg, check=False)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fedagent: not enough disk: the run still writes" in proc.stderr
     assert not (wd / "results").exists() or not any((wd / "results").rglob("*.json"))   # no job ran
+
+
+def test_a_matrix_adds_its_runs_and_its_shared_round_0s_but_not_its_catalogue(tmp_path):
+    import yaml
+
+    wd = make_workdir(tmp_path / "wd")
+    huge = _huge_model(tmp_path)
+    (wd / "config" / "matrices").mkdir(parents=True, exist_ok=True)
+    (wd / "config" / "matrices" / "m.yaml").write_text(yaml.safe_dump(
+        {"seeds": [7], "reference": "a", "common": {"rounds": 2, "model": f"random:{huge}"},
+         "arms": {"a": {}, "b": {"train": {"lr": 2.0e-5}}}}))
+    proc = run_snakemake(wd, "--cores", "1", "--config", "matrix=m", check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    msg = proc.stderr[proc.stderr.index("fedagent: not enough disk"):]
+    assert "results/m/a/seed_7: " in msg and "results/m/b/seed_7: " in msg
+    (start,) = [part for part in msg.split("; ") if "results/m/_start/" in part]
+    assert "round 0: 1 model dir(s))" in start and "rounds" not in start     # its round 0 only
+    assert "_catalogue" not in msg                                         # builds no model
 
 
 def test_the_check_can_be_switched_off(monkeypatch):

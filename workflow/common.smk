@@ -16,6 +16,7 @@ from fedagent.core.config import ConfigError, prepare_config
 from fedagent.core.provenance import config_sha256, register_run
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
 from fedagent.plan.selection import run_mode, select_clients
+from fedagent.plan.matrix import CATALOGUE_DIR as MATRIX_CATALOGUE_DIR, START_DIR as MATRIX_START_DIR
 from fedagent.report import disk_need
 from fedagent.server.optimizers import cli_flags
 
@@ -131,7 +132,11 @@ def other_rounds_regex(rounds):
 
 PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_classes()
 # What this run still writes, for the disk check of the Snakefile's onstart (fedagent.report.disk_need).
-disk_need.register(disk_need.run_need(config, RUN, KEPT_MODEL_ROUNDS))
+# A matrix's modules: a shared catalogue's builds no model; a shared round 0's only round 0.
+_MATRIX_ROLE = os.path.basename(config["results_dir"])
+if _MATRIX_ROLE != MATRIX_CATALOGUE_DIR:
+    disk_need.register(disk_need.run_need(config, RUN, KEPT_MODEL_ROUNDS,
+                                          rounds=0 if _MATRIX_ROLE == MATRIX_START_DIR else None))
 
 
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.

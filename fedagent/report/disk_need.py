@@ -57,11 +57,13 @@ def dir_bytes(config: dict) -> tuple[int, int]:
     return one, one + 4 * params * slots
 
 
-def run_need(config: dict, run_dir: str, kept_model_rounds, exists=os.path.exists) -> Need:
+def run_need(config: dict, run_dir: str, kept_model_rounds, exists=os.path.exists, rounds: int | None = None) -> Need:
     """What the run in ``run_dir`` still writes (``kept_model_rounds``: the rounds >= 1 whose global
-    model is kept, workflow/common.smk's KEPT_MODEL_ROUNDS)."""
+    model is kept, workflow/common.smk's KEPT_MODEL_ROUNDS; ``rounds``: the last round built, default
+    the config's, 0 for a matrix's shared round 0)."""
     one, glob = dir_bytes(config)
-    keep, m, rounds = config["keep"], config["clients"]["per_round"], config["rounds"]
+    keep, m = config["keep"], config["clients"]["per_round"]
+    rounds = config["rounds"] if rounds is None else rounds
     kept_models = set(kept_model_rounds)
     need = Need(run_dir)
     r0 = [f"{run_dir}/round_000/model"]
