@@ -46,6 +46,8 @@ CASES = {
                                                         "train.groups_per_epoch": 4}, VerlSettings(enforce_eager=True)),
     "extra": (REPO / "config" / "config.yaml", {}, VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",))),
     "kv-cache": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=1.5)),
+    # issue 30's start-up lever: graphs for a few batch sizes only
+    "cudagraph-sizes": (REPO / "config" / "config.yaml", {}, VerlSettings(cudagraph_capture_sizes=(1, 2, 4, 8, 16))),
     "dual-clip-2.5": (REPO / "config" / "config.yaml", {"train.clip_ratio_c": 2.5}, VerlSettings()),
     # scripts/gpu/verl-round.sh VLLM_EXECUTOR=uni: a second vLLM engine key beside the KV size.
     "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(
@@ -87,6 +89,7 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert not any("port" in o.split("=")[0].lower() for o in ov)
     kv = r.engine_kwargs.vllm.get("kv_cache_memory_bytes")
     assert kv == (None if s.kv_cache_gb is None else int(s.kv_cache_gb * 2**30))
+    assert r.cudagraph_capture_sizes == (None if s.cudagraph_capture_sizes is None else list(s.cudagraph_capture_sizes))
     uni = any(UNI[0] in o for o in s.extra_overrides)
     assert r.engine_kwargs.vllm.get(UNI[0]) == (UNI[1] if uni else None)
 

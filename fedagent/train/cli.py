@@ -122,8 +122,9 @@ def verl_settings(text: str):
     from fedagent.train.verl.launch import VerlSettings
 
     d = dict(json.loads(text))
-    if "extra_overrides" in d:
-        d["extra_overrides"] = tuple(d["extra_overrides"])
+    for key in ("extra_overrides", "cudagraph_capture_sizes"):
+        if d.get(key) is not None:
+            d[key] = tuple(d[key])
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
     if s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1:
         raise ValueError(f"bad train.verl settings: {s}")

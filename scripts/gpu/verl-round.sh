@@ -24,6 +24,7 @@
 # engine process, one process start fewer per job — a start-up candidate, docs/gpu.md),
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
 # mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
+# CG_SIZES (vLLM's CUDA-graph batch sizes, e.g. '[1, 2, 4, 8, 16, 32]'; default null: vLLM's 86),
 # ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
@@ -76,6 +77,7 @@ $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
   groups_per_epoch: 8
   mini_batch_size: 8" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
+         cudagraph_capture_sizes: ${CG_SIZES:-null},
          extra_overrides: [$( [ "${VLLM_EXECUTOR:-mp}" = mp ] || echo "\"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=${VLLM_EXECUTOR}\"" )]}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML

@@ -138,6 +138,8 @@ class VerlSettings:
     # process changes its GPU memory meanwhile, so jobs starting together on one GPU can each
     # count the other's allocations as their own and find no memory left for the cache.
     kv_cache_gb: float | None = None
+    # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 
@@ -234,6 +236,9 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     ]
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
+    if s.cudagraph_capture_sizes is not None:
+        ov.append("actor_rollout_ref.rollout.cudagraph_capture_sizes=["
+                  + ",".join(str(int(n)) for n in s.cudagraph_capture_sizes) + "]")
     if ref_model_dir is not None:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
