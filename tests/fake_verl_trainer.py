@@ -6,7 +6,8 @@ the weight-transfer IPC socket named from the salted Ray job id via our Ray hook
 child process running (as Ray/vLLM do), plays each dataset row's episodes against the job's
 env service through the agent-loop YAML, and saves a world-size-1 FSDP-layout checkpoint of
 the start model with a fixed perturbation. It records what it saw in ``$FAKE_VERL_RECORD``
-and holds everything open for ``$FAKE_VERL_HOLD_S`` seconds so that two jobs overlap.
+and holds everything open for ``$FAKE_VERL_HOLD_S`` seconds so that two jobs overlap
+(``$FAKE_VERL_HOLD_ONLY_LATER=1``: only the trainers that start after a first one has recorded).
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def main() -> int:
               "workdir": str(Path(ov["trainer.default_local_dir"]).parent), "argv": sys.argv[1:]}
     out = Path(os.environ["FAKE_VERL_RECORD"]) / f"{tag}.json"
     out.write_text(json.dumps(record))
-    time.sleep(float(os.environ.get("FAKE_VERL_HOLD_S", "1")))
+    hold = float(os.environ.get("FAKE_VERL_HOLD_S", "1"))
+    if os.environ.get("FAKE_VERL_HOLD_ONLY_LATER") == "1" and len(list(out.parent.glob("*.json"))) < 2:
+        hold = 0.0      # the first trainer of the test does not hold; the ones after it do
+    time.sleep(hold)
     # One save at the end: FSDP layout, world size 1, fp32, start model + 1/1024.
     model_dir = Path(ov["actor_rollout_ref.model.path"])
     steps = int(ov["trainer.total_training_steps"])

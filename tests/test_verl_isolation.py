@@ -262,6 +262,7 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     from workflow_helpers import RUN, executed_jobs, make_workdir, run_snakemake, snakemake_cmd, snakemake_env
 
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "20")
+    monkeypatch.setenv("FAKE_VERL_HOLD_ONLY_LATER", "1")    # the first client's job finishes at once
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     work = make_workdir(tmp_path / "w")
     (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1}}\n")
@@ -297,6 +298,7 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     assert not (clients / victim).exists()
     (survivor,) = {"0", "1"} - {victim}
     verify_manifest(clients / survivor)
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")              # the recovery's job need not hold
     again = run_snakemake(work, "--configfile", "verl.yaml", check=False, warm=False)
     if again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower():
         run_snakemake(work, "--configfile", "verl.yaml", "--unlock", warm=False)
