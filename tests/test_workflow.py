@@ -196,12 +196,13 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
         _kill_stray_services(work)
     assert not (clients / killed).exists()  # the partial update never reached its final path
 
-    # Documented recovery: the same command; --unlock first when Snakemake's lock was left.
-    first = run_snakemake(work, *one, check=False, warm=False)
+    # Documented recovery: the same command; --unlock first when Snakemake's lock was left. (The
+    # recoveries kill nothing: their jobs go through the warm server like the other tests'.)
+    first = run_snakemake(work, *one, check=False)
     if first.returncode != 0:
         assert "unlock" in (first.stdout + first.stderr).lower(), first.stderr[-3000:]
-        run_snakemake(work, "--unlock", warm=False)
-        first = run_snakemake(work, *one, warm=False)
+        run_snakemake(work, "--unlock")
+        first = run_snakemake(work, *one)
     jobs = executed_jobs(first)
     assert ("train_client", f"round=001, client={killed}") in jobs
     assert ("train_client", f"round=001, client={done}") not in jobs  # finished client kept
@@ -233,7 +234,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         _kill_stray_services(work)
-    run_snakemake(work, "--config", "rounds=2", warm=False)
+    run_snakemake(work, "--config", "rounds=2")
     assert (work / RUN / "round_002" / "eval.json").exists()
     assert not list((work / RUN / "round_002" / "clients").glob(".partial-*"))
 
