@@ -126,3 +126,17 @@ def test_merge_refuses_state_dir_without_server_json(tmp_path):
     aggregate(prev_dir, dirs, tmp_path / "agg")
     with pytest.raises(MergeError, match="no server.json"):
         merge(prev_dir, tmp_path / "agg", tmp_path / "r1", FedAdam(), round_=1, prev_state_dir=prev_dir)
+
+
+def test_a_corrupt_delta_hashed_beside_the_step_never_reaches_the_next_model(tmp_path):
+    """merge hashes its inputs in threads beside the server step (fedagent.core.atomic.verifying): a
+    delta with one flipped data byte is refused by its manifest and no next-model dir appears."""
+    from fedagent.core.atomic import ManifestError
+    from test_aggregate import _flip_byte
+
+    prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
+    aggregate(prev_dir, dirs, tmp_path / "agg")
+    _flip_byte(tmp_path / "agg" / "delta.safetensors", -3)
+    with pytest.raises(ManifestError, match=r"agg.*sha256"):
+        merge(prev_dir, tmp_path / "agg", tmp_path / "next", FedAvg(), round_=1)
+    assert not (tmp_path / "next").exists()
