@@ -111,13 +111,15 @@ def test_a_matrix_adds_its_runs_and_its_shared_round_0s_but_not_its_catalogue(tm
     assert "_catalogue" not in msg                                         # builds no model
 
 
-def test_the_check_can_be_switched_off(monkeypatch):
-    monkeypatch.setattr(disk_need, "_REGISTERED", [disk_need.Need("/nonexistent/x", kept=10**20)])
+def test_the_check_can_be_switched_off(monkeypatch, tmp_path):
+    monkeypatch.setattr(disk_need, "_REGISTERED", [])
+    disk_need.register(_config(**{"rounds": 999}), str(tmp_path / "x"), range(1, 1000))   # ≈ 27 TB
     assert disk_need.check_registered(environ={}) is not None
     assert disk_need.check_registered(environ={"FEDAGENT_DISK_CHECK": "0"}) is None
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedadam", "fedyogi"])
-def test_every_server_optimizer_has_a_size(name):
+# the fp32 state a global model's dir carries per tensor: none, momentum, Adam's m and v
+@pytest.mark.parametrize("name, slots", [("fedavg", 0), ("fedavgm", 1), ("fedadam", 2), ("fedyogi", 2)])
+def test_every_server_optimizer_has_its_state_counted(name, slots):
     one, glob = disk_need.dir_bytes(_config(**{"server.optimizer": name}))
-    assert glob >= one
+    assert one == 4 * P17 and glob == one + slots * 4 * P17

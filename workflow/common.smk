@@ -135,8 +135,7 @@ PROTECTED_MODEL_ROUNDS, PLAIN_MODEL_ROUNDS, KEPT_MODEL_ROUNDS = model_keep_class
 # A matrix's modules: a shared catalogue's builds no model; a shared round 0's only round 0.
 _MATRIX_ROLE = os.path.basename(config["results_dir"])
 if _MATRIX_ROLE != MATRIX_CATALOGUE_DIR:
-    disk_need.register(disk_need.run_need(config, RUN, KEPT_MODEL_ROUNDS,
-                                          rounds=0 if _MATRIX_ROLE == MATRIX_START_DIR else None))
+    disk_need.register(config, RUN, KEPT_MODEL_ROUNDS, rounds=0 if _MATRIX_ROLE == MATRIX_START_DIR else None)
 
 
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.

@@ -116,16 +116,18 @@ def shortfall(needs, free=lambda p: shutil.disk_usage(p).free) -> str | None:
     return None
 
 
-_REGISTERED: list[Need] = []
+_REGISTERED: list[tuple] = []
 
 
-def register(need: Need) -> None:
-    """A run's need, for :func:`check_registered` (workflow/common.smk: one per run, a matrix's several)."""
-    _REGISTERED.append(need)
+def register(config: dict, run_dir: str, kept_model_rounds, rounds: int | None = None) -> None:
+    """A run to check (workflow/common.smk: one per run, a matrix's several; the arguments of
+    :func:`run_need`). Only recorded here: the estimate is made by :func:`check_registered`, in the
+    Snakefile's ``onstart``, never while a ``-n`` or a status call parses the workflow."""
+    _REGISTERED.append((config, run_dir, tuple(kept_model_rounds), rounds))
 
 
 def check_registered(environ=os.environ) -> str | None:
     """The message for the registered runs (None: they fit, or ``FEDAGENT_DISK_CHECK=0``)."""
     if environ.get(DISABLE_ENV, "1") == "0":
         return None
-    return shortfall(_REGISTERED)
+    return shortfall([run_need(config, run_dir, kept, rounds=rounds) for config, run_dir, kept, rounds in _REGISTERED])
