@@ -93,7 +93,7 @@ def bench_hf(model, prompts, reps):
     return _timed(call, reps)
 
 
-def bench_local(model, tok, prompts, reps, mode="compile"):
+def bench_local(model, tok, prompts, reps, mode="compile", profile=False, profile_dir=None):
     import torch
 
     from fedagent.model.static_sampler import StaticSampler
@@ -106,7 +106,37 @@ def bench_local(model, tok, prompts, reps, mode="compile"):
     s(model, tok, prompts, NEW, 1.0, gen)
     _sync()
     first = time.time() - t0
-    return _timed(lambda: s(model, tok, prompts, NEW, 1.0, gen), reps), first
+    full = _timed(lambda: s(model, tok, prompts, NEW, 1.0, gen), reps)
+    # The prefill alone: a call that samples one token (the prompt's forward + the first pick);
+    # the rest of a full call is its NEW - 1 decode steps.
+    prefill = _timed(lambda: s(model, tok, prompts, 1, 1.0, gen), reps)
+    split = {"prefill_s": prefill, "decode_step_ms": (full - prefill) / max(NEW - 1, 1) * 1e3}
+    if profile:
+        split["kernel_ms_per_call"] = _profiled(lambda: s(model, tok, prompts, NEW, 1.0, gen), f"local_{mode}",
+                                                profile_dir)
+        split["prefill_kernel_ms"] = _profiled(lambda: s(model, tok, prompts, 1, 1.0, gen), f"local_{mode}_prefill",
+                                               profile_dir)
+    return full, first, split
+
+
+def _profiled(fn, label, profile_dir):
+    """GPU time by kernel category of one call of ``fn`` (torch.profiler; see :func:`_kernel_breakdown`)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    _sync()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync()
+    trace = Path(tempfile.mkdtemp(prefix="fa-trace-")) / f"trace_{label}.json"
+    prof.export_chrome_trace(str(trace))
+    print(f"--- {label}: one call", flush=True)
+    ms = _kernel_breakdown(trace, 1, Path(profile_dir) / f"kernels_{label}.csv" if profile_dir else None)
+    trace.unlink()
+    return ms
 
 
 def _timed(fn, reps):
@@ -136,7 +166,12 @@ def main():
     times = []
     for _ in range(reps):
         t = time.perf_counter(); llm.generate(ps, sp, use_tqdm=False); times.append(time.perf_counter() - t)
-    print("VLLM_RESULT " + json.dumps({"median_s": statistics.median(times), "engine_start_s": start}))
+    one = SamplingParams(max_tokens=1, min_tokens=1, ignore_eos=True, temperature=1.0, detokenize=False)
+    pre = []
+    for _ in range(reps):
+        t = time.perf_counter(); llm.generate(ps, one, use_tqdm=False); pre.append(time.perf_counter() - t)
+    print("VLLM_RESULT " + json.dumps({"median_s": statistics.median(times), "engine_start_s": start,
+                                       "prefill_s": statistics.median(pre)}))
 if __name__ == "__main__":
     main()
 """
@@ -388,7 +423,8 @@ def generation(args, out) -> None:
     for mode in args.local_modes:
         torch.cuda.empty_cache()
         _reset_peak()
-        t_local, first = bench_local(model, tok, prompts, args.reps, mode)
+        t_local, first, split = bench_local(model, tok, prompts, args.reps, mode, args.profile, args.profile_dir)
+        out[f"local_{mode}_split"] = split
         out[f"local_{mode}_peak"] = _peak()   # the bf16 weights + its static KV cache and graphs
         # "local_tok_s" is the default mode's (the first listed) row; every mode has its own key.
         out[f"local_{mode}_tok_s"] = gen_tokens / t_local
@@ -404,6 +440,8 @@ def generation(args, out) -> None:
             v = bench_vllm(args.model, prompts, args.reps, args.vllm_pythonpath, tmp)
             out["vllm_tok_s"] = gen_tokens / v["median_s"]
             out["vllm_engine_start_s"] = v["engine_start_s"]
+            out["vllm_split"] = {"prefill_s": v["prefill_s"],
+                                 "decode_step_ms": (v["median_s"] - v["prefill_s"]) / max(NEW - 1, 1) * 1e3}
             out["local_over_vllm"] = out["local_tok_s"] / out["vllm_tok_s"]
             for mode in args.local_modes:
                 out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
@@ -421,8 +459,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=PROMPT, help="generation prompt tokens")
     ap.add_argument("--new", type=int, default=NEW, help="generated tokens per row")
     ap.add_argument("--train-seq", type=int, default=512, help="training tokens per row")
-    ap.add_argument("--train-micro", type=int, default=None,
-                    help="training rows per forward/backward (gradients accumulated over the batch; default: all)")
+    ap.add_argument("--train-micro", type=int, nargs="+", default=None,
+                    help="training rows per forward/backward (gradients accumulated over the batch; default: all); several: each train mode at each (an OOM is reported as that row's error)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
@@ -436,7 +474,8 @@ def main(argv=None) -> int:
                     help="StaticSampler modes to time (the first, by default the backend's default, is "
                          "reported as local_tok_s)")
     ap.add_argument("--profile", action="store_true",
-                    help="after timing each training mode, print its top CUDA kernels (torch.profiler)")
+                    help="after timing each training mode and local sampler mode, print its top CUDA kernels "
+                         "(torch.profiler; a sampler mode: one full call and one prefill-only call)")
     ap.add_argument("--profile-dir", type=Path, default=None,
                     help="with --profile: write each mode's per-kernel table (CSV: kernel, grid, calls and µs per step) here")
     ap.add_argument("--random-weights", action="store_true",
@@ -467,11 +506,20 @@ def main(argv=None) -> int:
     if not args.skip_generation:
         generation(args, out)
     out["train"] = {}
+    micros = args.train_micro or [None]
     for m in args.train_modes:
-        out["train"][m] = bench_train(args.model, args.reps, args.peak_tflops, m, seq=args.train_seq,
-                                      profile=args.profile, profile_dir=args.profile_dir, micro=args.train_micro)
-        print(f"TRAIN {m}: " + json.dumps(out["train"][m]), flush=True)
-        torch.cuda.empty_cache()
+        for micro in micros:
+            key = m if len(micros) == 1 else f"{m}_micro{micro}"
+            try:
+                out["train"][key] = bench_train(args.model, args.reps, args.peak_tflops, m, seq=args.train_seq,
+                                                profile=args.profile, profile_dir=args.profile_dir, micro=micro)
+            except torch.OutOfMemoryError as e:      # a variant that does not fit is a row, not the end of the run
+                out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"OOM: {str(e)[:200]}"}
+            print(f"TRAIN {key}: " + json.dumps(out["train"][key]), flush=True)
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
     print(json.dumps(out, indent=1))
     if not args.skip_generation:
         print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
@@ -483,7 +531,13 @@ def main(argv=None) -> int:
                   + f"; first call {out[f'local_{mode}_first_call_s']:.1f} s)")
         if "vllm_tok_s" in out:
             print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
+        for key in [f"local_{m}_split" for m in args.local_modes] + (["vllm_split"] if "vllm_split" in out else []):
+            sp = out[key]
+            print(f"  {key[:-6]:14s} prefill {sp['prefill_s'] * 1e3:7.1f} ms, decode {sp['decode_step_ms']:6.2f} ms/step")
     for tr in out["train"].values():
+        if "error" in tr:
+            print(f"training {tr['mode']} micro {tr['micro_batch_rows']}: {tr['error']}")
+            continue
         print(f"training B{B}x{tr['seq']} (micro {tr['micro_batch_rows']}) {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, "
               f"{tr['tflops']:.1f} TFLOP/s, "
               f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "

@@ -93,3 +93,19 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     with pytest.raises(ConfigError) as err:
         train.check(bad)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("section", ["train", "eval"])
+def test_sampler_widths_need_the_gpu_path_and_sit_below_the_widest(section):
+    """train/eval.sampler_widths (issue 29's width buckets): each below max_prompt_tokens, GPU local path only."""
+    cfg = REPO / "config" / "config.yaml"
+    with pytest.raises(ConfigError, match=f"'{section}.sampler_widths'.*{section}.device cuda"):
+        load_config(cfg, {f"{section}.sampler_widths": [64]})
+    gpu = {f"{section}.device": "cuda", f"{section}.max_prompt_tokens": 512}
+    with pytest.raises(ConfigError, match=rf"'{section}.sampler_widths'.*\[512\]: each width must be below "
+                                          f"{section}.max_prompt_tokens=512"):
+        load_config(cfg, {**gpu, f"{section}.sampler_widths": [256, 512]})
+    with pytest.raises(ConfigError, match=f"'{section}.sampler_widths'"):
+        load_config(cfg, {**gpu, f"{section}.sampler_widths": [128, 128]})
+    got = load_config(cfg, {**gpu, f"{section}.sampler_widths": [128, 256]})
+    assert got[section]["sampler_widths"] == [128, 256]

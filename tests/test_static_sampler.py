@@ -160,3 +160,53 @@ def test_stats_count_the_real_calls_longest_prompts(policy):
     assert st["longest_prompt_mean"] == round((lens[0] + max(lens)) / 2, 1)
     assert st["prompt_tokens_per_row"] == round((lens[0] + sum(lens)) / 4, 1)
     assert st["rows_filled"] == round(4 / 8, 3)
+
+
+def test_width_buckets_sample_what_the_fixed_width_does_and_share_its_cache(policy):
+    """Width buckets (issue 29): a call runs at the narrowest width holding its longest prompt; the
+    greedy tokens equal the fixed-width sampler's and the CPU sampler's, at every width, for
+    every call order, and the narrower caches are views of the widest's buffers."""
+    model, tok = policy
+    ps = _prompts(tok)
+    lens = sorted(len(p) for p in ps)
+    ref = sample(model, tok, ps, 10, 0.0, None)
+    fixed = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
+    widths = (lens[0], lens[0] + 3, 40)
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=widths)
+    # what mode "graph" records per width (the in-graph mask from the width's slots), run eagerly
+    masked = _masked_eager(StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10,
+                                         mode="eager", widths=widths))
+    assert s.widths == (*widths, 64)
+    for idx in ([0], [2, 0], [1], [0, 1, 2], [0]):   # narrow, wide, back to narrow: shared bytes reset per call
+        got = s(model, tok, [ps[i] for i in idx], 10, 0.0, None)
+        assert [g.response_ids for g in got] == [ref[i].response_ids for i in idx]
+        got = masked(model, tok, [ps[i] for i in idx], 10, 0.0, None)
+        assert [g.response_ids for g in got] == [ref[i].response_ids for i in idx]
+        assert [g.response_ids for g in got] == [g.response_ids for g in fixed(model, tok, [ps[i] for i in idx], 10,
+                                                                                 0.0, None)]
+    short = next(i for i, p in enumerate(ps) if len(p) == lens[0])
+    s(model, tok, [ps[short]], 10, 0.0, None)
+    assert s._w == lens[0]
+    st = s.stats()
+    assert st["widths"] == [*widths, 64] and sum(st["calls_per_width"].values()) == st["calls"] == 6
+    assert st["calls_per_width"][str(lens[0])] >= 1
+    widest = s._caches[64].layers[0].keys
+    for w in s._shared:
+        k = s._caches[w].layers[0].keys
+        assert k.data_ptr() == widest.data_ptr() and k.shape[2] == w + 10 and k.is_contiguous()
+    assert s._shared, "no narrower width was used"
+    with pytest.raises(ValueError, match="sampler widths"):
+        StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=(64,))
+
+
+def test_width_buckets_sampling_stream_equals_the_fixed_widths(policy):
+    """With temperature, too: the Gumbel noise does not depend on the width a call ran at."""
+    model, tok = policy
+    ps = _prompts(tok)
+    fixed = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager")
+    s = StaticSampler(model, tok, batch_size=3, max_prompt_tokens=64, max_new_tokens=8, mode="eager", widths=(16, 32))
+    s.warmup(1.0)
+    for call, idx in enumerate(([0], [0, 1, 2], [2])):
+        a = fixed(model, tok, [ps[i] for i in idx], 8, 1.0, torch_generator(5, "t", index=call))
+        b = s(model, tok, [ps[i] for i in idx], 8, 1.0, torch_generator(5, "t", index=call))
+        assert [g.response_ids for g in a] == [g.response_ids for g in b]

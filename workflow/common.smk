@@ -140,13 +140,17 @@ if _MATRIX_ROLE != MATRIX_CATALOGUE_DIR:
 
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 def job_params(section, drop):
-    """A train/eval section's job knobs: ``sampler``/``compile_train`` only matter (and only count) on cuda;
+    """A train/eval section's job knobs: ``sampler``/``compile_train`` only matter (and only count) on cuda,
+    ``sampler_widths`` only when set;
     ``residual_dtype`` counts only when not float32 (bfloat16 needs cuda: a config error otherwise),
     ``activation_checkpointing`` only when true."""
     d = {k: v for k, v in config[section].items() if k not in drop}
     if d.get("device", "cpu") == "cpu":
         d.pop("sampler", None)
         d.pop("compile_train", None)
+    # sampler_widths only when set (a config error on the CPU; a default run's params stay as they were)
+    if not d.get("sampler_widths"):
+        d.pop("sampler_widths", None)
     # train.residual_dtype only when not the default (a default run's params and cached jobs stay as they were)
     if d.get("residual_dtype") == "float32":
         d.pop("residual_dtype")

@@ -255,6 +255,30 @@ for _section, _gpu_backend in (("train", "verl"), ("eval", "vllm")):
                violation={f"{_section}.gpu_mem_gb": 8})(_gpu_mem_on_cpu(_section, _gpu_backend))
 
 
+def _sampler_widths(section: str):
+    def check(get):
+        widths = get(f"{section}.sampler_widths")
+        if not widths:
+            return None
+        if get(f"{section}.device") != "cuda" or get(f"{section}.backend") != "local":
+            return (f"{widths} is for the local GPU path's static-cache sampler ({section}.device cuda, "
+                    f"{section}.backend local; got {get(f'{section}.device')}, {get(f'{section}.backend')})")
+        top = get(f"{section}.max_prompt_tokens")
+        over = [w for w in widths if w >= top]
+        if over:
+            return f"{over}: each width must be below {section}.max_prompt_tokens={top} (the widest width)"
+        return None
+    return check
+
+
+# Width buckets of the static-cache sampler (fedagent.model.static_sampler): GPU, local backend only.
+for _section in ("train", "eval"):
+    cross_rule(f"{_section}.sampler_widths",
+               [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.backend",
+                f"{_section}.max_prompt_tokens"],
+               violation={f"{_section}.sampler_widths": [64]})(_sampler_widths(_section))
+
+
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
             violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"})
 def _critic_path_has_a_value_head(get):

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,6 +43,7 @@ class EvalParams:
     history: int = 2                      # rollout.history
     device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
     sampler: str = "compile"
+    sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -116,6 +117,8 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
     turns = [x for t in trajs for x in t.turns]
     out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0
     out["params"] = dataclasses.asdict(params)
+    if not params.sampler_widths:     # only when set (eval.json of other runs as they were)
+        out["params"].pop("sampler_widths")
     return out
 
 
@@ -204,7 +207,8 @@ def _run(args: argparse.Namespace) -> int:
             model = model.to(torch.bfloat16)
             sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
                                     max_prompt_tokens=params.max_prompt_tokens,
-                                    max_new_tokens=params.max_new_tokens, mode=params.sampler)
+                                    max_new_tokens=params.max_new_tokens, mode=params.sampler,
+                                    widths=params.sampler_widths)
         clock.mark("model_loaded")
         if backend == "local" and params.device == "cuda" and params.sampler != "eager":
             sampler.warmup(params.temperature)

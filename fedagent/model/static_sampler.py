@@ -23,7 +23,15 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   and copied to the host once; whether every row has stopped is checked every ``sync_every``
   steps, never per token;
 - :meth:`StaticSampler.warmup` runs the compiled shapes once before the job needs them (the
-  train job calls it while its env service starts), without touching the sampling stream.
+  train job calls it while its env service starts), without touching the sampling stream;
+- ``widths`` (width buckets, issue 29): narrower prompt widths beside ``max_prompt_tokens``. A
+  call is padded to the narrowest width that holds its longest prompt, so its prefill computes
+  that many columns per row and every decode step attends that many cache slots plus the new
+  tokens, not the widest's. Each width has its own static cache, positions and decode graph (so
+  one CUDA graph, or one compiled specialisation, per width), and all of them are views of one
+  buffer per layer, sized for the widest: the buckets cost no KV memory beyond the fixed width's.
+  Rows are left-padded, so the tokens a row samples do not depend on the width it ran at (up to
+  the kernels' floating-point order; the CPU tests check greedy tokens are equal).
 
 The same code runs on the CPU with ``mode="eager"`` (the tests check it against the CPU
 sampler's greedy output on a tiny model).
@@ -43,44 +51,55 @@ class StaticSampler:
     """A callable with :func:`fedagent.model.policy.sample`'s signature, bound to one model and shape."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 mode: str = "compile", sync_every: int = 8):
+                 mode: str = "compile", sync_every: int = 8, widths: Sequence[int] = ()):
         from transformers import StaticCache
 
         if mode not in MODES:
             raise ValueError(f"sampler mode {mode!r}: expected one of {', '.join(MODES)}")
         if batch_size < 1 or max_prompt_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_prompt_tokens and max_new_tokens must be >= 1")
+        bad = [w for w in widths if not 1 <= int(w) < int(max_prompt_tokens)]
+        if bad:
+            raise ValueError(f"sampler widths {bad}: each must be >= 1 and below max_prompt_tokens={max_prompt_tokens}")
         self.model, self.mode = model, mode
         self.device = next(model.parameters()).device
         self.batch_size = int(batch_size)
-        self.width = int(max_prompt_tokens)
+        self.width = int(max_prompt_tokens)              # the widest width: the longest prompt it takes
+        self.widths = tuple(sorted({int(w) for w in widths} | {self.width}))
         self.max_new_tokens = int(max_new_tokens)
         self.sync_every = max(1, int(sync_every))
-        self.cache = StaticCache(config=model.config, max_cache_len=self.width + self.max_new_tokens)
+        # One static cache per width (the widest's is the plain lazily-built one); narrower ones are
+        # views of the widest's buffers (:meth:`_bucket`), made at their first use.
+        self._caches = {w: StaticCache(config=model.config, max_cache_len=w + self.max_new_tokens) for w in self.widths}
+        self.cache = self._caches[self.width]
         self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
         self.pad_id = int(tokenizer.pad_token_id)
         if mode == "graph" and self.device.type != "cuda":
             raise ValueError("sampler mode 'graph' needs a CUDA device")
         if mode == "compile":
-            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False)
+            # Static shapes: one specialisation per width (dynamic=False: a second width is not a
+            # reason to trace a dynamic-shape graph).
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=False, dynamic=False)
             # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
             self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False)
         else:
             self._decode = self._graph_step if mode == "graph" else self._decode_step
             self._pick_first = _pick
-        self._graphs: dict[bool, tuple] = {}     # mode "graph": greedy? -> (graph, inputs, outputs)
-        self._slots = torch.arange(self.width + self.max_new_tokens, device=self.device)
-        self._cache_positions = torch.arange(self.width, self.width + self.max_new_tokens, device=self.device)
+        self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
+        self._shared: set[int] = set()           # widths whose cache already views the widest's buffers
+        self._select(self.width)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect
 
         self._cache_pos_arg = "cache_position" in inspect.signature(type(model).forward).parameters
         self._cuda_gen = None
         self._warming = False
+        self._force_width: int | None = None           # warm-up: the width a call runs at
         self.first_token_time: float | None = None    # wall clock of the first sampled token
         self.calls = 0
         self.tokens = 0                                # response tokens produced (real rows only)
         self._longest: list[int] = []                  # per real call: its longest prompt (:meth:`stats`)
+        self._width_calls: dict[int, int] = {}         # per width: the real calls it ran
         self._prompt_tokens = 0                        # real rows' prompt tokens, over the real calls
         self._rows = 0                                 # real rows, over the real calls
 
@@ -97,15 +116,16 @@ class StaticSampler:
         """``_decode_step`` as one replay of a recorded CUDA graph (``mode="graph"``).
 
         The graph reads its inputs from static buffers (filled here by device copies, no host
-        sync) and writes its outputs to static tensors. One graph per kind of call (sampling or
-        greedy), recorded on the first such call after three eager runs on a side stream (as
+        sync) and writes its outputs to static tensors. One graph per width and kind of call
+        (sampling or greedy), recorded on the first such call after three eager runs on a side stream (as
         :class:`torch.cuda.CUDAGraph` asks). The KV write position is the static cache's own
         device counter, advanced in place by every replay; the attention mask is built inside
         the graph from the call's 2-D mask and the slot being written (``cache_pos``), so no
         host-side mask logic runs per token.
         """
         greedy = noise is None
-        if greedy not in self._graphs:
+        key = (self._w, greedy)
+        if key not in self._graphs:
             st = {"tok": tok.clone(), "pos": pos.clone(), "slot": cache_pos.clone(), "mask": mask.clone(),
                   "noise": None if greedy else noise.clone(), "inv_t": None if greedy else inv_t.clone()}
             side = torch.cuda.Stream(self.device)
@@ -124,13 +144,53 @@ class StaticSampler:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = self._masked_step(st)
-            self._graphs[greedy] = (graph, st, out)
-        graph, st, out = self._graphs[greedy]
+            self._graphs[key] = (graph, st, out)
+        graph, st, out = self._graphs[key]
         st["tok"].copy_(tok), st["pos"].copy_(pos), st["slot"].copy_(cache_pos), st["mask"].copy_(mask)
         if not greedy:
             st["noise"].copy_(noise), st["inv_t"].copy_(inv_t)
         graph.replay()
         return out
+
+    def _select(self, w: int) -> None:
+        """Make width ``w``'s cache, slot indices and positions the current ones."""
+        if w != self.width and w not in self._shared:
+            self._share_storage(self._caches[w])
+            self._shared.add(w)
+        self._w, self.cache = w, self._caches[w]
+        self._slots = torch.arange(w + self.max_new_tokens, device=self.device)
+        self._cache_positions = torch.arange(w, w + self.max_new_tokens, device=self.device)
+
+    def _share_storage(self, cache) -> None:
+        """Point a narrower width's cache layers at the first slots' worth of the widest's buffers.
+
+        Each of its layers is initialised as transformers would (its own device write counter,
+        dtype and head sizes, from a one-slot dummy), then given contiguous views of the widest
+        layer's key/value storage shaped for its own length. The widest cache is initialised first
+        from the model's config (KV heads × head size) if no call has done it yet. Calls run one
+        at a time and reset their cache first, so sharing the bytes is safe."""
+        widest = self._caches[self.width]
+        cfg = self.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        dtype = next(self.model.parameters()).dtype
+        dummy = torch.zeros((self.batch_size, heads, 1, head_dim), dtype=dtype, device=self.device)
+        for big in widest.layers:
+            if not big.is_initialized:
+                big.lazy_initialization(dummy, dummy)
+        for layer, big in zip(cache.layers, widest.layers):
+            length = layer.max_cache_len
+            layer.max_cache_len = 1              # the dummy's allocation: one slot, replaced below
+            try:
+                layer.lazy_initialization(dummy, dummy)
+            finally:
+                layer.max_cache_len = length
+            for name in ("keys", "values"):
+                full = getattr(big, name)
+                shape = (full.shape[0], full.shape[1], length, full.shape[3])
+                view = full.view(-1)[:shape[0] * shape[1] * length * shape[3]].view(shape)
+                setattr(layer, name, view)
+                torch._dynamo.mark_static_address(view)
 
     def _masked_step(self, st):
         # Query at slot s attends the call's prompt/generated slots up to s; 4-D masks pass
@@ -187,15 +247,19 @@ class StaticSampler:
             raise ValueError("empty prompt")
         if any(len(p) > self.width for p in prompt_ids):
             raise ValueError(f"a prompt is longer than max_prompt_tokens={self.width}")
+        longest = max(map(len, prompt_ids))
+        w = self._force_width or next(w for w in self.widths if w >= longest)
+        self._select(w)
         gen = self._generator(generator)
         self.calls += 1
         if not self._warming:
-            self._longest.append(max(map(len, prompt_ids)))
+            self._width_calls[w] = self._width_calls.get(w, 0) + 1
+            self._longest.append(longest)
             self._prompt_tokens += sum(map(len, prompt_ids))
             self._rows += n
         self._bad = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         rows = prompt_ids + [prompt_ids[0]] * (self.batch_size - n)
-        B, W, N = self.batch_size, self.width, self.max_new_tokens
+        B, W, N = self.batch_size, w, self.max_new_tokens
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, W + N), dtype=torch.long)
         for i, p in enumerate(rows):
@@ -262,12 +326,17 @@ class StaticSampler:
         return gens
 
     def stats(self) -> dict:
-        """What the fixed shapes cost against what the calls needed (the job's metrics, GPU path):
-        every call prefills ``width`` columns for ``rows`` rows and decodes over ``width +
-        max_new_tokens`` cache slots, where a call's longest prompt is what a narrower shape would
-        need. Warm-up calls are not counted."""
+        """What the static shapes cost against what the calls needed (the job's metrics, GPU path):
+        every call prefills its width's columns for ``rows`` rows and decodes over that width +
+        ``max_new_tokens`` cache slots (``calls_per_width``; ``prefill_columns_per_row``: the mean
+        width the calls ran at), where a call's longest prompt is what it needed. Warm-up calls are
+        not counted."""
         calls = len(self._longest)
         return {"calls": calls, "rows": self.batch_size, "width": self.width, "max_new_tokens": self.max_new_tokens,
+                "widths": list(self.widths),
+                "calls_per_width": {str(w): self._width_calls.get(w, 0) for w in self.widths},
+                "prefill_columns_per_row": (round(sum(w * c for w, c in self._width_calls.items()) / calls, 1)
+                                            if calls else None),
                 "longest_prompt_mean": round(sum(self._longest) / calls, 1) if calls else None,
                 "longest_prompt_max": max(self._longest) if calls else None,
                 "prompt_tokens_per_row": round(self._prompt_tokens / self._rows, 1) if self._rows else None,
@@ -286,15 +355,18 @@ class StaticSampler:
         gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
         self._warming = True
         try:
-            if self.mode == "graph":
-                # One call of two tokens: the prefill, then one decode step, recorded on its first run.
-                self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
-            else:
-                # Two calls: CUDA graph trees record on the second run of a compiled function.
-                for _ in range(2):
-                    self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
+            for w in self.widths:          # every width's graph / compiled specialisation
+                self._force_width = w
+                if self.mode == "graph":
+                    # One call of two tokens: the prefill, then one decode step, recorded on its first run.
+                    self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
+                else:
+                    # Two calls: CUDA graph trees record on the second run of a compiled function.
+                    for _ in range(2):
+                        self(self.model, None, [[self.pad_id]], self.max_new_tokens, temperature, gen)
         finally:
             self._warming = False
+            self._force_width = None
             self.calls, self.first_token_time, self.tokens = calls, first, tokens
         return time.time() - t0
 

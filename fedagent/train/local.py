@@ -19,7 +19,7 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ class TrainParams:
     fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
+    sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
@@ -95,6 +96,8 @@ class TrainParams:
                 d.pop(k)
         if not self.activation_checkpointing:   # recorded only when on (files of other runs as they were)
             d.pop("activation_checkpointing")
+        if not self.sampler_widths:             # likewise: only when set
+            d.pop("sampler_widths")
         return d
 
 
@@ -191,7 +194,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         rollout_model = copy.deepcopy(model).to(torch.bfloat16)
         rollout_model.requires_grad_(False)
         sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
-                                max_new_tokens=p.max_new_tokens, mode=p.sampler)
+                                max_new_tokens=p.max_new_tokens, mode=p.sampler, widths=p.sampler_widths)
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
