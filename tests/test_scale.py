@@ -386,11 +386,19 @@ def test_gpu_mem_prints_the_terms_and_what_fits(monkeypatch, capsys):
     parser = argparse.ArgumentParser()
     gpu_mem.add_args(parser)
     preset = "config/experiments/gpu-scale-webshop.yaml"
+    # the preset declares its jobs' memory (measured peaks + its larger pool): those are the sizes
     assert gpu_mem.run(parser.parse_args(["--configfile", preset])) == 0
+    out = capsys.readouterr().out
+    assert "train_client   55296 MiB\n" in out and "eval           24576 MiB\n" in out
+    assert "2 train + 1 eval = 135168 MiB of 138000: fits" in out
+    # the estimate, at the pool the preset was first sized with
+    estimate = ["--set", "train.gpu_mem_gb=null", "--set", "eval.gpu_mem_gb=null", "--set", "env.pool_size=16",
+                "--set", "eval.batch=16"]
+    assert gpu_mem.run(parser.parse_args(["--configfile", preset, *estimate])) == 0
     out = capsys.readouterr().out
     assert "train_client   56735 MiB" in out and "eval           22174 MiB" in out
     assert "2 train + 1 eval = 135644 MiB of 138000: fits" in out
     assert "largest env.pool_size that fits (multiples of group_size 8, up to 256): 16" in out
     # the pool of the 135M preset does not fit at 1.7B: exit 1
-    assert gpu_mem.run(parser.parse_args(["--configfile", preset, "--set", "env.pool_size=64"])) == 1
+    assert gpu_mem.run(parser.parse_args(["--configfile", preset, *estimate[:4], "--set", "env.pool_size=64"])) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out

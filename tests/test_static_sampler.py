@@ -210,3 +210,34 @@ def test_width_buckets_sampling_stream_equals_the_fixed_widths(policy):
         a = fixed(model, tok, [ps[i] for i in idx], 8, 1.0, torch_generator(5, "t", index=call))
         b = s(model, tok, [ps[i] for i in idx], 8, 1.0, torch_generator(5, "t", index=call))
         assert [g.response_ids for g in a] == [g.response_ids for g in b]
+
+
+def test_compiled_prefill_samples_what_the_eager_prefill_does(policy, monkeypatch):
+    """compile_prefill: a width's first prefill runs eagerly (its cache initialised outside any trace),
+    later ones through torch.compile (Dynamo's eager backend here: the trace, not inductor's code);
+    the greedy tokens are the CPU sampler's at every width."""
+    import functools
+
+    model, tok = policy
+    ps = _prompts(tok)
+    ref = sample(model, tok, ps, 10, 0.0, None)
+    traced = []
+    real_compile = torch.compile
+
+    def compile_eager(fn, **kw):
+        traced.append(fn.__name__)
+        return real_compile(fn, backend="eager", **{k: v for k, v in kw.items() if k != "mode"})
+    monkeypatch.setattr(torch, "compile", compile_eager)
+    for widths, compiled in (((), 3), ((32,), 4)):
+        traced.clear()
+        s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager",
+                          compile_prefill=True, widths=widths)
+        assert traced == ["_prefill"]
+        calls = []
+        s._prefill_compiled = functools.partial(lambda f, *a: calls.append(1) or f(*a), s._prefill_compiled)
+        for idx in ([0], [0, 1, 2], [0], [1, 2]):
+            got = s(model, tok, [ps[i] for i in idx], 10, 0.0, None)
+            assert [g.response_ids for g in got] == [ref[i].response_ids for i in idx]
+        # one width: its first prefill initialises the cache eagerly, the rest are compiled; with
+        # buckets every cache is initialised (as views of the widest's) before its first prefill
+        assert len(calls) == compiled

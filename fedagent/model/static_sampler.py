@@ -51,7 +51,8 @@ class StaticSampler:
     """A callable with :func:`fedagent.model.policy.sample`'s signature, bound to one model and shape."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 mode: str = "compile", sync_every: int = 8, widths: Sequence[int] = ()):
+                 mode: str = "compile", sync_every: int = 8, widths: Sequence[int] = (),
+                 compile_prefill: bool = False):
         from transformers import StaticCache
 
         if mode not in MODES:
@@ -85,6 +86,12 @@ class StaticSampler:
         else:
             self._decode = self._graph_step if mode == "graph" else self._decode_step
             self._pick_first = _pick
+        # compile_prefill: the prompt's forward through inductor too (fused norms, rotary and
+        # activations; no CUDA graphs), one static specialisation per width. A width's first
+        # prefill runs eagerly, so transformers initialises (and marks static) its cache outside
+        # any trace; later ones are compiled.
+        self._prefill_compiled = (torch.compile(self._prefill, fullgraph=False, dynamic=False)
+                                  if compile_prefill else None)
         self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
         self._shared: set[int] = set()           # widths whose cache already views the widest's buffers
         self._select(self.width)
@@ -151,6 +158,14 @@ class StaticSampler:
             st["noise"].copy_(noise), st["inv_t"].copy_(inv_t)
         graph.replay()
         return out
+
+    @torch.no_grad()
+    def _prefill(self, ids, mask, pos):
+        """The prompts' forward into the current width's cache; the last position's logits."""
+        extra = {"cache_position": torch.arange(ids.shape[1], device=self.device)} if self._cache_pos_arg else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1, **extra)
+        return out.logits[:, -1, :]
 
     def _select(self, w: int) -> None:
         """Make width ``w``'s cache, slot indices and positions the current ones."""
@@ -268,14 +283,14 @@ class StaticSampler:
         pos = (mask[:, :W].cumsum(dim=1) - 1).clamp(min=0)
         ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
         self.cache.reset()   # in place: the compiled step keeps seeing the same cache tensors
-        extra = {"cache_position": torch.arange(W, device=self.device)} if self._cache_pos_arg else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1, **extra)
+        ready = self.cache.layers[0].is_initialized
+        prefill = self._prefill_compiled if (self._prefill_compiled is not None and ready) else self._prefill
+        logits = prefill(ids, mask, pos)
         # 1/T as a device tensor, not a Python float: a float argument would become a CPU scalar
         # input of the compiled step, and a CPU input keeps inductor from using CUDA graphs.
         inv_t = torch.tensor(1.0 / temperature, device=self.device) if temperature > 0 else None
-        tok, finite = self._pick_first(out.logits[:, -1, :], self._noise(temperature, gen), inv_t)
-        del out
+        tok, finite = self._pick_first(logits, self._noise(temperature, gen), inv_t)
+        del logits
         next_pos = pos[:, -1:] + 1
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         finished[n:] = True                  # padding rows never hold the loop open
