@@ -406,6 +406,16 @@ def random_weight_model(source: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def _save(args, out) -> None:
+    """Write what is measured so far to ``--json`` (after every column and training mode: a run cut
+    short by its device call's time limit keeps what it measured; seen on the H200 2026-12-03, when
+    a call ran out in the last training mode and the vLLM column was lost with the final JSON)."""
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".part")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(args.json)
+
+
 def generation(args, out) -> None:
     """The three generation columns (HF eager, the local GPU path, vLLM) into ``out``."""
     import tempfile
@@ -433,6 +443,7 @@ def generation(args, out) -> None:
         out[f"local_{mode}_first_call_s"] = first
         out.setdefault("local_tok_s", gen_tokens / t_local)
         out.setdefault("local_mode", mode)
+        _save(args, out)
     print(json.dumps(out), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -448,6 +459,7 @@ def generation(args, out) -> None:
             for mode in args.local_modes:
                 out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
     out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
+    _save(args, out)
 
 
 def main(argv=None) -> int:
@@ -518,6 +530,7 @@ def main(argv=None) -> int:
             except torch.OutOfMemoryError as e:      # a variant that does not fit is a row, not the end of the run
                 out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"OOM: {str(e)[:200]}"}
             print(f"TRAIN {key}: " + json.dumps(out["train"][key]), flush=True)
+            _save(args, out)
             import gc
 
             gc.collect()
