@@ -98,10 +98,10 @@ def bench_local(model, tok, prompts, reps, mode="compile", profile=False, profil
 
     from fedagent.model.static_sampler import StaticSampler
 
-    # "compile_prefill": mode compile with the prefill compiled too (StaticSampler(compile_prefill=True))
+    # "<mode>_prefill": that sampler mode with the prefill compiled too (StaticSampler(compile_prefill=True))
     s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW,
-                      mode="compile" if mode == "compile_prefill" else mode, sync_every=NEW + 1,
-                      compile_prefill=mode == "compile_prefill")
+                      mode=mode.removesuffix("_prefill"), sync_every=NEW + 1,
+                      compile_prefill=mode.endswith("_prefill"))
     s.stops = torch.tensor([-1], device="cuda")          # exactly NEW tokens per row, like the others
     gen = torch.Generator().manual_seed(1)
     t0 = time.time()
@@ -484,7 +484,8 @@ def main(argv=None) -> int:
                              "eager_ckpt", "compiled_ckpt"],
                     help="training step variants to time (see bench_train; none given: generation only)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
-    ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"], choices=["compile", "graph", "compile_prefill"],
+    ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"],
+                    choices=["compile", "graph", "compile_graph", "compile_prefill", "compile_graph_prefill"],
                     help="StaticSampler modes to time (the first, by default the backend's default, is "
                          "reported as local_tok_s)")
     ap.add_argument("--profile", action="store_true",

@@ -241,3 +241,27 @@ def test_compiled_prefill_samples_what_the_eager_prefill_does(policy, monkeypatc
         # one width: its first prefill initialises the cache eagerly, the rest are compiled; with
         # buckets every cache is initialised (as views of the widest's) before its first prefill
         assert len(calls) == compiled
+
+
+def test_compile_graph_modes_step_traces_and_samples_what_the_plain_step_does(policy, monkeypatch):
+    """Mode "compile_graph" records ``torch.compile(_masked_step)`` per width (the CUDA graph needs a
+    GPU; here Dynamo traces the step with its eager backend and the step runs as the graph would
+    run it): the same tokens as the plain step, at every width, greedy and sampling."""
+    model, tok = policy
+    ps = _prompts(tok)
+    with pytest.raises(ValueError, match="'compile_graph' needs a CUDA device"):
+        StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="compile_graph")
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", **{
+        k: v for k, v in kw.items() if k != "mode"}))
+    plain = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=(32,))
+    s._step_fn = torch.compile(s._masked_step, fullgraph=False, dynamic=False)   # what __init__ builds on cuda
+    s._decode = lambda tok_, pos, cache_pos, mask, noise, inv_t: s._step_fn(
+        {"tok": tok_, "pos": pos, "slot": cache_pos, "mask": mask, "noise": noise, "inv_t": inv_t})
+    for call, idx in enumerate(([0], [0, 1, 2], [1])):
+        for temperature in (0.0, 1.0):
+            gen = (lambda: torch_generator(5, "t", index=call)) if temperature else (lambda: None)
+            a = plain(model, tok, [ps[i] for i in idx], 10, temperature, gen())
+            b = s(model, tok, [ps[i] for i in idx], 10, temperature, gen())
+            assert [g.response_ids for g in a] == [g.response_ids for g in b]

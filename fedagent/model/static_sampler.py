@@ -14,7 +14,9 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   compiled once per job (Dynamo traces in every process; the inductor artefacts land in the
   cache dir ``TORCHINDUCTOR_CACHE_DIR`` that a run's jobs share); ``"graph"``: the eager
   step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
-  kernels, a capture of well under a second); ``"eager"`` runs the step as it is;
+  kernels, a capture of well under a second); ``"compile_graph"``: the step through inductor (fused
+  kernels) recorded the same way (one replay per token, no Dynamo guards on the host per token; bench
+  only until measured on the GPU); ``"eager"`` runs the step as it is;
 - sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
   generator seeded from the caller's (derived) seed: the one random kernel runs outside the
   graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
@@ -75,8 +77,8 @@ class StaticSampler:
         self.cache = self._caches[self.width]
         self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
         self.pad_id = int(tokenizer.pad_token_id)
-        if mode == "graph" and self.device.type != "cuda":
-            raise ValueError("sampler mode 'graph' needs a CUDA device")
+        if mode in ("graph", "compile_graph") and self.device.type != "cuda":
+            raise ValueError(f"sampler mode {mode!r} needs a CUDA device")
         if mode == "compile":
             # Static shapes: one specialisation per width (dynamic=False: a second width is not a
             # reason to trace a dynamic-shape graph).
@@ -84,7 +86,7 @@ class StaticSampler:
             # The prefill's pick: compiled without CUDA graphs (called once per sampler call).
             self._pick_first = torch.compile(_pick, fullgraph=True, dynamic=False)
         else:
-            self._decode = self._graph_step if mode == "graph" else self._decode_step
+            self._decode = self._graph_step if mode in ("graph", "compile_graph") else self._decode_step
             self._pick_first = _pick
         # compile_prefill: the prompt's forward through inductor too (fused norms, rotary and
         # activations; no CUDA graphs), one static specialisation per width. A width's first
@@ -92,6 +94,12 @@ class StaticSampler:
         # any trace; later ones are compiled.
         self._prefill_compiled = (torch.compile(self._prefill, fullgraph=False, dynamic=False)
                                   if compile_prefill else None)
+        # "compile_graph": the masked step through inductor (fused kernels, no CUDA graphs of its own,
+        # one specialisation per width), recorded into one torch.cuda.CUDAGraph per width as "graph"
+        # records the eager step: a decode step is one replay, with no Dynamo guard evaluation or
+        # graph-tree bookkeeping on the host per token.
+        self._step_fn = (torch.compile(self._masked_step, fullgraph=False, dynamic=False)
+                         if mode == "compile_graph" else self._masked_step)
         self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
         self._shared: set[int] = set()           # widths whose cache already views the widest's buffers
         self._select(self.width)
@@ -144,13 +152,13 @@ class StaticSampler:
                         if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
             with torch.cuda.stream(side):
                 for _ in range(3):
-                    self._masked_step(st)
+                    self._step_fn(st)
             torch.cuda.current_stream(self.device).wait_stream(side)
             for layer, n in counters:
                 layer.cumulative_length.copy_(n)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                out = self._masked_step(st)
+                out = self._step_fn(st)
             self._graphs[key] = (graph, st, out)
         graph, st, out = self._graphs[key]
         st["tok"].copy_(tok), st["pos"].copy_(pos), st["slot"].copy_(cache_pos), st["mask"].copy_(mask)
@@ -372,7 +380,7 @@ class StaticSampler:
         try:
             for w in self.widths:          # every width's graph / compiled specialisation
                 self._force_width = w
-                if self.mode == "graph":
+                if self.mode in ("graph", "compile_graph"):
                     # One call of two tokens: the prefill, then one decode step, recorded on its first run.
                     self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
                 else:
@@ -386,7 +394,7 @@ class StaticSampler:
         return time.time() - t0
 
 
-MODES = ("compile", "graph", "eager")
+MODES = ("compile", "graph", "eager", "compile_graph")   # compile_graph: bench only until measured (not a config value)
 
 
 def _pick(logits, noise, inv_t):
