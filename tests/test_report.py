@@ -98,6 +98,15 @@ def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):
     assert row["train_jobs"] == 1 and row["train_job_s"] == 32.0 and row["cold_start_s"] == 12.0
     assert row["generation_s"] == 10.0 and row["training_s"] == 6.0
     assert (row["aggregate_s"], row["merge_s"], row["eval_s"], row["eval_cold_start_s"]) == (5.0, 4.0, 20.0, 8.0)
+    assert row["round_wall_s"] is None          # files without the jobs' start times
+    # The round's span: first train job's start → the eval's end (started_at + total_s).
+    c1.joinpath("dropped.json").unlink()
+    for c, start in ((c0, 1000.0), (c1, 1004.5)):
+        (c / "metrics.json").write_text(json.dumps({"timings": {"cold_start_s": 1.0, "started_at": start,
+                                                                 "phases": {}}}))
+    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}, "started_at": 1100.25,
+                              "total_s": 20.5}))
+    assert round_timings(1, ev, sorted(bench.iterdir()), [c0, c1])["round_wall_s"] == 120.75
     prev = tmp_path / "t0.csv"
     timings_table({"round": 0, "eval_s": 19.0}, None).to_csv(prev, index=False)
     table = timings_table(row, prev)

@@ -351,6 +351,8 @@ def test_a_random_architecture_run_through_snakemake(tmp_path):
     assert (run / "curves.png").stat().st_size > 0
     timings = list(csv.DictReader((run / "round_001/timings.csv").open()))
     assert timings[-1]["train_gpu_peak_mib"] == "" and "eval_gpu_peak_mib" in timings[-1]   # CPU: no GPU peak
+    # the round's span through Snakemake: first train job's start → its eval's end, at least the eval itself
+    assert timings[0]["round_wall_s"] == "" and float(timings[-1]["round_wall_s"]) >= float(timings[-1]["eval_s"]) - 1
     clients = sorted(str(p) for p in (run / "round_001/clients").iterdir())
     verify = subprocess.run([sys.executable, "-m", "fedagent.cli", "verify", "--prev", str(run / "round_000/model"),
                              "--clients", *clients, "--aggregate", str(run / "round_001/aggregate"),

@@ -126,4 +126,7 @@ class PhaseClock:
             "phases": {k: round(v, 3) for k, v in sorted(self.phases.items())},
             "cold_start_s": round(first, 3) if first is not None else None,
             "total_s": round(time.time() - self.start, 3),
+            # the process start as epoch seconds: where the job sits in its round (the report's
+            # round_wall_s); informational only, like every field here
+            "started_at": round(self.start, 3),
         }

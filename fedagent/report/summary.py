@@ -66,7 +66,7 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
 
 TIMING_COLUMNS = ["round", "train_jobs", "train_job_s", "cold_start_s", "cold_start_share", "generation_s",
                   "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s",
-                  "train_gpu_peak_mib", "eval_gpu_peak_mib"]
+                  "train_gpu_peak_mib", "eval_gpu_peak_mib", "round_wall_s"]
 
 
 def _bench_seconds(path: Path) -> float:
@@ -82,6 +82,9 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
     phases from each client's ``metrics.json``; every job's wall time from its Snakemake
     benchmark file; eval's split from ``eval_timings.json``. Wall clock, informational only. On the GPU
     also the peak memory the allocator reserved: the largest train job's and the eval's (empty on the CPU).
+    ``round_wall_s``: the round's span, from its first train job's process start to the end of its
+    eval (``started_at`` + ``total_s`` of the jobs' timings); empty for round 0 (no train jobs) and for
+    files written before the jobs recorded ``started_at``.
     """
     by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
     ev = json.loads(Path(eval_timings).read_text())
@@ -101,7 +104,16 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
         "aggregate_s": by_name.get("aggregate"), "merge_s": by_name.get("merge"), "eval_s": by_name.get("eval"),
         "eval_cold_start_s": ev.get("cold_start_s"), "eval_generation_s": ev.get("phases", {}).get("rollout"),
         "train_gpu_peak_mib": max(peaks) if peaks else None, "eval_gpu_peak_mib": ev.get("gpu_peak_reserved_mib"),
+        "round_wall_s": _round_wall(train, ev),
     }
+
+
+def _round_wall(train: list[dict], ev: dict) -> float | None:
+    """First train job's start → the eval's end (seconds), or None when a start is not recorded."""
+    starts = [t.get("started_at") for t in train]
+    if not starts or None in starts or ev.get("started_at") is None or ev.get("total_s") is None:
+        return None
+    return round(ev["started_at"] + ev["total_s"] - min(starts), 3)
 
 
 def timings_table(row: dict, prev: Path | None) -> pd.DataFrame:
