@@ -146,6 +146,27 @@ def test_a_failed_trainer_leaves_no_output_and_no_processes(fake_trainer, tmp_pa
     assert not _alive(r["child"])
 
 
+@pytest.mark.slow
+def test_a_corrupt_start_model_is_caught_beside_the_trainer_and_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+    """The start model's files are hashed while verl runs (not before its launch): a file whose bytes
+    differ from its manifest (same size) lets the trainer start, and the job then refuses to commit."""
+    from fedagent.core.atomic import ManifestError
+
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    model = build_tiny_model(tmp_path / "m")
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF                                  # one byte of the last tensor: the size is unchanged
+    weights.write_bytes(bytes(data))
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,))[0]
+    assert isinstance(err, ManifestError) and "model.safetensors: sha256 differs from manifest" in str(err)
+    assert len(list(fake_trainer.iterdir())) == 1     # the trainer ran beside the hashing
+    assert not (round_dir / "0").exists()             # and no update reached its final path
+    assert [q.name for q in round_dir.iterdir()] in ([], ["_failed"])   # (a staging kept for inspection)
+
+
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_a_verl_round_through_snakemake_aggregates_merges_and_verifies(fake_trainer, tmp_path, monkeypatch):

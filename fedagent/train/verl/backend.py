@@ -65,7 +65,7 @@ def episode_metrics(episodes: list[dict]) -> dict:
 def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: dict, *, round: int, client: int,
                       params, settings: launch.VerlSettings, out_dir: Path, quarantine: Path | None = None) -> dict:
     """Run one verl job for this client and round; write the update dir; return the metrics."""
-    from fedagent.core.atomic import atomic_dir, verify_manifest
+    from fedagent.core.atomic import atomic_dir, verifying
     from fedagent.train.local import epoch_task_seeds, same_weights
     from fedagent.core.timing import PhaseClock
     from fedagent.train.verl.convert import write_update
@@ -73,7 +73,6 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     clock = PhaseClock()       # process start → …: the same timings block as the local backend
     t0 = time.time()
     p = params
-    verify_manifest(Path(model_dir))
     ppo = p.algorithm == "ppo"
     if ppo:
         from fedagent.model.critic_dir import critic_of
@@ -86,7 +85,6 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         # with the start model's HF config, so its weights must fit that config exactly.
         from fedagent.train.verl.ref_model import same_architecture
 
-        verify_manifest(Path(ref_model_dir))
         if not same_architecture(model_dir, ref_model_dir):
             raise ValueError(f"train.backend=verl: the KL reference {ref_model_dir} is not the architecture of the "
                              f"start model {model_dir} (config.json differs), and verl builds it with the start "
@@ -94,7 +92,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         ref_dir = Path(ref_model_dir).resolve()
     out_dir = Path(out_dir)
     workdir = out_dir.parent / f".verl-{out_dir.name}"
-    with launch.isolated_job(workdir, round=round, client=client) as job:
+    # The start model's (and another reference's) manifests: listings and sizes now, every file's
+    # sha256 in threads while verl runs (at 1.7B ≈ 7 GB a dir, no longer hashed before the launch);
+    # the update is committed only after they pass (inputs.wait() in the atomic_dir below).
+    inputs_to_check = [Path(model_dir)] + ([Path(ref_model_dir)] if ref_dir is not None else [])
+    with verifying(inputs_to_check) as inputs, launch.isolated_job(workdir, round=round, client=client) as job:
         rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
         record = job.workdir / "episodes.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
@@ -155,6 +157,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         clock.phases.update(launch.phase_totals(steps))
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
+            inputs.wait()          # nothing derived from an unverified start model reaches the final path
             conv = write_update(actor, model_dir, staging)
             critic_record = {}
             if ppo:
