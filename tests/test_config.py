@@ -99,7 +99,7 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
 def test_sampler_widths_need_the_gpu_path_and_sit_below_the_widest(section):
     """train/eval.sampler_widths (issue 29's width buckets): each below max_prompt_tokens, GPU local path only."""
     cfg = REPO / "config" / "config.yaml"
-    with pytest.raises(ConfigError, match=f"'{section}.sampler_widths'.*{section}.device cuda"):
+    with pytest.raises(ConfigError, match=f"'{section}.sampler_widths'.*{section}.device cuda; got 'cpu'"):
         load_config(cfg, {f"{section}.sampler_widths": [64]})
     gpu = {f"{section}.device": "cuda", f"{section}.max_prompt_tokens": 512}
     with pytest.raises(ConfigError, match=rf"'{section}.sampler_widths'.*\[512\]: each width must be below "

@@ -260,9 +260,9 @@ def _sampler_widths(section: str):
         widths = get(f"{section}.sampler_widths")
         if not widths:
             return None
-        if get(f"{section}.device") != "cuda" or get(f"{section}.backend") != "local":
-            return (f"{widths} is for the local GPU path's static-cache sampler ({section}.device cuda, "
-                    f"{section}.backend local; got {get(f'{section}.device')}, {get(f'{section}.backend')})")
+        if get(f"{section}.device") != "cuda":
+            return (f"{widths} is for the GPU path's static-cache sampler ({section}.device cuda; "
+                    f"got {get(f'{section}.device')!r})")
         top = get(f"{section}.max_prompt_tokens")
         over = [w for w in widths if w >= top]
         if over:
@@ -271,11 +271,11 @@ def _sampler_widths(section: str):
     return check
 
 
-# Width buckets of the static-cache sampler (fedagent.model.static_sampler): GPU, local backend only.
+# Width buckets of the static-cache sampler (fedagent.model.static_sampler): the GPU path (like
+# {train,eval}.sampler, not read by the verl / vLLM backends, which run their own engines).
 for _section in ("train", "eval"):
     cross_rule(f"{_section}.sampler_widths",
-               [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.backend",
-                f"{_section}.max_prompt_tokens"],
+               [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.max_prompt_tokens"],
                violation={f"{_section}.sampler_widths": [64]})(_sampler_widths(_section))
 
 
