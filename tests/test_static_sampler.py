@@ -265,3 +265,19 @@ def test_compile_graph_modes_step_traces_and_samples_what_the_plain_step_does(po
             a = plain(model, tok, [ps[i] for i in idx], 10, temperature, gen())
             b = s(model, tok, [ps[i] for i in idx], 10, temperature, gen())
             assert [g.response_ids for g in a] == [g.response_ids for g in b]
+
+
+def test_each_widths_index_tensors_are_made_once_and_kept(policy):
+    """A recorded CUDA graph (mode "graph") reads ``_slots`` at its captured address: a call must never
+    replace a width's index tensors (a fresh tensor per call would leave the graph reading freed
+    memory the allocator hands to other tensors, silently changing the attention mask)."""
+    model, tok = policy
+    ps = _prompts(tok)
+    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=4, mode="eager",
+                      widths=(min(len(p) for p in ps),))
+    seen = {}
+    for idx in ([0], [0, 1, 2], [0], [1, 2], [0]):
+        s(model, tok, [ps[i] for i in idx], 4, 0.0, None)
+        ids = (s._slots.data_ptr(), s._cache_positions.data_ptr(), id(s._slots), id(s._cache_positions))
+        assert seen.setdefault(s._w, ids) == ids, f"width {s._w}: index tensors replaced between calls"
+    assert len(seen) == 2

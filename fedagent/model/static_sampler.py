@@ -72,7 +72,7 @@ class StaticSampler:
         self.max_new_tokens = int(max_new_tokens)
         self.sync_every = max(1, int(sync_every))
         # One static cache per width (the widest's is the plain lazily-built one); narrower ones are
-        # views of the widest's buffers (:meth:`_bucket`), made at their first use.
+        # views of the widest's buffers (:meth:`_share_storage`), made at their first use.
         self._caches = {w: StaticCache(config=model.config, max_cache_len=w + self.max_new_tokens) for w in self.widths}
         self.cache = self._caches[self.width]
         self.stops = torch.tensor(stop_token_ids(model, tokenizer), dtype=torch.long, device=self.device)
@@ -102,6 +102,7 @@ class StaticSampler:
                          if mode == "compile_graph" else self._masked_step)
         self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
         self._shared: set[int] = set()           # widths whose cache already views the widest's buffers
+        self._index: dict[int, tuple] = {}       # per width: (slot indices, decode cache positions), kept
         self._select(self.width)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect
@@ -180,9 +181,14 @@ class StaticSampler:
         if w != self.width and w not in self._shared:
             self._share_storage(self._caches[w])
             self._shared.add(w)
+        if w not in self._index:
+            # Made once per width and kept: a recorded CUDA graph reads ``_slots`` at the address it
+            # had when captured, so these tensors must never be replaced (a fresh tensor per call
+            # would leave the graph reading freed memory that the allocator hands to other tensors).
+            self._index[w] = (torch.arange(w + self.max_new_tokens, device=self.device),
+                              torch.arange(w, w + self.max_new_tokens, device=self.device))
         self._w, self.cache = w, self._caches[w]
-        self._slots = torch.arange(w + self.max_new_tokens, device=self.device)
-        self._cache_positions = torch.arange(w, w + self.max_new_tokens, device=self.device)
+        self._slots, self._cache_positions = self._index[w]
 
     def _share_storage(self, cache) -> None:
         """Point a narrower width's cache layers at the first slots' worth of the widest's buffers.
