@@ -89,9 +89,9 @@ class StaticSampler:
             self._decode = self._graph_step if mode in ("graph", "compile_graph") else self._decode_step
             self._pick_first = _pick
         # compile_prefill: the prompt's forward through inductor too (fused norms, rotary and
-        # activations; no CUDA graphs), one static specialisation per width. A width's first
-        # prefill runs eagerly, so transformers initialises (and marks static) its cache outside
-        # any trace; later ones are compiled.
+        # activations; no CUDA graphs), one static specialisation per width, only once the width's
+        # cache is initialised outside any trace (a narrower width's at its first use, as views; the
+        # widest's, alone, by its first, eager, prefill).
         self._prefill_compiled = (torch.compile(self._prefill, fullgraph=False, dynamic=False)
                                   if compile_prefill else None)
         # "compile_graph": the masked step through inductor (fused kernels, no CUDA graphs of its own,
@@ -101,8 +101,9 @@ class StaticSampler:
         self._step_fn = (torch.compile(self._masked_step, fullgraph=False, dynamic=False)
                          if mode == "compile_graph" else self._masked_step)
         self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
-        self._shared: set[int] = set()           # widths whose cache already views the widest's buffers
-        self._index: dict[int, tuple] = {}       # per width: (slot indices, decode cache positions), kept
+        # per width used so far: (slot indices, decode cache positions), kept; a narrower width's
+        # cache views the widest's buffers from its first use on
+        self._index: dict[int, tuple] = {}
         self._select(self.width)
         # transformers < 5 took explicit cache positions; 5.x static layers count their own.
         import inspect
@@ -177,11 +178,10 @@ class StaticSampler:
         return out.logits[:, -1, :]
 
     def _select(self, w: int) -> None:
-        """Make width ``w``'s cache, slot indices and positions the current ones."""
-        if w != self.width and w not in self._shared:
-            self._share_storage(self._caches[w])
-            self._shared.add(w)
+        """Make width ``w``'s cache, slot indices and positions the current ones (set up at its first use)."""
         if w not in self._index:
+            if w != self.width:
+                self._share_storage(self._caches[w])
             # Made once per width and kept: a recorded CUDA graph reads ``_slots`` at the address it
             # had when captured, so these tensors must never be replaced (a fresh tensor per call
             # would leave the graph reading freed memory that the allocator hands to other tensors).
