@@ -94,14 +94,46 @@ def bench_hf(model, prompts, reps):
 
 
 def bench_local(model, tok, prompts, reps, mode="compile", profile=False, profile_dir=None):
+    """One local sampler mode's full call, first call and prefill/decode split (see LOCAL_MODES)."""
+    import torch
+
+    base, prefill, fused, mea = parse_local_mode(mode)
+    # "_mea": SDPA without its cuDNN backend (the memory-efficient kernel takes the masked attention),
+    # from the first trace on, so the compiled graphs bake that choice in.
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(not mea and cudnn)
+    try:
+        return _bench_local(model, tok, prompts, reps, mode, base, prefill, fused, profile, profile_dir)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+
+
+LOCAL_BASES = ("compile", "graph", "compile_graph")
+# every local mode: a sampler mode, then optionally "_prefill" (the prefill compiled too,
+# StaticSampler(compile_prefill=True)), "_fused" (merged projections, StaticSampler(fused=True)) and
+# "_mea" (no cuDNN attention), in that order
+LOCAL_MODES = [b + p + f + a for b in LOCAL_BASES for p in ("", "_prefill") for f in ("", "_fused")
+               for a in ("", "_mea")]
+
+
+def parse_local_mode(mode: str) -> tuple[str, bool, bool, bool]:
+    """``mode`` as (sampler mode, compile_prefill, fused, memory-efficient attention)."""
+    mea = mode.endswith("_mea")
+    mode = mode.removesuffix("_mea")
+    fused = mode.endswith("_fused")
+    mode = mode.removesuffix("_fused")
+    prefill = mode.endswith("_prefill")
+    return mode.removesuffix("_prefill"), prefill, fused, mea
+
+
+def _bench_local(model, tok, prompts, reps, mode, base, prefill, fused, profile, profile_dir):
     import torch
 
     from fedagent.model.static_sampler import StaticSampler
 
-    # "<mode>_prefill": that sampler mode with the prefill compiled too (StaticSampler(compile_prefill=True))
+    # fused: merges the model's projections in place (kept for the modes after it: they run last)
     s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW,
-                      mode=mode.removesuffix("_prefill"), sync_every=NEW + 1,
-                      compile_prefill=mode.endswith("_prefill"))
+                      mode=base, sync_every=NEW + 1, compile_prefill=prefill, fused=fused)
     s.stops = torch.tensor([-1], device="cuda")          # exactly NEW tokens per row, like the others
     gen = torch.Generator().manual_seed(1)
     t0 = time.time()
@@ -429,36 +461,53 @@ def generation(args, out) -> None:
     model = model.to(torch.bfloat16)
     prompts = _prompts(model.config.vocab_size)
     gen_tokens = B * NEW
-    t_hf = bench_hf(model, prompts, args.reps)
-    out["hf_eager_tok_s"] = gen_tokens / t_hf
-    out["hf_eager_peak"] = _peak()
-    for mode in args.local_modes:
-        torch.cuda.empty_cache()
-        _reset_peak()
-        t_local, first, split = bench_local(model, tok, prompts, args.reps, mode, args.profile, args.profile_dir)
-        out[f"local_{mode}_split"] = split
-        out[f"local_{mode}_peak"] = _peak()   # the bf16 weights + its static KV cache and graphs
-        # "local_tok_s" is the default mode's (the first listed) row; every mode has its own key.
-        out[f"local_{mode}_tok_s"] = gen_tokens / t_local
-        out[f"local_{mode}_first_call_s"] = first
-        out.setdefault("local_tok_s", gen_tokens / t_local)
-        out.setdefault("local_mode", mode)
-        _save(args, out)
-    print(json.dumps(out), flush=True)
-    del model
-    torch.cuda.empty_cache()
     with tempfile.TemporaryDirectory() as tmp:
         if args.vllm_pythonpath:
-            # vLLM loads safetensors in bf16 itself; give it a bf16 copy so load time is comparable.
+            # First: the column the others are judged against (a local mode that fails or runs the
+            # call out of time leaves it measured). vLLM loads the fp32 safetensors in bf16 itself.
             v = bench_vllm(args.model, prompts, args.reps, args.vllm_pythonpath, tmp)
             out["vllm_tok_s"] = gen_tokens / v["median_s"]
             out["vllm_engine_start_s"] = v["engine_start_s"]
             out["vllm_split"] = {"prefill_s": v["prefill_s"],
                                  "decode_step_ms": (v["median_s"] - v["prefill_s"]) / max(NEW - 1, 1) * 1e3}
+            _save(args, out)
+            print("VLLM " + json.dumps({k: out[k] for k in ("vllm_tok_s", "vllm_engine_start_s", "vllm_split")}),
+                  flush=True)
+    t_hf = bench_hf(model, prompts, args.reps)
+    out["hf_eager_tok_s"] = gen_tokens / t_hf
+    out["hf_eager_peak"] = _peak()
+    # fused modes last: fusing changes the model in place for every later mode
+    for mode in sorted(args.local_modes, key=lambda m: parse_local_mode(m)[2]):
+        torch.cuda.empty_cache()
+        _reset_peak()
+        try:
+            t_local, first, split = bench_local(model, tok, prompts, args.reps, mode, args.profile, args.profile_dir)
+        except Exception as e:        # a mode that fails is a row, not the end of the run
+            out[f"local_{mode}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"LOCAL {mode}: {out[f'local_{mode}_error']}", flush=True)
+            _save(args, out)
+            continue
+        out[f"local_{mode}_split"] = split
+        out[f"local_{mode}_peak"] = _peak()   # the bf16 weights + its static KV cache and graphs
+        # "local_tok_s" is the first listed mode's row; every mode has its own key.
+        out[f"local_{mode}_tok_s"] = gen_tokens / t_local
+        out[f"local_{mode}_first_call_s"] = first
+        if "vllm_tok_s" in out:
+            out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
+        print(f"LOCAL {mode}: " + json.dumps({k[len(f'local_{mode}_'):]: v for k, v in out.items()
+                                              if k.startswith(f"local_{mode}_")}), flush=True)
+        _save(args, out)
+    ok = [m for m in args.local_modes if f"local_{m}_tok_s" in out]
+    if ok:
+        out["local_mode"] = ok[0]
+        out["local_tok_s"] = out[f"local_{ok[0]}_tok_s"]
+        if "vllm_tok_s" in out:
             out["local_over_vllm"] = out["local_tok_s"] / out["vllm_tok_s"]
-            for mode in args.local_modes:
-                out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
-    out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
+    print(json.dumps(out), flush=True)
+    del model
+    torch.cuda.empty_cache()
+    if "local_tok_s" in out:
+        out["local_over_hf_eager"] = out["local_tok_s"] / out["hf_eager_tok_s"]
     _save(args, out)
 
 
@@ -485,9 +534,10 @@ def main(argv=None) -> int:
                     help="training step variants to time (see bench_train; none given: generation only)")
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"],
-                    choices=["compile", "graph", "compile_graph", "compile_prefill", "compile_graph_prefill"],
-                    help="StaticSampler modes to time (the first, by default the backend's default, is "
-                         "reported as local_tok_s)")
+                    choices=LOCAL_MODES, metavar="MODE",
+                    help="StaticSampler modes to time: compile, graph or compile_graph, then optionally _prefill "
+                         "(the prefill compiled too), _fused (merged projections), _mea (no cuDNN attention); "
+                         "the first that runs is reported as local_tok_s")
     ap.add_argument("--profile", action="store_true",
                     help="after timing each training mode and local sampler mode, print its top CUDA kernels "
                          "(torch.profiler; a sampler mode: one full call and one prefill-only call)")
@@ -541,13 +591,16 @@ def main(argv=None) -> int:
         print(f"\ngeneration B{B} prompt {PROMPT} new {NEW} on {out['device']}")
         print(f"  hf_eager {out['hf_eager_tok_s']:10.0f} tok/s")
         for mode in args.local_modes:
+            if f"local_{mode}_error" in out:
+                print(f"  local {mode}: {out[f'local_{mode}_error']}")
+                continue
             tps = out[f"local_{mode}_tok_s"]
             print(f"  local {mode:7s} {tps:8.0f} tok/s  ({tps / out['hf_eager_tok_s']:.2f}x hf_eager"
                   + (f", {tps / out['vllm_tok_s']:.2f}x vllm" if "vllm_tok_s" in out else "")
                   + f"; first call {out[f'local_{mode}_first_call_s']:.1f} s)")
         if "vllm_tok_s" in out:
             print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (engine start {out['vllm_engine_start_s']:.0f} s)")
-        for key in [f"local_{m}_split" for m in args.local_modes] + (["vllm_split"] if "vllm_split" in out else []):
+        for key in [f"local_{m}_split" for m in args.local_modes if f"local_{m}_split" in out] + (["vllm_split"] if "vllm_split" in out else []):
             sp = out[key]
             print(f"  {key[:-6]:14s} prefill {sp['prefill_s'] * 1e3:7.1f} ms, decode {sp['decode_step_ms']:6.2f} ms/step")
     for tr in out["train"].values():
@@ -561,7 +614,7 @@ def main(argv=None) -> int:
               f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f}; HFU {tr['hfu']:.3f}); "
               f"peak GPU memory {tr['peak_reserved_mib']} MiB reserved, {tr['peak_allocated_mib']} allocated")
     if not args.skip_generation:
-        for key in ["hf_eager_peak"] + [f"local_{m}_peak" for m in args.local_modes]:
+        for key in ["hf_eager_peak"] + [f"local_{m}_peak" for m in args.local_modes if f"local_{m}_peak" in out]:
             print(f"  generation {key[:-5]}: peak GPU memory {out[key]['peak_reserved_mib']} MiB reserved")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

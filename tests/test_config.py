@@ -109,3 +109,13 @@ def test_sampler_widths_need_the_gpu_path_and_sit_below_the_widest(section):
         load_config(cfg, {**gpu, f"{section}.sampler_widths": [128, 128]})
     got = load_config(cfg, {**gpu, f"{section}.sampler_widths": [128, 256]})
     assert got[section]["sampler_widths"] == [128, 256]
+
+
+@pytest.mark.parametrize("section", ["train", "eval"])
+def test_sampler_fused_needs_the_gpu_path(section):
+    """train/eval.sampler_fused (merged projections in the static-cache sampler): never silently unused on the CPU."""
+    cfg = REPO / "config" / "config.yaml"
+    with pytest.raises(ConfigError, match=f"'{section}.sampler_fused'.*{section}.device cuda; got 'cpu'"):
+        load_config(cfg, {f"{section}.sampler_fused": True})
+    assert load_config(cfg, {f"{section}.device": "cuda", f"{section}.sampler_fused": True})[section]["sampler_fused"]
+    assert load_config(cfg, {})[section]["sampler_fused"] is False

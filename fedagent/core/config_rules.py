@@ -279,6 +279,21 @@ for _section in ("train", "eval"):
                violation={f"{_section}.sampler_widths": [64]})(_sampler_widths(_section))
 
 
+def _sampler_fused(section: str):
+    def check(get):
+        if get(f"{section}.sampler_fused") and get(f"{section}.device") != "cuda":
+            return (f"true is for the GPU path's static-cache sampler ({section}.device cuda; "
+                    f"got {get(f'{section}.device')!r})")
+        return None
+    return check
+
+
+# Merged projections for the static-cache sampler (fedagent.model.fused_projections): the GPU path.
+for _section in ("train", "eval"):
+    cross_rule(f"{_section}.sampler_fused", [f"{_section}.sampler_fused", f"{_section}.device"],
+               violation={f"{_section}.sampler_fused": True})(_sampler_fused(_section))
+
+
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
             violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"})
 def _critic_path_has_a_value_head(get):

@@ -44,6 +44,7 @@ class EvalParams:
     device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
     sampler: str = "compile"
     sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
+    sampler_fused: bool = False        # cuda: the model's q/k/v and gate/up projections merged (one GEMM each)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -119,6 +120,8 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
     out["params"] = dataclasses.asdict(params)
     if not params.sampler_widths:     # only when set (eval.json of other runs as they were)
         out["params"].pop("sampler_widths")
+    if not params.sampler_fused:      # likewise: only when on
+        out["params"].pop("sampler_fused")
     return out
 
 
@@ -208,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
             sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
                                     max_prompt_tokens=params.max_prompt_tokens,
                                     max_new_tokens=params.max_new_tokens, mode=params.sampler,
-                                    widths=params.sampler_widths)
+                                    widths=params.sampler_widths, fused=params.sampler_fused)
         clock.mark("model_loaded")
         if backend == "local" and params.device == "cuda" and params.sampler != "eager":
             sampler.warmup(params.temperature)

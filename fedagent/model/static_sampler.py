@@ -26,6 +26,9 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   steps, never per token;
 - :meth:`StaticSampler.warmup` runs the compiled shapes once before the job needs them (the
   train job calls it while its env service starts), without touching the sampling stream;
+- ``fused``: each decoder layer's q/k/v and gate/up projections merged into one GEMM each, as vLLM
+  loads them (:mod:`fedagent.model.fused_projections`; the decode step's small GEMMs run far below
+  the card's bandwidth one by one);
 - ``widths`` (width buckets, issue 29): narrower prompt widths beside ``max_prompt_tokens``. A
   call is padded to the narrowest width that holds its longest prompt, so its prefill computes
   that many columns per row and every decode step attends that many cache slots plus the new
@@ -46,6 +49,7 @@ from typing import Sequence
 
 import torch
 
+from fedagent.model.fused_projections import check_fused, fuse_projections
 from fedagent.model.policy import Generation, stop_token_ids
 
 
@@ -54,7 +58,7 @@ class StaticSampler:
 
     def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
                  mode: str = "compile", sync_every: int = 8, widths: Sequence[int] = (),
-                 compile_prefill: bool = False):
+                 compile_prefill: bool = False, fused: bool = False):
         from transformers import StaticCache
 
         if mode not in MODES:
@@ -65,6 +69,11 @@ class StaticSampler:
         if bad:
             raise ValueError(f"sampler widths {bad}: each must be >= 1 and below max_prompt_tokens={max_prompt_tokens}")
         self.model, self.mode = model, mode
+        # fused: the model's q/k/v and gate/up projections merged in place, one GEMM each (after the
+        # model's last .to(); the caller's weight copies land in the merged tensors).
+        self.fused = bool(fused)
+        if self.fused:
+            fuse_projections(model)
         self.device = next(model.parameters()).device
         self.batch_size = int(batch_size)
         self.width = int(max_prompt_tokens)              # the widest width: the longest prompt it takes
@@ -259,6 +268,8 @@ class StaticSampler:
         """Sample one answer per prompt (at most ``batch_size`` prompts per call)."""
         if model is not self.model:
             raise ValueError("StaticSampler is bound to the model it was built for")
+        if self.fused:
+            check_fused(model)
         if not prompts:
             return []
         if temperature > 0 and generator is None:

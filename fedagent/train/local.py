@@ -63,6 +63,7 @@ class TrainParams:
     device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
     sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
     sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
+    sampler_fused: bool = False        # cuda: the rollout copy's q/k/v and gate/up projections merged (one GEMM each)
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
@@ -98,6 +99,8 @@ class TrainParams:
             d.pop("activation_checkpointing")
         if not self.sampler_widths:             # likewise: only when set
             d.pop("sampler_widths")
+        if not self.sampler_fused:              # likewise: only when on
+            d.pop("sampler_fused")
         return d
 
 
@@ -194,7 +197,8 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         rollout_model = copy.deepcopy(model).to(torch.bfloat16)
         rollout_model.requires_grad_(False)
         sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
-                                max_new_tokens=p.max_new_tokens, mode=p.sampler, widths=p.sampler_widths)
+                                max_new_tokens=p.max_new_tokens, mode=p.sampler, widths=p.sampler_widths,
+                                fused=p.sampler_fused)
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
