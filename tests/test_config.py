@@ -112,10 +112,14 @@ def test_sampler_widths_need_the_gpu_path_and_sit_below_the_widest(section):
 
 
 @pytest.mark.parametrize("section", ["train", "eval"])
-def test_sampler_fused_needs_the_gpu_path(section):
-    """train/eval.sampler_fused (merged projections in the static-cache sampler): never silently unused on the CPU."""
+@pytest.mark.parametrize("switch", ["sampler_fused", "sampler_compile_prefill"])
+def test_sampler_switches_need_the_gpu_path(section, switch):
+    """train/eval.sampler_fused (merged projections) and sampler_compile_prefill (the compiled prefill)
+    of the static-cache sampler: never silently unused on the CPU."""
     cfg = REPO / "config" / "config.yaml"
-    with pytest.raises(ConfigError, match=f"'{section}.sampler_fused'.*{section}.device cuda; got 'cpu'"):
-        load_config(cfg, {f"{section}.sampler_fused": True})
-    assert load_config(cfg, {f"{section}.device": "cuda", f"{section}.sampler_fused": True})[section]["sampler_fused"]
-    assert load_config(cfg, {})[section]["sampler_fused"] is False
+    with pytest.raises(ConfigError, match=f"'{section}.{switch}'.*{section}.device cuda; got 'cpu'"):
+        load_config(cfg, {f"{section}.{switch}": True})
+    assert load_config(cfg, {f"{section}.device": "cuda", f"{section}.{switch}": True})[section][switch]
+    assert load_config(cfg, {})[section][switch] is False
+    gpu = load_config(cfg, {f"{section}.device": "cuda", f"{section}.sampler": "compile_graph"})
+    assert gpu[section]["sampler"] == "compile_graph"

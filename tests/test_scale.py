@@ -391,8 +391,8 @@ def test_gpu_mem_prints_the_terms_and_what_fits(monkeypatch, capsys):
     # the preset declares its jobs' memory (measured peaks + its larger pool): those are the sizes
     assert gpu_mem.run(parser.parse_args(["--configfile", preset])) == 0
     out = capsys.readouterr().out
-    assert "train_client   55296 MiB\n" in out and "eval           25600 MiB\n" in out
-    assert "2 train + 1 eval = 136192 MiB of 138000: fits" in out
+    assert "train_client   55296 MiB\n" in out and "eval           26624 MiB\n" in out
+    assert "2 train + 1 eval = 137216 MiB of 138000: fits" in out
     # the estimate, at the pool the preset was first sized with
     estimate = ["--set", "train.gpu_mem_gb=null", "--set", "eval.gpu_mem_gb=null", "--set", "env.pool_size=16",
                 "--set", "eval.batch=16"]

@@ -141,7 +141,7 @@ if _MATRIX_ROLE != MATRIX_CATALOGUE_DIR:
 # Per-job params: only what changes that job's result, so a change re-runs only what it touches.
 def job_params(section, drop):
     """A train/eval section's job knobs: ``sampler``/``compile_train`` only matter (and only count) on cuda,
-    ``sampler_widths`` only when set, ``sampler_fused`` only when true;
+    ``sampler_widths`` only when set, ``sampler_fused`` / ``sampler_compile_prefill`` only when true;
     ``residual_dtype`` counts only when not float32 (bfloat16 needs cuda: a config error otherwise),
     ``activation_checkpointing`` only when true."""
     d = {k: v for k, v in config[section].items() if k not in drop}
@@ -151,9 +151,10 @@ def job_params(section, drop):
     # sampler_widths only when set (a config error on the CPU; a default run's params stay as they were)
     if not d.get("sampler_widths"):
         d.pop("sampler_widths", None)
-    # sampler_fused only when on (likewise)
-    if not d.get("sampler_fused"):
-        d.pop("sampler_fused", None)
+    # sampler_fused / sampler_compile_prefill only when on (likewise)
+    for key in ("sampler_fused", "sampler_compile_prefill"):
+        if not d.get(key):
+            d.pop(key, None)
     # train.residual_dtype only when not the default (a default run's params and cached jobs stay as they were)
     if d.get("residual_dtype") == "float32":
         d.pop("residual_dtype")

@@ -220,6 +220,22 @@ for _req in REQUIREMENTS:
     cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
 
 
+# Seen on the H200 (2026-12-04, bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B,
+# 64 rows): the CUDA-graphed training step with its rows in two micro-batches fails in the second
+# ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"; one micro-batch
+# of all 64 rows ran). Refused before any job until a fix is measured on the GPU.
+@cross_rule("train.compile_train", ["train.compile_train", "train.micro_batch_size", "train.mini_batch_size"],
+            violation={"train.compile_train": True, "train.device": "cuda", "train.micro_batch_size": 2,
+                       "train.mini_batch_size": 4})
+def _compiled_step_takes_one_micro_batch(get):
+    if get("train.compile_train") and get("train.micro_batch_size") < get("train.mini_batch_size"):
+        return (f"true with train.micro_batch_size={get('train.micro_batch_size')} < train.mini_batch_size="
+                f"{get('train.mini_batch_size')}: the compiled, CUDA-graphed training step fails on its second "
+                "micro-batch on the GPU (docs/results.md, 1.7B); set micro_batch_size to mini_batch_size or "
+                "compile_train to false")
+    return None
+
+
 @cross_rule("warm_start.demos", ["warm_start.enabled", "warm_start.demos", "env.kind", "env.train_games",
                                  "clients.total", "partition.min_tasks_per_client"],
             violation={"warm_start.enabled": True, "warm_start.demos": 4})
@@ -279,19 +295,22 @@ for _section in ("train", "eval"):
                violation={f"{_section}.sampler_widths": [64]})(_sampler_widths(_section))
 
 
-def _sampler_fused(section: str):
+def _gpu_sampler_switch(key: str):
     def check(get):
-        if get(f"{section}.sampler_fused") and get(f"{section}.device") != "cuda":
+        section = key.split(".")[0]
+        if get(key) and get(f"{section}.device") != "cuda":
             return (f"true is for the GPU path's static-cache sampler ({section}.device cuda; "
                     f"got {get(f'{section}.device')!r})")
         return None
     return check
 
 
-# Merged projections for the static-cache sampler (fedagent.model.fused_projections): the GPU path.
+# Merged projections (fedagent.model.fused_projections) and the compiled prefill of the static-cache
+# sampler: the GPU path only, never silently unused on the CPU.
 for _section in ("train", "eval"):
-    cross_rule(f"{_section}.sampler_fused", [f"{_section}.sampler_fused", f"{_section}.device"],
-               violation={f"{_section}.sampler_fused": True})(_sampler_fused(_section))
+    for _switch in ("sampler_fused", "sampler_compile_prefill"):
+        cross_rule(f"{_section}.{_switch}", [f"{_section}.{_switch}", f"{_section}.device"],
+                   violation={f"{_section}.{_switch}": True})(_gpu_sampler_switch(f"{_section}.{_switch}"))
 
 
 @cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],

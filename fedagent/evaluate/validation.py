@@ -45,6 +45,7 @@ class EvalParams:
     sampler: str = "compile"
     sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
     sampler_fused: bool = False        # cuda: the model's q/k/v and gate/up projections merged (one GEMM each)
+    sampler_compile_prefill: bool = False   # cuda: the sampler's prefill through torch.compile too
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -122,6 +123,8 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
         out["params"].pop("sampler_widths")
     if not params.sampler_fused:      # likewise: only when on
         out["params"].pop("sampler_fused")
+    if not params.sampler_compile_prefill:   # likewise
+        out["params"].pop("sampler_compile_prefill")
     return out
 
 
@@ -211,7 +214,8 @@ def _run(args: argparse.Namespace) -> int:
             sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
                                     max_prompt_tokens=params.max_prompt_tokens,
                                     max_new_tokens=params.max_new_tokens, mode=params.sampler,
-                                    widths=params.sampler_widths, fused=params.sampler_fused)
+                                    widths=params.sampler_widths, fused=params.sampler_fused,
+                                    compile_prefill=params.sampler_compile_prefill)
         clock.mark("model_loaded")
         if backend == "local" and params.device == "cuda" and params.sampler != "eager":
             sampler.warmup(params.temperature)

@@ -15,8 +15,8 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   cache dir ``TORCHINDUCTOR_CACHE_DIR`` that a run's jobs share); ``"graph"``: the eager
   step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
   kernels, a capture of well under a second); ``"compile_graph"``: the step through inductor (fused
-  kernels) recorded the same way (one replay per token, no Dynamo guards on the host per token; bench
-  only until measured on the GPU); ``"eager"`` runs the step as it is;
+  kernels) recorded the same way (one replay per token, no Dynamo guards on the host per token; the
+  fastest decode measured at 1.7B on the H200, docs/results.md); ``"eager"`` runs the step as it is;
 - sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
   generator seeded from the caller's (derived) seed: the one random kernel runs outside the
   graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
@@ -398,8 +398,10 @@ class StaticSampler:
             for w in self.widths:          # every width's graph / compiled specialisation
                 self._force_width = w
                 if self.mode in ("graph", "compile_graph"):
-                    # One call of two tokens: the prefill, then one decode step, recorded on its first run.
-                    self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
+                    # One call of two tokens: the prefill, then one decode step, recorded on its first run
+                    # (with compile_prefill a second: a width's first prefill runs eagerly, the next is traced).
+                    for _ in range(2 if self._prefill_compiled is not None else 1):
+                        self(self.model, None, [[self.pad_id]], min(2, self.max_new_tokens), temperature, gen)
                 else:
                     # Two calls: CUDA graph trees record on the second run of a compiled function.
                     for _ in range(2):
@@ -411,7 +413,7 @@ class StaticSampler:
         return time.time() - t0
 
 
-MODES = ("compile", "graph", "eager", "compile_graph")   # compile_graph: bench only until measured (not a config value)
+MODES = ("compile", "graph", "eager", "compile_graph")
 
 
 def _pick(logits, noise, inv_t):

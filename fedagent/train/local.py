@@ -64,6 +64,7 @@ class TrainParams:
     sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
     sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
     sampler_fused: bool = False        # cuda: the rollout copy's q/k/v and gate/up projections merged (one GEMM each)
+    sampler_compile_prefill: bool = False   # cuda: the sampler's prefill through torch.compile too
     compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
     residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
@@ -101,6 +102,8 @@ class TrainParams:
             d.pop("sampler_widths")
         if not self.sampler_fused:              # likewise: only when on
             d.pop("sampler_fused")
+        if not self.sampler_compile_prefill:    # likewise
+            d.pop("sampler_compile_prefill")
         return d
 
 
@@ -198,7 +201,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         rollout_model.requires_grad_(False)
         sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
                                 max_new_tokens=p.max_new_tokens, mode=p.sampler, widths=p.sampler_widths,
-                                fused=p.sampler_fused)
+                                fused=p.sampler_fused, compile_prefill=p.sampler_compile_prefill)
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
