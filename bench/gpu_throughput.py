@@ -602,6 +602,8 @@ def main(argv=None) -> int:
                                                 profile=args.profile, profile_dir=args.profile_dir, micro=micro)
             except torch.OutOfMemoryError as e:      # a variant that does not fit is a row, not the end of the run
                 out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"OOM: {str(e)[:200]}"}
+            except Exception as e:                   # so is one that fails (seen: compiled at micro 32 of 64, 2026-12-04)
+                out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"TRAIN {key}: " + json.dumps(out["train"][key]), flush=True)
             _save(args, out)
             import gc
