@@ -123,3 +123,16 @@ def test_sampler_switches_need_the_gpu_path(section, switch):
     assert load_config(cfg, {})[section][switch] is False
     gpu = load_config(cfg, {f"{section}.device": "cuda", f"{section}.sampler": "compile_graph"})
     assert gpu[section]["sampler"] == "compile_graph"
+
+
+@pytest.mark.parametrize("section, engine", [("train", "verl"), ("eval", "vllm")])
+def test_sampler_keys_with_a_backend_that_runs_its_own_engine_are_refused(section, engine):
+    """The static-cache sampler's keys would be silently unused by verl / vLLM: an error at plan time
+    naming the key (seen passing silently before this rule)."""
+    cfg = REPO / "config" / "config.yaml"
+    base = {f"{section}.device": "cuda", f"{section}.backend": engine,
+            **({"train.ref_anchor": "round"} if section == "train" else {})}
+    load_config(cfg, base)                                   # the defaults pass
+    for key, value in (("sampler", "graph"), ("sampler_fused", True), ("sampler_compile_prefill", True)):
+        with pytest.raises(ConfigError, match=f"config key '{section}.{key}'.*{section}.backend {engine} does not use"):
+            load_config(cfg, {**base, f"{section}.{key}": value})

@@ -220,6 +220,29 @@ for _req in REQUIREMENTS:
     cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
 
 
+def _sampler_key_unused(key: str, engine: str, default):
+    def check(get):
+        section = key.split(".")[0]
+        if get(f"{section}.backend") == engine and get(key) != default:
+            return (f"{get(key)!r} sets the local GPU path's static-cache sampler, which {section}.backend {engine} "
+                    f"does not use ({engine} runs its own engine): leave it at {default!r} or use {section}.backend local")
+        return None
+    return check
+
+
+# The static-cache sampler's keys with a backend that runs its own engine (verl's vLLM for training,
+# vLLM for the eval) would be silently unused: refused at plan time (no job carries {section}.backend).
+for _section, _engine in (("train", "verl"), ("eval", "vllm")):
+    for _key, _default, _bad in (("sampler", "compile", "graph"), ("sampler_widths", [], [64]),
+                                 ("sampler_fused", False, True), ("sampler_compile_prefill", False, True)):
+        PLAN_ONLY_RULES.add(f"{_section}.{_key}")     # this rule: plan time only
+        cross_rule(f"{_section}.{_key}", [f"{_section}.{_key}", f"{_section}.backend"],
+                   violation={f"{_section}.{_key}": _bad, f"{_section}.device": "cuda", f"{_section}.backend": _engine,
+                              f"{_section}.max_prompt_tokens": 512,
+                              **({"train.ref_anchor": "round"} if _section == "train" else {})})(
+            _sampler_key_unused(f"{_section}.{_key}", _engine, _default))
+
+
 # Seen on the H200 (2026-12-04, bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B,
 # 64 rows): the CUDA-graphed training step with its rows in two micro-batches fails in the second
 # ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"; one micro-batch
