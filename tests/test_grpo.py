@@ -163,6 +163,38 @@ def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir,
     assert json.loads((tmp_path / "m" / "config.json").read_text()).get("attn_implementation") in (None, "sdpa")
 
 
+def test_compiled_training_accumulates_micro_batches_into_gradients_it_keeps(tiny_dir):
+    """train.compile_train: every .grad is allocated before the step and zeroed in place, so a
+    CUDA-graph replay can never own a parameter's gradient between micro-batches (the step's
+    numbers are the plain path's). Seen failing with zero_grad(set_to_none=True) for the compiled
+    model (gradients re-made every step); the GPU failure itself needs CUDA graphs."""
+    from fedagent.train.actor import token_slices, update_step
+    from fedagent.train.local import TrainParams
+
+    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0, advantage=1.0),
+               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, advantage=-0.5),
+               grpo.Sample([5, 6], [14, 15, 16], 0.0, 0, advantage=0.5)]
+    p = TrainParams(mini_batch_size=3, micro_batch_size=1, kl_coef=0.0, temperature=1.0)
+    old = torch.zeros(sum(s.trained_count() for s in samples))
+    adv = grpo.token_advantages(samples)
+    results = []
+    for compiled in (False, True):
+        model, _ = load_policy(tiny_dir, threads=1)
+        if compiled:
+            # what compile_for_training sets (Dynamo's eager backend here: no inductor, no CUDA graphs)
+            model._fedagent_forward = torch.compile(grpo.forward_logprobs, backend="eager", dynamic=False)
+        params = [q for q in model.parameters() if q.requires_grad]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        update_step(model, opt, samples, [0, 1, 2], old, None, adv, token_slices(samples), p, params)
+        kept = [q.grad for q in params]
+        update_step(model, opt, samples, [0, 1, 2], old, None, adv, token_slices(samples), p, params)
+        if compiled:
+            assert all(g is not None for g in kept) and all(q.grad is g for q, g in zip(params, kept))
+        results.append([q.detach().clone() for q in params])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_bf16_residual_stream_keeps_the_hidden_states_in_bf16(tiny_dir):
     """train.residual_dtype: bfloat16 casts the embedding's output once, so every decoder layer
     reads and writes bf16 hidden states (under the autocast the GPU path runs), the log-probs

@@ -218,7 +218,19 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, p
     itself (:func:`deferred_steps`); else ``check(record)`` runs before the step (it reads the
     norm on the host and raises on a non-finite one)."""
     n_tok = sum(samples[i].trained_count() for i in mb)
-    optimizer.zero_grad(set_to_none=True)
+    if getattr(model, "_fedagent_forward", None) is not None:
+        # train.compile_train: CUDA-graph trees hand the backward's gradients out of their memory
+        # pool, and a parameter's first gradient of a step would be kept as its .grad, then overwritten
+        # by the next micro-batch's replay (the suspected cause of "accessing tensor output of
+        # CUDAGraphs that has been overwritten" at micro 32 of 64 on the H200, 2026-12-04). With every
+        # .grad allocated and zeroed in place, each micro-batch's gradient is added into it at once.
+        # Not yet measured on the GPU: the config still refuses compile_train with micro-batches.
+        for q in params:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        optimizer.zero_grad(set_to_none=False)
+    else:
+        optimizer.zero_grad(set_to_none=True)
     stats = []
     for micro in chunks(mb, p.micro_batch_size):
         batch = [samples[i] for i in micro]
