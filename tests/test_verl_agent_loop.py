@@ -110,6 +110,9 @@ def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
     # Return 10 (won on turn 3); turn 1 was invalid: 10 - 0.1; turns 2 and 3 were valid.
     assert [o.turn_reward for o in outs] == [pytest.approx(9.9), 10.0, 10.0]
     assert [o.extra_fields["valid"] for o in outs] == [False, True, True]
+    # Every sample arrives scored: verl's AgentLoopWorker._compute_score calls a reward-loop worker only
+    # for a final output whose reward_score is None, so train.verl.reward_workers (1) are never used.
+    assert all(o.reward_score is not None for o in outs)
     # verl's v1 worker copies the last output's reward_score onto the earlier ones: rm_scores keep theirs.
     for o in outs[:-1]:
         o.reward_score = outs[-1].reward_score

@@ -49,9 +49,10 @@ CASES = {
     # issue 30's start-up lever: graphs for a few batch sizes only
     "cudagraph-sizes": (REPO / "config" / "config.yaml", {}, VerlSettings(cudagraph_capture_sizes=(1, 2, 4, 8, 16))),
     "dual-clip-2.5": (REPO / "config" / "config.yaml", {"train.clip_ratio_c": 2.5}, VerlSettings()),
-    # scripts/gpu/verl-round.sh VLLM_EXECUTOR=uni: a second vLLM engine key beside the KV size.
-    "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(
-        kv_cache_gb=4, extra_overrides=(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.{UNI[0]}={UNI[1]}",))),
+    # issue 30's levers: vLLM's uni executor (a second vLLM engine key beside the KV size), verl's
+    # per-job actor pools at their defaults (8 each) and larger than ours
+    "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=4, vllm_executor="uni")),
+    "verl-default-pools": (REPO / "config" / "config.yaml", {}, VerlSettings(reward_workers=8, storage_units=8)),
 }
 
 
@@ -90,8 +91,11 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     kv = r.engine_kwargs.vllm.get("kv_cache_memory_bytes")
     assert kv == (None if s.kv_cache_gb is None else int(s.kv_cache_gb * 2**30))
     assert r.cudagraph_capture_sizes == (None if s.cudagraph_capture_sizes is None else list(s.cudagraph_capture_sizes))
-    uni = any(UNI[0] in o for o in s.extra_overrides)
-    assert r.engine_kwargs.vllm.get(UNI[0]) == (UNI[1] if uni else None)
+    assert r.engine_kwargs.vllm.get(UNI[0]) == (UNI[1] if s.vllm_executor == "uni" else None)
+    assert cfg.reward.num_workers == s.reward_workers
+    assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == s.storage_units
+    # no KL term, no reference engine: verl builds its reference worker only when a KL term needs it
+    assert need_reference_policy(cfg) == (p.kl_coef > 0)
 
 
 def test_a_misspelled_key_fails_composition(tmp_path):

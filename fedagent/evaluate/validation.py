@@ -119,12 +119,9 @@ def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *,
     turns = [x for t in trajs for x in t.turns]
     out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0
     out["params"] = dataclasses.asdict(params)
-    if not params.sampler_widths:     # only when set (eval.json of other runs as they were)
-        out["params"].pop("sampler_widths")
-    if not params.sampler_fused:      # likewise: only when on
-        out["params"].pop("sampler_fused")
-    if not params.sampler_compile_prefill:   # likewise
-        out["params"].pop("sampler_compile_prefill")
+    for k in ("sampler_widths", "sampler_fused", "sampler_compile_prefill"):
+        if not out["params"][k]:      # only when set / on (eval.json of other runs as they were)
+            out["params"].pop(k)
     return out
 
 

@@ -19,8 +19,9 @@ transformers model in place, for inference copies only (the rollout copy and the
 
 The numbers are the same up to the GEMM kernels' floating-point order (the tests compare logits and
 greedy tokens with the unfused model). A fused model is for sampling only and is never saved: its
-projections' parameters share one storage, which a checkpoint writer would take for tied weights. Supported: the Llama and Qwen2 families (SmolLM2, Qwen2.5);
-any other architecture is a clear error, never a silent fallback.
+projections' parameters share one storage, which a checkpoint writer would take for tied weights.
+Supported: the Llama and Qwen2 families (SmolLM2, Qwen2.5); any other architecture is a clear error,
+never a silent fallback.
 """
 
 from __future__ import annotations

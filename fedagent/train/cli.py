@@ -126,7 +126,8 @@ def verl_settings(text: str):
         if d.get(key) is not None:
             d[key] = tuple(d[key])
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
-    if s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1:
+    if (s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1 or s.vllm_executor not in ("mp", "uni")
+            or s.reward_workers < 1 or s.storage_units < 1):
         raise ValueError(f"bad train.verl settings: {s}")
     return s
 

@@ -96,18 +96,15 @@ class TrainParams:
         if self.algorithm != "ppo":
             for k in PPO_FIELDS:
                 d.pop(k)
-        if not self.activation_checkpointing:   # recorded only when on (files of other runs as they were)
-            d.pop("activation_checkpointing")
-        if not self.sampler_widths:             # likewise: only when set
-            d.pop("sampler_widths")
-        if not self.sampler_fused:              # likewise: only when on
-            d.pop("sampler_fused")
-        if not self.sampler_compile_prefill:    # likewise
-            d.pop("sampler_compile_prefill")
+        for k in RECORDED_WHEN_SET:             # only when on / set (files of other runs as they were)
+            if not d[k]:
+                d.pop(k)
         return d
 
 
 PPO_FIELDS = ("algorithm", "gamma", "lam", "critic_lr", "value_clip")
+# Recorded only when true / non-empty: keys added after runs whose files must stay as they were.
+RECORDED_WHEN_SET = ("activation_checkpointing", "sampler_widths", "sampler_fused", "sampler_compile_prefill")
 
 # Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
 TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",

@@ -20,8 +20,10 @@
 # default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
 # EVAL_BACKEND (local | vllm, default local), KV_GB (default 4: a fixed vLLM KV cache per engine, GiB; jobs
 # that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
-# VLLM_EXECUTOR (mp | uni, default mp as verl sets it: uni runs each job's vLLM worker inside its
-# engine process, one process start fewer per job — a start-up candidate, docs/gpu.md),
+# VLLM_EXECUTOR (mp | uni: train.verl.vllm_executor, default mp as verl sets it: uni runs each job's vLLM
+# worker inside its engine process, one process start fewer per job — a start-up lever, docs/gpu.md),
+# REWARD_WORKERS / STORAGE_UNITS (train.verl.reward_workers / storage_units, default 1 each; 8 = verl's
+# own defaults: the Ray actor pools a job starts and never or barely uses),
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
 # mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
 # CG_SIZES (vLLM's CUDA-graph batch sizes, e.g. '[1, 2, 4, 8, 16, 32]'; default null: vLLM's 86),
@@ -64,7 +66,9 @@ run)
   OUT=${2:-${OUT:-/tmp/fa-gpu-out}}
   RUN=${RUN:-gpu-verl}
   mkdir -p "$OUT"
-  cat > /tmp/fa-gpu-config.yaml <<YAML
+  # One config file per run name: two runs (e.g. GRPO and PPO) may go at once on one node.
+  cfgfile=/tmp/fa-gpu-config-$RUN.yaml
+  cat > "$cfgfile" <<YAML
 run: $RUN
 rounds: ${ROUNDS:-1}
 clients: {total: 2, per_round: 2}
@@ -77,8 +81,8 @@ $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
   groups_per_epoch: 8
   mini_batch_size: 8" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
-         cudagraph_capture_sizes: ${CG_SIZES:-null},
-         extra_overrides: [$( [ "${VLLM_EXECUTOR:-mp}" = mp ] || echo "\"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=${VLLM_EXECUTOR}\"" )]}
+         cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-mp},
+         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()
@@ -88,7 +92,7 @@ YAML
   set +e
   timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
     snakemake --profile profiles/local --cores "$(nproc)" --jobs "${JOBS:-2}" "${res[@]}" \
-    --configfile /tmp/fa-gpu-config.yaml ${EXTRA:+--config "$EXTRA"} 2>&1 | tee "$OUT/snakemake.log"
+    --configfile "$cfgfile" ${EXTRA:+--config "$EXTRA"} 2>&1 | tee "$OUT/snakemake.log"
   rc=${PIPESTATUS[0]}
   set -e
   echo "snakemake rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/snakemake.log"

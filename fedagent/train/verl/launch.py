@@ -140,6 +140,15 @@ class VerlSettings:
     kv_cache_gb: float | None = None
     # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
+    # vLLM's executor inside each rollout server: "mp" (verl's choice: the engine process starts a
+    # worker process) or "uni" (the worker runs inside the engine process: one process start fewer).
+    vllm_executor: str = "mp"
+    # Ray actors verl starts per job that a fedagent job never uses or barely uses (start-up levers,
+    # issue 30; verl's defaults are 8 each): reward-loop workers (our agent loop scores every turn, so
+    # verl never calls them) and the v1 trainer's TransferQueue storage units (one in-memory sample
+    # store, sharded). Each is a Ray worker process importing verl while the job starts.
+    reward_workers: int = 1
+    storage_units: int = 1
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 
@@ -215,6 +224,8 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         # v1 (TransferQueue) trainer: it stores each element of an agent loop's output list as
         # its own row (one sample per turn) and pads the batch to the mini-batch multiple.
         "trainer.use_v1=True",
+        f"reward.num_workers={int(s.reward_workers)}",
+        f"transfer_queue.backend.SimpleStorage.num_data_storage_units={int(s.storage_units)}",
         "trainer.critic_warmup=0",
         "trainer.logger=[console]",
         "trainer.project_name=fedagent",
@@ -236,6 +247,9 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     ]
     if s.kv_cache_gb is not None:
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
+    if s.vllm_executor != "mp":
+        # verl 0.9.1 sets "mp" and spreads engine_kwargs after it: this one wins
+        ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend={s.vllm_executor}")
     if s.cudagraph_capture_sizes is not None:
         ov.append("actor_rollout_ref.rollout.cudagraph_capture_sizes=["
                   + ",".join(str(int(n)) for n in s.cudagraph_capture_sizes) + "]")
