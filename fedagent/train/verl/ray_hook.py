@@ -57,16 +57,18 @@ def setup() -> None:
     """The hook Ray calls in each worker process (``runtime_env.worker_process_setup_hook``).
 
     A PPO job also sets ``FEDAGENT_VERL_CRITIC_LOSS`` (fedagent.train.verl.critic_loss): its critic
-    loss is armed here, in the process that will import verl's trainer (fails closed). A job whose KL
-    reference is another model than its start (``train.ref_anchor: base``, rounds ≥ 2) sets
+    loss is armed here, in the process that will import verl's trainer (fails closed), and so is its
+    critic's attention implementation (fedagent.train.verl.critic_attn: the model config's, not verl's
+    hard-coded flash_attention_2). A job whose KL reference is another model than its start (``train.ref_anchor: base``, rounds ≥ 2) sets
     ``FEDAGENT_VERL_REF_MODEL`` (fedagent.train.verl.ref_model): verl's reference workers are armed
     here to load it (the backend refuses a log without their loaded line)."""
     install()
-    from fedagent.train.verl import critic_loss, ref_model
+    from fedagent.train.verl import critic_attn, critic_loss, ref_model
 
     mode = os.environ.get(critic_loss.CRITIC_LOSS_ENV)
     if mode:
         critic_loss.arm(mode)
+        critic_attn.arm()
     ref_dir = os.environ.get(ref_model.REF_MODEL_ENV)
     if ref_dir is not None:
         ref_model.arm(ref_dir)
