@@ -84,7 +84,7 @@ def test_verify_passes_on_both_rounds(ppo_run):
     for r in (1, 2):
         res = _verify(ppo_run, r)
         assert res.returncode == 0, res.stderr
-        assert "verify: OK" in res.stdout
+        assert "verify: OK" in res.stdout and "critic/ likewise" in res.stdout   # says the critic passed too
 
 
 def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_path):

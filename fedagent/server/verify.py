@@ -472,5 +472,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:
         hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
         extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
+    if has_critic(args.aggregate):   # PPO: the critic's aggregate (and server step) passed too
+        extra += f"; {CRITIC_DIR}/ likewise"
     print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
     return 0
