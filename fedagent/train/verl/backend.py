@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import derive_seed
-from fedagent.train.verl import launch
+from fedagent.train.verl import launch, steplog
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
@@ -152,9 +152,9 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if name != "first_generation":          # = first_token
                 clock.mark(name, t_launch + secs)
         clock.mark("trainer_done", t_launch + trainer_s)
-        steps = launch.step_metrics(job.log)
-        records = launch.step_records(steps)
-        clock.phases.update(launch.phase_totals(steps))
+        steps = steplog.step_metrics(job.log)
+        records = steplog.step_records(steps)
+        clock.phases.update(steplog.phase_totals(steps))
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             inputs.wait()          # nothing derived from an unverified start model reaches the final path
@@ -171,8 +171,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             metrics = {
                 "round": round, "client": client, "backend": "verl", **episode_metrics(episodes),
                 # verl's own per-step values (its console logger's lines); None where verl logged none
-                "kl": launch.mean_of(records, "kl"), "entropy": launch.mean_of(records, "entropy"),
-                "clipfrac": launch.mean_of(records, "clipfrac"), "steps": records,
+                "kl": steplog.mean_of(records, "kl"), "entropy": steplog.mean_of(records, "entropy"),
+                "clipfrac": steplog.mean_of(records, "clipfrac"), "steps": records,
                 "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
                                                           "world_size": conv["world_size"],
@@ -186,7 +186,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 **critic_record,
             }
             if ppo:   # verl's critic values per step (vf_loss, …) are in steps / verl_steps
-                metrics["vf_loss"] = launch.mean_of(records, "vf_loss")
+                metrics["vf_loss"] = steplog.mean_of(records, "vf_loss")
             clock.mark("saved")
             metrics["timings"] = clock.summary()
             (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")

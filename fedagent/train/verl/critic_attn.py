@@ -51,6 +51,7 @@ def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_cod
             config=model_config,
             attn_implementation=attn_implementation(model_config),
             trust_remote_code=trust_remote_code,
+            use_safetensors=True,          # a fedagent critic dir is safetensors (never a pickle)
         )
     except Exception as e:
         raise RuntimeError(f"{local_path}: the critic did not load as a token-classification model "
