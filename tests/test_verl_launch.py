@@ -52,7 +52,9 @@ CASES = {
     # issue 30's levers: vLLM's uni executor (a second vLLM engine key beside the KV size), verl's
     # per-job actor pools at their defaults (8 each) and larger than ours
     "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=4, vllm_executor="uni")),
-    "verl-default-pools": (REPO / "config" / "config.yaml", {}, VerlSettings(reward_workers=8, storage_units=8)),
+    # verl's own choices: the mp executor (no engine kwarg), 8 reward workers and 8 storage units
+    "verl-defaults": (REPO / "config" / "config.yaml", {}, VerlSettings(vllm_executor="mp", reward_workers=8,
+                                                                        storage_units=8)),
 }
 
 

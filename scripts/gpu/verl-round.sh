@@ -20,8 +20,8 @@
 # default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
 # EVAL_BACKEND (local | vllm, default local), KV_GB (default 4: a fixed vLLM KV cache per engine, GiB; jobs
 # that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
-# VLLM_EXECUTOR (mp | uni: train.verl.vllm_executor, default mp as verl sets it: uni runs each job's vLLM
-# worker inside its engine process, one process start fewer per job — a start-up lever, docs/gpu.md),
+# VLLM_EXECUTOR (uni | mp: train.verl.vllm_executor, default uni: each job's vLLM worker inside its engine
+# process, one process start fewer per job; mp = verl's own choice — a start-up lever, docs/gpu.md),
 # REWARD_WORKERS / STORAGE_UNITS (train.verl.reward_workers / storage_units, default 1 each; 8 = verl's
 # own defaults: the Ray actor pools a job starts and never or barely uses),
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
@@ -81,7 +81,7 @@ $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
   groups_per_epoch: 8
   mini_batch_size: 8" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
-         cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-mp},
+         cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
          reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML

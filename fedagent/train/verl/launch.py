@@ -140,9 +140,10 @@ class VerlSettings:
     kv_cache_gb: float | None = None
     # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
-    # vLLM's executor inside each rollout server: "mp" (verl's choice: the engine process starts a
-    # worker process) or "uni" (the worker runs inside the engine process: one process start fewer).
-    vllm_executor: str = "mp"
+    # vLLM's executor inside each rollout server: "uni" (the worker runs inside the engine process:
+    # one process start fewer, 10-20 s of a job's start on the H200, docs/gpu.md) or "mp" (verl's own
+    # choice: the engine process starts a worker process).
+    vllm_executor: str = "uni"
     # Ray actors verl starts per job that a fedagent job never uses or barely uses (start-up levers,
     # issue 30; verl's defaults are 8 each): reward-loop workers (our agent loop scores every turn, so
     # verl never calls them) and the v1 trainer's TransferQueue storage units (one in-memory sample
