@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from fedagent.core.architectures import is_random_source, random_source_problem
-from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path
+from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path, subschema
 from fedagent.core.weights import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
 
 @dataclass(frozen=True)
@@ -233,8 +233,9 @@ def _sampler_key_unused(key: str, engine: str, default):
 # The static-cache sampler's keys with a backend that runs its own engine (verl's vLLM for training,
 # vLLM for the eval) would be silently unused: refused at plan time (no job carries {section}.backend).
 for _section, _engine in (("train", "verl"), ("eval", "vllm")):
-    for _key, _default, _bad in (("sampler", "compile", "graph"), ("sampler_widths", [], [64]),
-                                 ("sampler_fused", False, True), ("sampler_compile_prefill", False, True)):
+    for _key, _bad in (("sampler", "graph"), ("sampler_widths", [64]), ("sampler_fused", True),
+                       ("sampler_compile_prefill", True)):
+        _default = subschema(f"{_section}.{_key}")["default"]     # the schema's, never restated here
         PLAN_ONLY_RULES.add(f"{_section}.{_key}")     # this rule: plan time only
         cross_rule(f"{_section}.{_key}", [f"{_section}.{_key}", f"{_section}.backend"],
                    violation={f"{_section}.{_key}": _bad, f"{_section}.device": "cuda", f"{_section}.backend": _engine,
