@@ -12,8 +12,9 @@
 #        scripts/gpu/node-setup.sh carry proj gpu-wheels/proj/part-00    (… every proj and vllm piece)
 #        scripts/gpu/node-setup.sh install      # proj → $FA_GPU/site, vllm + verl → $FA_GPU/vsite
 #   3. scripts/gpu/verl-round.sh check          # versions, imports, GPUs
-#   4. scripts/gpu/verl-round.sh run [OUT]      # the round + verify; logs, benchmarks/, metrics,
-#                                               # evals into OUT (default $OUT or /tmp/fa-gpu-out)
+#   4. scripts/gpu/verl-round.sh run [OUT]      # the rounds + verify: OUT/snakemake.log, OUT/verify.log and
+#                                               # OUT/$RUN.tgz (logs, benchmarks, metrics, evals, timings;
+#                                               # default OUT: $OUT or /tmp/fa-gpu-out)
 # Knobs of `run`: JOBS (parallel jobs, default 2: both clients' verl jobs at once), GPU_SLOTS (if
 # set, `--resources gpu=N` caps concurrent GPU jobs), MEM_UTIL (vLLM's share of the GPU per job,
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
@@ -107,24 +108,27 @@ YAML
     set +e
     state=(); [ "$(basename "$rd")" != round_001 ] && state=(--prev-server-state "$prev")
     fedagent verify --prev "$prev" --clients "$rd"/clients/* --aggregate "$rd/aggregate" \
-      --model "$rd/model" "${state[@]}" 2>&1 | tee "$OUT/verify_$(basename "$rd").log"
+      --model "$rd/model" "${state[@]}" 2>&1 | tee -a "$OUT/verify.log"
     vrc=${PIPESTATUS[0]}
     set -e
-    echo "verify $(basename "$rd") rc=$vrc" | tee -a "$OUT/verify_$(basename "$rd").log"
+    echo "verify $(basename "$rd") rc=$vrc" | tee -a "$OUT/verify.log"
     [ "$vrc" = 0 ] || break
   done
-  # Bring back (flat names: the transfer drops deep folders): rule logs, benchmarks, the clients'
-  # metrics, evals, aggregates (not the weights).
-  for f in $(cd "$R" && find logs benchmarks -type f 2>/dev/null); do cp "$R/$f" "$OUT/$(echo "$f" | tr / _)"; done
+  # Bring back, as one tarball $OUT/$RUN.tgz beside snakemake.log and verify.log (a device call returns
+  # at most 8 files): rule logs, benchmarks, the clients' metrics, evals, aggregates, timings, the summary
+  # (not the weights), under flat names.
+  B="$OUT/$RUN"; rm -rf "$B"; mkdir -p "$B"
+  for f in $(cd "$R" && find logs benchmarks -type f 2>/dev/null); do cp "$R/$f" "$B/$(echo "$f" | tr / _)"; done
   for m in "$R"/round_*/clients/*/metrics.json; do
     [ -f "$m" ] || continue
     c=$(basename "$(dirname "$m")"); r=$(basename "$(dirname "$(dirname "$(dirname "$m")")")")
-    cp "$m" "$OUT/${r}_client_${c}_metrics.json"
+    cp "$m" "$B/${r}_client_${c}_metrics.json"
   done
   for e in "$R"/round_*/eval.json "$R"/round_*/aggregate/aggregate.json "$R"/round_*/timings.csv "$R"/summary.csv; do
-    [ -f "$e" ] && cp "$e" "$OUT/$(echo "${e#"$R"/}" | tr / _)"
+    [ -f "$e" ] && cp "$e" "$B/$(echo "${e#"$R"/}" | tr / _)"
   done
-  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+  nvidia-smi > "$B/nvidia-smi.txt" 2>&1 || true
+  tar -czf "$OUT/$RUN.tgz" -C "$OUT" "$RUN" && rm -rf "$B"
   [ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ]
   ;;
 *)
