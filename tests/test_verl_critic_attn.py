@@ -60,12 +60,15 @@ def _check(model):
 
 def test_armed_after_import_loads_with_config_attention(tmp_path, verl_model, capsys):
     local = str(_critic_dir(tmp_path / "critic"))
+    original = verl_model.load_valuehead_model               # verl's own (the fixture restores it)
+    assert original is not critic_attn.load_valuehead_model
     critic_attn.arm()
     assert critic_attn.armed_line() in capsys.readouterr().out
     assert verl_model.load_valuehead_model is critic_attn.load_valuehead_model
     _check(_load_like_verl(local))
-    critic_attn.arm()                                       # idempotent: still ours, original kept
-    assert verl_model.load_valuehead_model.__wrapped__ is not critic_attn.load_valuehead_model
+    critic_attn.arm()                                       # idempotent: still ours, verl's kept
+    assert verl_model.load_valuehead_model is critic_attn.load_valuehead_model
+    assert critic_attn.load_valuehead_model.__wrapped__ is original
 
 
 def test_armed_before_import(tmp_path, verl_model, capsys, monkeypatch):
@@ -89,8 +92,9 @@ def test_unpatched_verl_needs_flash_attn(tmp_path, verl_model):
         pytest.skip("flash-attn installed: verl's hard-coded flash_attention_2 would load")
     local = str(_critic_dir(tmp_path / "critic"))
     assert not getattr(verl_model.load_valuehead_model, "_fedagent_critic_attn", False)
-    with pytest.raises(BaseException):
+    with pytest.raises(RuntimeError, match="is not a value head model") as err:
         _load_like_verl(local)
+    assert "FlashAttention2" in str(err.value.__cause__)     # the cause: the forced flash_attention_2
 
 
 def test_attn_implementation_choice():

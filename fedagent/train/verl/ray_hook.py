@@ -59,8 +59,8 @@ def setup() -> None:
     A PPO job also sets ``FEDAGENT_VERL_CRITIC_LOSS`` (fedagent.train.verl.critic_loss): its critic
     loss is armed here, in the process that will import verl's trainer (fails closed), and so is its
     critic's attention implementation (fedagent.train.verl.critic_attn: the model config's, not verl's
-    hard-coded flash_attention_2). A job whose KL reference is another model than its start (``train.ref_anchor: base``, rounds ≥ 2) sets
-    ``FEDAGENT_VERL_REF_MODEL`` (fedagent.train.verl.ref_model): verl's reference workers are armed
+    hard-coded flash_attention_2). A job whose KL reference is another model than its start
+    (``train.ref_anchor: base``, rounds ≥ 2) sets ``FEDAGENT_VERL_REF_MODEL`` (fedagent.train.verl.ref_model): verl's reference workers are armed
     here to load it (the backend refuses a log without their loaded line)."""
     install()
     from fedagent.train.verl import critic_attn, critic_loss, ref_model
