@@ -26,6 +26,8 @@ def row(path: Path) -> str:
     levers = ", ".join(f"{k}={v[k]}" for k in ("enforce_eager", "vllm_executor", "reward_workers", "storage_units")
                        if k in v)
     algo = m.get("params", {}).get("algorithm", "grpo")
+    if "kl_coef" in m.get("params", {}):
+        algo += f", kl_coef={m['params']['kl_coef']}"
     cells = [f"{t[k]:.1f}" if isinstance(t.get(k), (int, float)) else "–" for _, k in COLUMNS]
     return (f"| round {m['round']}, client {m['client']} ({algo}; {levers}) | " + " | ".join(cells)
             + f" | {m.get('wall_time_s', float('nan')):.1f} |")
