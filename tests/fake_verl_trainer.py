@@ -91,6 +91,18 @@ def main() -> int:
                  "LLMServerManager: ['127.0.0.1:1']",
                  "INFO:2026-12-01 00:00:03,000:all initialize finished, ready to fit"):
         print(line, flush=True)
+    # train.verl.warm_refit (fedagent.train.verl.refit): a first fit's step lines (values × 100, not the
+    # job's), the refit line, the workers' reset line (FAKE_VERL_NO_RESET: left out), then the second
+    # fit below — whose episodes and steps are the job's.
+    from fedagent.train.verl import refit
+
+    if os.environ.get(refit.REFIT_ENV):
+        values = " - ".join(f"{k}:{v * 100}" for k, v in FAKE_STEP_VALUES.items())
+        print(f"step:1 - timing_s/gen:2.5 - {values}", flush=True)
+        print(refit.refit_line(time.time()), flush=True)
+        if not os.environ.get("FAKE_VERL_NO_RESET"):
+            print(f"(WorkerDict pid=1) {refit.RESET_LINE}{ov['actor_rollout_ref.model.path']}", flush=True)
+        time.sleep(0.05)
     # Episodes through the agent-loop YAML's env address.
     entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]
     env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],

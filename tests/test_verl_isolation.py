@@ -51,7 +51,7 @@ def fake_trainer(monkeypatch, tmp_path):
     return rec
 
 
-def _job(model, round_dir, client, p=None):
+def _job(model, round_dir, client, p=None, settings=None):
     """One train_client job's verl part, in its own process (as Snakemake runs jobs)."""
     p = p or TrainParams(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
     sock_dir = short_tmp()
@@ -59,16 +59,16 @@ def _job(model, round_dir, client, p=None):
                     pool_size=4, max_turns=1)
     with serve_in_thread(app, sock_dir / "env.sock") as uds:
         return train_client_verl(model, model, {"uds": str(uds)}, round=1, client=client, params=p,
-                                 settings=VerlSettings(gpus=2), out_dir=round_dir / str(client))
+                                 settings=settings or VerlSettings(gpus=2), out_dir=round_dir / str(client))
 
 
-def _run_jobs(model, round_dir, clients, p=None):
+def _run_jobs(model, round_dir, clients, p=None, settings=None):
     """Start every job at once, each in a fresh process; {client: metrics or exception}."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(len(clients), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = {c: pool.submit(_job, model, round_dir, c, p) for c in clients}
+        futs = {c: pool.submit(_job, model, round_dir, c, p, settings) for c in clients}
         out = {}
         for c, f in futs.items():
             try:

@@ -28,7 +28,8 @@
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
 # mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
 # CG_SIZES (vLLM's CUDA-graph batch sizes, e.g. '[1, 2, 4, 8, 16, 32]'; default null: vLLM's 86),
-# KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
+# REFIT (true: train.verl.warm_refit, each job fits, resets its live engines and fits again: the
+# run-scoped engines' probe, fedagent.train.verl.refit), KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
 # ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
@@ -85,7 +86,7 @@ $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
 $( [ -n "${KL:-}" ] && echo "  kl_coef: $KL" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
          cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
-         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}}
+         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false}}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import derive_seed
-from fedagent.train.verl import launch, steplog
+from fedagent.train.verl import launch, refit, steplog
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
@@ -113,7 +113,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             t_launch = time.time()
             clock.set("trainer_launch", t_launch)
             try:
-                trainer_s = launch.run_trainer(launch.trainer_command(overrides), launch.job_environ(job), job.log,
+                trainer_s = launch.run_trainer(launch.trainer_command(overrides, warm_refit=settings.warm_refit),
+                                               launch.job_environ(job), job.log,
                                                marks=marks)
                 break
             except RuntimeError:
@@ -142,17 +143,25 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             critic_ckpt = actor.parent / "critic"
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
+        log_text = job.log.read_text(errors="replace")
+        t_refit = refit_started(log_text) if settings.warm_refit else None
+        warm_start = {}
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
         if firsts:
             marks["first_generation"] = round_(min(firsts) - t_launch)
             clock.mark("first_token", min(firsts))
+            if t_refit is not None:     # a job on warm engines: its reset → its first token
+                warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
+        if t_refit is not None:
+            marks["refit"] = round_(t_refit - t_launch)
         for name, secs in marks.items():
             if name != "first_generation":          # = first_token
                 clock.mark(name, t_launch + secs)
         clock.mark("trainer_done", t_launch + trainer_s)
-        steps = steplog.step_metrics(job.log)
+        # a warm refit's update is its second fit: verl's step records from after the refit line only
+        steps = steplog.step_metrics_in(refit.after_refit(log_text) if t_refit is not None else log_text)
         records = steplog.step_records(steps)
         clock.phases.update(steplog.phase_totals(steps))
         t1 = time.time()
@@ -179,7 +188,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           # None: verl's KL reference was the start model
                                                           "ref_model": None if ref_dir is None else str(ref_dir)},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
-                              **{f"launch_to_{k}": v for k, v in sorted(marks.items())}},
+                              **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
                 "trainer_attempts": attempts,
                 "verl_steps": steps,
                 "wall_time_s": round_(time.time() - t0),
@@ -194,6 +203,19 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 for rec in episodes:
                     fh.write(json.dumps(rec, sort_keys=True) + "\n")
     return metrics
+
+
+def refit_started(log_text: str) -> float:
+    """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line or the
+    workers' reset line after it (the update would be the first fit's, or from engines not reset)."""
+    t = refit.started_at(log_text)
+    if t is None:
+        raise RuntimeError(f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
+                           "refit (fedagent.train.verl.refit); refusing the update")
+    if refit.RESET_LINE not in refit.after_refit(log_text):
+        raise RuntimeError(f"train.verl.warm_refit: no '{refit.RESET_LINE}' line after the refit began: the "
+                           "engines were not reset; refusing the update")
+    return t
 
 
 def _echo(log: Path) -> None:

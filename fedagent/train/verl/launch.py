@@ -150,6 +150,9 @@ class VerlSettings:
     # store, sharded). Each is a Ray worker process importing verl while the job starts.
     reward_workers: int = 1
     storage_units: int = 1
+    # The probe of run-scoped engines (fedagent.train.verl.refit): the job fits, resets its live
+    # engines to a fresh job's start and fits again; the second fit is the job's update.
+    warm_refit: bool = False
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 
@@ -258,6 +261,10 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REF_MODEL_ENV}={ref_model_dir}")
+    if s.warm_refit:
+        from fedagent.train.verl.refit import REFIT_ENV
+
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REFIT_ENV}=1")
     if p.algorithm == "ppo":
         ov += ppo_overrides(p, s, model_dir)
     return ov + list(s.extra_overrides)
@@ -357,9 +364,11 @@ def write_rows(path: Path, rows: Sequence[dict]) -> Path:
     return Path(path)
 
 
-def trainer_command(overrides: Sequence[str], python: str | None = None) -> list[str]:
-    """``python -m verl.trainer.main_ppo <overrides>``; ``FEDAGENT_VERL_TRAINER`` replaces the module (tests)."""
-    module = os.environ.get("FEDAGENT_VERL_TRAINER", "verl.trainer.main_ppo")
+def trainer_command(overrides: Sequence[str], python: str | None = None, *, warm_refit: bool = False) -> list[str]:
+    """``python -m verl.trainer.main_ppo <overrides>`` (``warm_refit``: ``fedagent.train.verl.refit``, verl's
+    main with the refitting TaskRunner); ``FEDAGENT_VERL_TRAINER`` replaces the module (tests)."""
+    default = "fedagent.train.verl.refit" if warm_refit else "verl.trainer.main_ppo"
+    module = os.environ.get("FEDAGENT_VERL_TRAINER", default)
     return [python or sys.executable, "-m", module, *overrides]
 
 

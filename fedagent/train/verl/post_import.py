@@ -16,32 +16,43 @@ from typing import Callable
 
 
 class PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``target`` through the other finders and calls ``patch(module)`` right after it executes."""
+    """Finds ``target`` through the other finders and runs its patches right after it executes.
 
-    def __init__(self, target: str, patch: Callable, what: str):
-        self.target, self.patch, self.what = target, patch, what
+    One finder per target, holding every pending patch by key (in arming order): a second finder
+    for the same module would never be asked, since the first already returned its spec."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.patches: dict[str, tuple[Callable, str]] = {}
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.target:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
-            raise RuntimeError(f"{self.target} not found: cannot {self.what}")
+            what = "; ".join(w for _, w in self.patches.values())
+            raise RuntimeError(f"{self.target} not found: cannot {what}")
         run = spec.loader.exec_module
+        patches = list(self.patches.values())
 
         def exec_module(module):
             run(module)
-            self.patch(module)
+            for patch, _ in patches:
+                patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-def patch_on_import(target: str, patch: Callable, what: str) -> None:
-    """``patch(module)`` now if ``target`` is imported, else when it is (a later call for the same
-    target replaces the earlier pending one)."""
+def patch_on_import(target: str, patch: Callable, what: str, key: str | None = None) -> None:
+    """``patch(module)`` now if ``target`` is imported, else when it is. A later call with the same
+    ``key`` (default: the target) replaces the earlier pending patch; other keys' patches of the same
+    target stay and run in arming order."""
     if target in sys.modules:
         patch(sys.modules[target])
         return
-    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, PatchAfterImport) and f.target == target)]
-    sys.meta_path.insert(0, PatchAfterImport(target, patch, what))
+    finder = next((f for f in sys.meta_path if isinstance(f, PatchAfterImport) and f.target == target), None)
+    if finder is None:
+        finder = PatchAfterImport(target)
+        sys.meta_path.insert(0, finder)
+    finder.patches[key or target] = (patch, what)

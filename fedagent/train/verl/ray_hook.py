@@ -61,9 +61,11 @@ def setup() -> None:
     critic's attention implementation (fedagent.train.verl.critic_attn: the model config's, not verl's
     hard-coded flash_attention_2). A job whose KL reference is another model than its start
     (``train.ref_anchor: base``, rounds ≥ 2) sets ``FEDAGENT_VERL_REF_MODEL`` (fedagent.train.verl.ref_model): verl's reference workers are armed
-    here to load it (the backend refuses a log without their loaded line)."""
+    here to load it (the backend refuses a log without their loaded line). A ``train.verl.warm_refit``
+    job sets ``FEDAGENT_VERL_WARM_REFIT`` (fedagent.train.verl.refit): verl's actor worker gets the reset
+    its second fit needs."""
     install()
-    from fedagent.train.verl import critic_attn, critic_loss, ref_model
+    from fedagent.train.verl import critic_attn, critic_loss, ref_model, refit
 
     mode = os.environ.get(critic_loss.CRITIC_LOSS_ENV)
     if mode:
@@ -72,3 +74,5 @@ def setup() -> None:
     ref_dir = os.environ.get(ref_model.REF_MODEL_ENV)
     if ref_dir is not None:
         ref_model.arm(ref_dir)
+    if os.environ.get(refit.REFIT_ENV):
+        refit.arm()

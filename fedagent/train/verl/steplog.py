@@ -50,12 +50,17 @@ def step_metrics(log: Path) -> list[dict]:
     They carry verl's own phase timings (``timing_s/gen``, ``timing_s/update_actor``, …) and
     throughput (``perf/throughput``), which ``metrics.json`` keeps per job.
     """
-    out = []
     try:
-        lines = Path(log).read_text(errors="replace").splitlines()
+        text = Path(log).read_text(errors="replace")
     except FileNotFoundError:
-        return out
-    for line in lines:
+        return []
+    return step_metrics_in(text)
+
+
+def step_metrics_in(text: str) -> list[dict]:
+    """:func:`step_metrics` of a log's text (e.g. the part after a warm refit began)."""
+    out = []
+    for line in text.splitlines():
         i = line.find("step:")
         if i < 0 or " - " not in line[i:]:
             continue

@@ -1,0 +1,214 @@
+"""``train.verl.warm_refit``: a job fits twice on the same live verl engines — the probe of the
+run-scoped engines (issue 30; docs/architecture.md, "Run-scoped verl engines").
+
+A verl job spends ≈ 3 minutes starting processes for seconds of work (docs/gpu.md). The run-scoped
+design keeps the engines alive between jobs and resets them per job; what a job on warm engines
+costs, and whether the reset is complete, is what this measures inside one ordinary job:
+``python -m fedagent.train.verl.refit`` is verl 0.9.1's ``main_ppo`` with :func:`runner_class` as its
+TaskRunner, which fits once, then puts the live trainer back where a fresh job starts
+(:func:`reset_for_refit`) and fits again. The second fit's checkpoint and episodes are the job's
+update, so aggregate/merge/eval and ``fedagent verify`` see an ordinary job.
+
+The reset uses verl's own constructors, not hand-made state surgery: the actor and its KL reference
+are rebuilt by ``TrainingWorker.reset()`` (verl's ``FSDPEngine.initialize``: the module read again from
+the start model dir, a new optimizer and LR scheduler), in a worker method :func:`arm` adds to verl's
+``ActorRolloutRefWorker`` (armed in every Ray worker by :mod:`fedagent.train.verl.ray_hook` when the
+job's runtime env carries :data:`REFIT_ENV`); the critic likewise (``critic_wg.reset()``, PPO); a new
+dataloader over the same rows, a new replay buffer, ``global_steps`` 0; the first fit's checkpoint and
+episode record removed; the reset weights synced into the vLLM replicas (verl's ``on_init_end``).
+Not reset: vLLM's sampling RNG (its engine is seeded once), so the second fit samples other
+continuations than a fresh job would — as a run-scoped engine would without per-request seeds.
+
+The job's log gets :func:`refit_line` (when the reset began) and :data:`RESET_LINE` (from the worker,
+with the directory it reloaded); the backend refuses a warm-refit job without both and reads verl's
+step records from after the refit line only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+REFIT_ENV = "FEDAGENT_VERL_WARM_REFIT"
+MODULE = "fedagent.train.verl.refit"
+REFIT_PREFIX = "fedagent: warm refit begins at "
+RESET_LINE = "fedagent: engines reset, actor reloaded from "
+TARGET_MODULE = "verl.workers.engine_workers"
+TARGET_CLASS = "ActorRolloutRefWorker"
+METHOD = "fedagent_reset_engines"
+
+
+def refit_line(t: float) -> str:
+    """The line the TaskRunner prints when the reset for the second fit begins (``t``: epoch seconds)."""
+    return f"{REFIT_PREFIX}{t:.3f}"
+
+
+def _last(log_text: str, prefix: str) -> tuple[int, str] | None:
+    """(offset after the line, rest of the line) of the last line containing ``prefix``."""
+    found = None
+    pos = 0
+    for line in log_text.splitlines(keepends=True):
+        i = line.find(prefix)
+        if i >= 0:
+            found = (pos + len(line), line[i + len(prefix):].strip())
+        pos += len(line)
+    return found
+
+
+def started_at(log_text: str) -> float | None:
+    """When the (last) warm refit began, from its :func:`refit_line`; None if the log has none."""
+    hit = _last(log_text, REFIT_PREFIX)
+    return None if hit is None else float(hit[1].split()[0])
+
+
+def after_refit(log_text: str) -> str:
+    """The log after the last refit line (the second fit's output); '' if there is none."""
+    hit = _last(log_text, REFIT_PREFIX)
+    return "" if hit is None else log_text[hit[0]:]
+
+
+def reset_engines(self) -> str:
+    """A worker method of verl's ``ActorRolloutRefWorker`` (ONE_TO_ALL, added by :func:`arm`): rebuild
+    its KL reference and actor as ``init_model`` built them — ``reset()`` = verl's engine
+    ``initialize()``: the module from the model config's ``local_path``, a new optimizer and LR
+    scheduler. The actor keeps its loss function (set on the worker, not the engine)."""
+    from verl.utils.memory_utils import aggressive_empty_cache
+
+    actor = getattr(self, "actor", None)
+    if actor is None:
+        raise RuntimeError(f"{TARGET_CLASS} has no actor engine: nothing to reset for the warm refit")
+    ref = getattr(self, "ref", None)
+    if ref is not None:
+        ref.reset()
+    actor.reset()
+    aggressive_empty_cache(force_sync=True)
+    path = str(actor.engine.model_config.local_path)
+    print(f"{RESET_LINE}{path}", flush=True)
+    return path
+
+
+def _patch(module) -> None:
+    from verl.single_controller.base.decorator import Dispatch, register
+
+    owner = getattr(module, TARGET_CLASS, None)
+    if owner is None:
+        raise RuntimeError(f"{TARGET_MODULE}.{TARGET_CLASS} is missing: cannot add the warm refit's reset")
+    if getattr(owner, METHOD, None) is None:
+        setattr(owner, METHOD, register(dispatch_mode=Dispatch.ONE_TO_ALL)(reset_engines))
+
+
+def arm() -> None:
+    """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method in this process (now or
+    when verl's module is imported); both the TaskRunner (which binds worker-group methods from the
+    class) and the workers (which run it) need it."""
+    from fedagent.train.verl.post_import import patch_on_import
+
+    patch_on_import(TARGET_MODULE, _patch, "add the warm refit's engine reset", key="warm_refit")
+
+
+def record_files(config) -> list[str]:
+    """The episode record files of the job's agent loops (from its agent-loop YAML)."""
+    import yaml
+
+    path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+    if not path:
+        return []
+    entries = yaml.safe_load(Path(path).read_text()) or []
+    return [str(e["record_file"]) for e in entries if e.get("record_file")]
+
+
+def reset_for_refit(trainer, config) -> None:
+    """Put a fitted v1 trainer back where a fresh job starts (see the module doc), in verl's own order:
+    replicas asleep, engines rebuilt, data and step state new, weights synced into the replicas."""
+    tracking = getattr(trainer, "logger", None)
+    if tracking is not None:
+        tracking.finish(exit_code=0)
+    trainer.checkpoint_manager.sleep_replicas()
+    # The first fit's outputs are not the job's: its checkpoint and episodes go.
+    shutil.rmtree(str(config.trainer.default_local_dir), ignore_errors=True)
+    for record in record_files(config):
+        Path(record).write_text("")
+    getattr(trainer.actor_rollout_wg, METHOD)()
+    if trainer.use_critic:
+        trainer.critic_wg.reset()
+    trainer._init_dataloader()
+    trainer._init_dump_executor()
+    trainer.replay_buffer = trainer._build_replay_buffer()
+    trainer.local_trigger_step = 0
+    trainer._restored_tq_prompt_count = 0
+    trainer._load_checkpoint()          # resume_mode=disable: global_steps = 0
+    trainer.on_init_end()               # the sync trainer: the reset weights into the vLLM replicas
+
+
+def runner_class():
+    """verl 0.9.1's ``TaskRunnerV1`` whose ``run`` fits, resets and fits again (a Ray actor class)."""
+    import ray
+    from omegaconf import OmegaConf
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    base = TaskRunnerV1.__ray_actor_class__
+
+    class RefitTaskRunner(base):
+        def run(self, config):
+            # TaskRunnerV1.run of verl 0.9.1, with the refit between two fits.
+            import transfer_queue as tq
+            from verl.trainer.ppo.v1 import get_trainer_cls
+            from verl.utils.logging_utils import configure_verl_logging
+
+            configure_verl_logging()
+            if config.trainer.v1.trainer_mode != "sync":
+                raise ValueError("train.verl.warm_refit needs verl's sync trainer (trainer.v1.trainer_mode=sync)")
+            trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)
+            config.transfer_queue.enable = True
+            OmegaConf.resolve(config)
+            self.config = config
+            tq.init(config.transfer_queue)
+            succeeded = False
+            try:
+                self.trainer = trainer_cls(config=config)
+                self.trainer.init()
+                self.init_agent_loop_manager()
+                self.trainer.fit(self.agent_loop_manager)
+                print(refit_line(time.time()), flush=True)
+                reset_for_refit(self.trainer, config)
+                self.trainer.fit(self.agent_loop_manager)
+                succeeded = True
+            finally:
+                try:
+                    tracking = getattr(self.trainer, "logger", None)
+                    if tracking is not None:
+                        tracking.finish(exit_code=0 if succeeded else 1)
+                finally:
+                    tq.close()
+
+    return ray.remote(RefitTaskRunner)
+
+
+def main() -> None:
+    """``python -m fedagent.train.verl.refit <verl overrides>``: verl 0.9.1's ``main_ppo.main`` with
+    :func:`runner_class`. Hydra's own flags work as there (``--cfg job`` prints the composed config)."""
+    import hydra
+
+    @hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)
+    def _main(config):
+        from verl.trainer import main_ppo
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+        from verl.utils.device import auto_set_device
+
+        auto_set_device(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        if not config.trainer.use_v1:
+            raise ValueError("train.verl.warm_refit needs verl's v1 trainer (trainer.use_v1=True)")
+        if not os.environ.get(REFIT_ENV) and REFIT_ENV not in str(config.ray_kwargs):
+            raise ValueError(f"{REFIT_ENV} is not in the job's Ray runtime env: the workers would lack the reset")
+        main_ppo.run_ppo(config, task_runner_class=runner_class())
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()

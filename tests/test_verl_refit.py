@@ -1,0 +1,179 @@
+"""``train.verl.warm_refit`` (fedagent.train.verl.refit), the probe of run-scoped engines (issue 30).
+
+On CPU: the launch composes through the refit entry point (a misspelled key fails there too); the
+worker method lands on verl's own ``ActorRolloutRefWorker`` as a ONE_TO_ALL method beside the KL
+reference's patch of the same module; the reset rebuilds reference then actor and puts a fitted
+trainer back where a fresh one starts, in verl's order; and a job whose trainer refits (fake trainer)
+keeps only the second fit's steps and episodes, times the warm start, and fails closed without the
+refit's or the reset's line. The H200 is where the reset meets real engines (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is installed by scripts/setup.sh (envs/verl-cpu.txt)")
+
+from fake_verl_trainer import FAKE_STEP_VALUES  # noqa: E402
+from test_verl_isolation import _run_jobs, fake_trainer  # noqa: E402,F401 - the fixture is used by name
+from test_verl_launch import REPO, workflow_train_params  # noqa: E402
+
+from fake_env import build_tiny_model  # noqa: E402
+from fedagent.train.local import TrainParams  # noqa: E402
+from fedagent.train.verl import refit  # noqa: E402
+from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides, trainer_command  # noqa: E402
+
+
+def _overrides(tmp_path, **settings):
+    p = workflow_train_params(REPO / "config" / "config.yaml")
+    job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
+    return build_overrides(p, VerlSettings(**settings), job=job, model_dir=tmp_path / "model",
+                           rows=tmp_path / "rows.parquet", agent_loop_yaml=tmp_path / "agent_loop.yaml",
+                           rollout_seed=123)
+
+
+def test_the_refit_launch_composes_through_its_own_entry_point(tmp_path, monkeypatch):
+    """``python -m fedagent.train.verl.refit`` is verl's Hydra main: ``--cfg job`` prints the composed
+    config (the refit env var reaches Ray's runtime env); a key verl does not have fails there."""
+    monkeypatch.delenv("FEDAGENT_VERL_TRAINER", raising=False)
+    ov = _overrides(tmp_path, warm_refit=True)
+    cmd = trainer_command(ov, warm_refit=True)
+    assert cmd[1:3] == ["-m", refit.MODULE] and trainer_command(ov)[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{refit.REFIT_ENV}=1" in ov
+    assert not any(refit.REFIT_ENV in o for o in _overrides(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{refit.REFIT_ENV}: 1" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt") in out.stdout
+    bad = subprocess.run([*cmd, "trainer.save_frequency=1", "--cfg", "job"], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert bad.returncode != 0 and "save_frequency" in bad.stderr
+
+
+def test_the_reset_method_lands_on_verls_worker_beside_the_reference_patch(tmp_path):
+    """In a fresh process (as a Ray worker): the refit's and the KL reference's patches of the same
+    verl module both apply (one import finder runs every pending patch); the reset is a ONE_TO_ALL
+    method, so verl's worker group binds it for the TaskRunner."""
+    ref = build_tiny_model(tmp_path / "ref", seed=3)
+    code = f"""
+from fedagent.train.verl import refit, ref_model
+refit.arm()
+ref_model.arm({str(ref)!r})
+import verl.workers.engine_workers as m
+from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+attrs = getattr(getattr(m.ActorRolloutRefWorker, refit.METHOD), MAGIC_ATTR)
+assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL and attrs["blocking"], attrs
+assert getattr(m.ActorRolloutRefWorker.ref_worker_cls, "_fedagent_ref_dir", None) == {str(ref)!r}
+print("both patched")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and "both patched" in out.stdout, out.stderr[-2000:]
+
+
+class _Engine:
+    def __init__(self, calls, name, path):
+        self.calls, self.name = calls, name
+        self.engine = type("E", (), {"model_config": type("M", (), {"local_path": path})()})()
+
+    def reset(self):
+        self.calls.append(f"{self.name}.reset")
+
+
+def test_reset_engines_rebuilds_the_reference_then_the_actor(capsys):
+    calls: list[str] = []
+    worker = type("W", (), {})()
+    worker.ref, worker.actor = _Engine(calls, "ref", "/m/ref"), _Engine(calls, "actor", "/m/start")
+    assert refit.reset_engines(worker) == "/m/start"
+    assert calls == ["ref.reset", "actor.reset"]
+    assert f"{refit.RESET_LINE}/m/start" in capsys.readouterr().out
+    worker.actor = None
+    with pytest.raises(RuntimeError, match="no actor"):
+        refit.reset_engines(worker)
+
+
+class _FakeTrainer:
+    """Records verl's trainer calls; state a first fit leaves behind."""
+
+    def __init__(self, calls, use_critic):
+        self.calls, self.use_critic = calls, use_critic
+        self.global_steps, self.local_trigger_step, self._restored_tq_prompt_count = 7, 3, 5
+        self.replay_buffer = "first fit's"
+        rec = lambda name: (lambda *a, **k: calls.append(name))   # noqa: E731
+        self.logger = type("T", (), {"finish": lambda s, exit_code: calls.append(f"logger.finish({exit_code})")})()
+        self.checkpoint_manager = type("C", (), {"sleep_replicas": lambda s: calls.append("sleep_replicas")})()
+        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s: calls.append("reset_engines")})()
+        self.critic_wg = type("K", (), {"reset": lambda s: calls.append("critic.reset")})()
+        self._init_dataloader, self._init_dump_executor = rec("dataloader"), rec("dump_executor")
+        self.on_init_end = rec("on_init_end")
+
+    def _build_replay_buffer(self):
+        self.calls.append("replay_buffer")
+        return "new"
+
+    def _load_checkpoint(self):
+        self.calls.append("load_checkpoint")
+        self.global_steps = 0
+
+
+@pytest.mark.parametrize("use_critic", [False, True])
+def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use_critic):
+    from omegaconf import OmegaConf
+
+    ckpt = tmp_path / "ckpt" / "global_step_1" / "actor"
+    ckpt.mkdir(parents=True)
+    record = tmp_path / "episodes.jsonl"
+    record.write_text('{"first": "fit"}\n')
+    yaml_path = tmp_path / "agent_loop.yaml"
+    yaml_path.write_text(f"- name: x\n  record_file: {record}\n")
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt")},
+                               "actor_rollout_ref": {"rollout": {"agent": {"agent_loop_config_path": str(yaml_path)}}}})
+    calls: list[str] = []
+    tr = _FakeTrainer(calls, use_critic)
+    refit.reset_for_refit(tr, config)
+    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines", *(["critic.reset"] if use_critic else []),
+                     "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
+    assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
+    assert (tr.global_steps, tr.local_trigger_step, tr._restored_tq_prompt_count, tr.replay_buffer) == (0, 0, 0, "new")
+
+
+def test_refit_lines_are_read_from_the_last_refit_on():
+    log = "a\nstep:1 - x:1\nfedagent: warm refit begins at 12.5\n(W pid=1) " + refit.RESET_LINE + "/m\nstep:1 - x:2\n"
+    assert refit.started_at(log) == 12.5 and refit.started_at("no refit\n") is None
+    assert refit.after_refit(log).startswith("(W pid=1)") and "x:1" not in refit.after_refit(log)
+    assert refit.after_refit("no refit\n") == ""
+
+
+P = dict(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
+
+
+def test_a_refit_job_keeps_the_second_fits_steps_and_times_its_warm_start(fake_trainer, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    m = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
+    assert isinstance(m, dict), m
+    # the first fit logged 100 × these values: only the second fit's (1 ×) are the job's
+    assert m["kl"] == pytest.approx(FAKE_STEP_VALUES["actor/kl_loss"])
+    assert [s["step"] for s in m["steps"]] == [1] and m["verl"]["warm_refit"] is True
+    t = m["timings_s"]
+    assert 0 < t["launch_to_refit"] < t["launch_to_first_generation"]
+    assert 0 < t["refit_to_first_generation"] < t["launch_to_first_generation"]
+    assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"] and (round_dir / "0" / "metrics.json").is_file()
+
+
+def test_a_refit_job_without_the_engines_reset_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_NO_RESET", "1")
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
+    assert isinstance(err, RuntimeError) and "not reset" in str(err), err
+    assert list(round_dir.iterdir()) == []
