@@ -73,6 +73,10 @@ def main() -> int:
     for key, value in ov.items():
         if key.startswith(prefix) and key[len(prefix):] != ray_hook.TAG_ENV:
             os.environ[key[len(prefix):]] = value
+    if os.environ.get("FAKE_VERL_NO_CRITIC_ATTN"):     # a hook that never arms the critic's loader
+        from fedagent.train.verl import critic_attn
+
+        critic_attn.arm = lambda: None
     ray_hook.setup()                        # fails closed on a Ray without get_job_id
     ppo = "critic.model.path" in ov
     if ppo and not os.environ.get("FAKE_VERL_SKIP_TRAINER_IMPORT"):

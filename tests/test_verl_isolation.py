@@ -394,3 +394,16 @@ def test_a_ppo_job_whose_critic_loss_was_not_armed_leaves_no_update(fake_trainer
     err = _run_jobs(model, round_dir, (0,), TrainParams(**PPO))[0]
     assert isinstance(err, RuntimeError) and "legacy_exact" in str(err), err
     assert list(round_dir.iterdir()) == []
+
+
+def test_a_ppo_job_whose_critic_loader_was_not_armed_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+    """Fail closed: without critic_attn's armed line verl loaded the critic its own way (flash_attention_2
+    hard-coded in verl 0.9.1): the job errs and writes nothing, though the critic loss was armed."""
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_NO_CRITIC_ATTN", "1")
+    model = _ppo_model(tmp_path / "m")
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,), TrainParams(**PPO))[0]
+    assert isinstance(err, RuntimeError) and "critic's loader was not armed" in str(err), err
+    assert list(round_dir.iterdir()) == []

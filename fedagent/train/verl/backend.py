@@ -140,6 +140,12 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if ARMED_LINE not in job.log.read_text(errors="replace"):
                 raise RuntimeError(f"{job.log}: no '{ARMED_LINE}' line: the job's critic did not train the "
                                    "legacy_exact loss (fedagent.train.verl.critic_loss); refusing its update")
+            from fedagent.train.verl.critic_attn import armed_line
+
+            # fail closed as well: without it verl loaded the critic its own way (flash_attention_2 hard-coded)
+            if armed_line() not in job.log.read_text(errors="replace"):
+                raise RuntimeError(f"{job.log}: no '{armed_line()}' line: the critic's loader was not armed "
+                                   "(fedagent.train.verl.critic_attn); refusing its update")
             critic_ckpt = actor.parent / "critic"
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
