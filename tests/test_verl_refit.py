@@ -177,3 +177,35 @@ def test_a_refit_job_without_the_engines_reset_leaves_no_update(fake_trainer, tm
     err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
     assert isinstance(err, RuntimeError) and "not reset" in str(err), err
     assert list(round_dir.iterdir()) == []
+
+
+def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tmp_path, monkeypatch, capsys):
+    """The TaskRunner's own sequence, run in this process (not as a Ray actor) on the config our launch
+    composes with verl's: init → agent loop → fit → refit line → reset → fit, TransferQueue closed."""
+    import transfer_queue as tq
+    from verl.trainer.ppo import v1
+
+    from verl_helpers import compose_ppo
+
+    calls: list[str] = []
+
+    class Trainer:
+        def __init__(self, config):
+            self.config = config
+
+        def init(self):
+            calls.append("init")
+
+        def fit(self, manager):
+            calls.append(f"fit({manager})")
+
+    monkeypatch.setattr(v1, "get_trainer_cls", lambda mode: calls.append(f"trainer_cls({mode})") or Trainer)
+    monkeypatch.setattr(tq, "init", lambda cfg: calls.append("tq.init"))
+    monkeypatch.setattr(tq, "close", lambda: calls.append("tq.close"))
+    monkeypatch.setattr(refit, "reset_for_refit", lambda trainer, config: calls.append("reset"))
+    cls = refit.runner_class().__ray_actor_class__
+    monkeypatch.setattr(cls, "init_agent_loop_manager", lambda self: setattr(self, "agent_loop_manager", "alm"))
+    runner = cls()
+    runner.run(compose_ppo(_overrides(tmp_path, warm_refit=True)))
+    assert calls == ["trainer_cls(sync)", "tq.init", "init", "fit(alm)", "reset", "fit(alm)", "tq.close"]
+    assert refit.started_at(capsys.readouterr().out) is not None
