@@ -16,14 +16,16 @@ COLUMNS = [("Ray up", "launch_to_ray_started"), ("TaskRunner ready", "launch_to_
            ("engines", "launch_to_engines_initialized"), ("vLLM server up", "launch_to_rollout_server_up"),
            ("ready to fit", "launch_to_ready_to_fit"), ("**first token**", "launch_to_first_generation"),
            ("step 1 logged", "launch_to_first_step_logged"), ("trainer exit", "trainer"),
-           ("conversion", "convert")]
+           ("conversion", "convert"),
+           # train.verl.warm_refit jobs only: the reset began / reset → the second fit's first token
+           ("refit began", "launch_to_refit"), ("**refit → first token**", "refit_to_first_generation")]
 
 
 def row(path: Path) -> str:
     m = json.loads(path.read_text())
     t = m.get("timings_s", {})
     v = m.get("verl", {})
-    levers = ", ".join(f"{k}={v[k]}" for k in ("enforce_eager", "vllm_executor", "reward_workers", "storage_units")
+    levers = ", ".join(f"{k}={v[k]}" for k in ("enforce_eager", "vllm_executor", "reward_workers", "storage_units", "warm_refit")
                        if k in v)
     algo = m.get("params", {}).get("algorithm", "grpo")
     if "kl_coef" in m.get("params", {}):
