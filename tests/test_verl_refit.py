@@ -122,8 +122,14 @@ class _FakeTrainer:
 
 
 @pytest.mark.parametrize("use_critic", [False, True])
-def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use_critic):
+def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use_critic, monkeypatch, capsys):
+    import transfer_queue as tq
     from omegaconf import OmegaConf
+
+    store = {"train": {"uid-left": {"is_prompt": True, "status": "failure", "global_steps": 1},
+                       "uid-left_0": {"status": "finished"}}}
+    monkeypatch.setattr(tq, "kv_list", lambda partition_id=None: {k: dict(v) for k, v in store.items()})
+    monkeypatch.setattr(tq, "kv_clear", lambda keys, partition_id: [store[partition_id].pop(k) for k in keys])
 
     ckpt = tmp_path / "ckpt" / "global_step_1" / "actor"
     ckpt.mkdir(parents=True)
@@ -139,6 +145,7 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines", *(["critic.reset"] if use_critic else []),
                      "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
     assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
+    assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in capsys.readouterr().out
     assert (tr.global_steps, tr.local_trigger_step, tr._restored_tq_prompt_count, tr.replay_buffer) == (0, 0, 0, "new")
 
 

@@ -14,7 +14,7 @@ are rebuilt by ``TrainingWorker.reset()`` (verl's ``FSDPEngine.initialize``: the
 the start model dir, a new optimizer and LR scheduler), in a worker method :func:`arm` adds to verl's
 ``ActorRolloutRefWorker`` (armed in every Ray worker by :mod:`fedagent.train.verl.ray_hook` when the
 job's runtime env carries :data:`REFIT_ENV`); the critic likewise (``critic_wg.reset()``, PPO); a new
-dataloader over the same rows, a new replay buffer, ``global_steps`` 0; the first fit's checkpoint and
+dataloader over the same rows, a new replay buffer, ``global_steps`` 0, an empty TransferQueue; the first fit's checkpoint and
 episode record removed; the reset weights synced into the vLLM replicas (verl's ``on_init_end``).
 Not reset: vLLM's sampling RNG (its engine is seeded once), so the second fit samples other
 continuations than a fresh job would — as a run-scoped engine would without per-request seeds.
@@ -38,6 +38,8 @@ RESET_LINE = "fedagent: engines reset, actor reloaded from "
 TARGET_MODULE = "verl.workers.engine_workers"
 TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
+TQ_PARTITION = "train"
+CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
 
 
 def refit_line(t: float) -> str:
@@ -130,6 +132,14 @@ def reset_for_refit(trainer, config) -> None:
     shutil.rmtree(str(config.trainer.default_local_dir), ignore_errors=True)
     for record in record_files(config):
         Path(record).write_text("")
+    # A fresh job's TransferQueue is empty: the replay buffer samples whatever the partition holds
+    # (sorted by the prompts' global step, which restarts at 1), so nothing of the first fit may stay.
+    import transfer_queue as tq
+
+    left = (tq.kv_list(TQ_PARTITION) or {}).get(TQ_PARTITION, {})
+    if left:
+        tq.kv_clear(partition_id=TQ_PARTITION, keys=list(left))
+    print(f"{CLEARED_PREFIX}{len(left)}", flush=True)
     getattr(trainer.actor_rollout_wg, METHOD)()
     if trainer.use_critic:
         trainer.critic_wg.reset()
