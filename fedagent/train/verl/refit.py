@@ -14,8 +14,9 @@ are rebuilt by ``TrainingWorker.reset()`` (verl's ``FSDPEngine.initialize``: the
 the start model dir, a new optimizer and LR scheduler), in a worker method :func:`arm` adds to verl's
 ``ActorRolloutRefWorker`` (armed in every Ray worker by :mod:`fedagent.train.verl.ray_hook` when the
 job's runtime env carries :data:`REFIT_ENV`); the critic likewise (``critic_wg.reset()``, PPO); a new
-dataloader over the same rows, a new replay buffer, ``global_steps`` 0, an empty TransferQueue; the first fit's checkpoint and
-episode record removed; the reset weights synced into the vLLM replicas (verl's ``on_init_end``).
+dataloader over the same rows, a new replay buffer, ``global_steps`` 0, an empty TransferQueue; the
+first fit's checkpoint and episode record removed; the reset weights synced into the vLLM replicas
+(verl's ``on_init_end``).
 Not reset: vLLM's sampling RNG (its engine is seeded once), so the second fit samples other
 continuations than a fresh job would — as a run-scoped engine would without per-request seeds.
 
