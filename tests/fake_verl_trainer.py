@@ -105,10 +105,15 @@ def main() -> int:
         print(f"step:1 - timing_s/gen:2.5 - {values}", flush=True)
         print(refit.refit_line(time.time()), flush=True)
         if not os.environ.get("FAKE_VERL_NO_RESET"):
-            print(f"(WorkerDict pid=1) {refit.RESET_LINE}{ov['actor_rollout_ref.model.path']}", flush=True)
+            reset_from = os.environ.get("FAKE_VERL_RESET_FROM") or ov["actor_rollout_ref.model.path"]
+            print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
         time.sleep(0.05)
     # Episodes through the agent-loop YAML's env address.
     entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]
+    if entry.get("job_file"):        # read as our agent loop reads it, per episode (train.verl.warm_refit)
+        from fedagent.train.verl.agent_loop import JOB_FILE_KEYS, read_job_file
+
+        entry = {**entry, **dict(zip(JOB_FILE_KEYS, read_job_file(entry["job_file"])))}
     env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],
                                                                              token=entry["env_token"])
     rows = pd.read_parquet(ov["data.train_files"])

@@ -10,6 +10,7 @@ refit's or the reset's line. The H200 is where the reset meets real engines (doc
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +69,8 @@ import verl.workers.engine_workers as m
 from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
 attrs = getattr(getattr(m.ActorRolloutRefWorker, refit.METHOD), MAGIC_ATTR)
 assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL and attrs["blocking"], attrs
+attrs = getattr(getattr(m.TrainingWorker, refit.PATH_METHOD), MAGIC_ATTR)
+assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL, attrs
 assert getattr(m.ActorRolloutRefWorker.ref_worker_cls, "_fedagent_ref_dir", None) == {str(ref)!r}
 print("both patched")
 """
@@ -92,6 +95,13 @@ def test_reset_engines_rebuilds_the_reference_then_the_actor(capsys):
     assert refit.reset_engines(worker) == "/m/start"
     assert calls == ["ref.reset", "actor.reset"]
     assert f"{refit.RESET_LINE}/m/start" in capsys.readouterr().out
+    # a later job's start model: the actor's path changes before its reset, the reference's does not
+    assert refit.reset_engines(worker, "/m/next") == "/m/next"
+    assert worker.ref.engine.model_config.local_path == "/m/ref"
+    assert refit.reset_paths(capsys.readouterr().out) == ["/m/next"]
+    critic = _Engine(calls, "critic", "/m/start/critic")
+    assert refit.set_model_path(critic, "/m/next/critic") == "/m/next/critic"
+    assert critic.engine.model_config.local_path == "/m/next/critic"
     worker.actor = None
     with pytest.raises(RuntimeError, match="no actor"):
         refit.reset_engines(worker)
@@ -107,8 +117,9 @@ class _FakeTrainer:
         rec = lambda name: (lambda *a, **k: calls.append(name))   # noqa: E731
         self.logger = type("T", (), {"finish": lambda s, exit_code: calls.append(f"logger.finish({exit_code})")})()
         self.checkpoint_manager = type("C", (), {"sleep_replicas": lambda s: calls.append("sleep_replicas")})()
-        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s: calls.append("reset_engines")})()
-        self.critic_wg = type("K", (), {"reset": lambda s: calls.append("critic.reset")})()
+        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s, d: calls.append(f"reset_engines({d})")})()
+        self.critic_wg = type("K", (), {"reset": lambda s: calls.append("critic.reset"),
+                                        refit.PATH_METHOD: lambda s, d: calls.append(f"critic.path({d})")})()
         self._init_dataloader, self._init_dump_executor = rec("dataloader"), rec("dump_executor")
         self.on_init_end = rec("on_init_end")
 
@@ -136,13 +147,19 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     record = tmp_path / "episodes.jsonl"
     record.write_text('{"first": "fit"}\n')
     yaml_path = tmp_path / "agent_loop.yaml"
-    yaml_path.write_text(f"- name: x\n  record_file: {record}\n")
+    job_file = tmp_path / "job.json"             # the record file named through the agent loop's job file
+    job_file.write_text(json.dumps({"env_uds": "/x.sock", "env_url": None, "env_token": None,
+                                    "record_file": str(record)}))
+    yaml_path.write_text(f"- name: x\n  job_file: {job_file}\n")
     config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt")},
-                               "actor_rollout_ref": {"rollout": {"agent": {"agent_loop_config_path": str(yaml_path)}}}})
+                               "critic": {"model": {"path": "/m/start/critic"}},
+                               "actor_rollout_ref": {"model": {"path": "/m/start"},
+                                                     "rollout": {"agent": {"agent_loop_config_path": str(yaml_path)}}}})
     calls: list[str] = []
     tr = _FakeTrainer(calls, use_critic)
     refit.reset_for_refit(tr, config)
-    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines", *(["critic.reset"] if use_critic else []),
+    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines(/m/start)",
+                     *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
                      "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
     assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
     assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in capsys.readouterr().out
@@ -216,3 +233,39 @@ def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tm
     runner.run(compose_ppo(_overrides(tmp_path, warm_refit=True)))
     assert calls == ["trainer_cls(sync)", "tq.init", "init", "fit(alm)", "reset", "fit(alm)", "tq.close"]
     assert refit.started_at(capsys.readouterr().out) is not None
+
+
+def test_a_refit_job_reset_from_another_model_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_RESET_FROM", str(tmp_path / "elsewhere"))
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
+    assert isinstance(err, RuntimeError) and "elsewhere" in str(err) and "not only from" in str(err), err
+    assert list(round_dir.iterdir()) == []
+
+
+def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(tmp_path):
+    """verl reads the agent-loop YAML once per worker: with a job file the YAML names, the env address
+    and record file reach each episode from that file (rewritten atomically), never from both."""
+    import yaml
+
+    from fedagent.train.verl.agent_loop import read_job_file
+    from fedagent.train.verl.launch import write_agent_loop_yaml
+
+    p = TrainParams(max_turns=2)
+    path = write_agent_loop_yaml(tmp_path / "a.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
+                                 record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job.json")
+    (entry,) = yaml.safe_load(path.read_text())
+    assert entry["job_file"] == str(tmp_path / "job.json") and not {"env_uds", "record_file"} & set(entry)
+    assert read_job_file(entry["job_file"]) == ("/tmp/x.sock", None, None, str(tmp_path / "ep.jsonl"))
+    with pytest.raises(ValueError, match="one or the other"):
+        read_job_file(entry["job_file"], "/tmp/other.sock")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="missing"):
+        read_job_file(str(tmp_path / "bad.json"))
+    (plain,) = yaml.safe_load(write_agent_loop_yaml(tmp_path / "b.yaml", env_uds="/tmp/x.sock", env_url=None,
+                                                    env_token=None, p=p, record_file=tmp_path / "ep.jsonl",
+                                                    history_length=2).read_text())
+    assert plain["env_uds"] == "/tmp/x.sock" and "job_file" not in plain

@@ -66,6 +66,24 @@ def weight_versions(out) -> dict:
             "max_global_steps": extra.get("max_global_steps", step)}
 
 
+JOB_FILE_KEYS = ("env_uds", "env_url", "env_token", "record_file")
+
+
+def read_job_file(job_file: str, *entry_values) -> tuple:
+    """The job's env address and record file from its ``job_file`` (JSON with :data:`JOB_FILE_KEYS`),
+    read per episode: verl reads the agent-loop YAML once per worker, so a file the YAML names is where
+    a later job's values can reach live workers (``train.verl.warm_refit``; the run-scoped engines). The
+    YAML entry must then carry none of them itself (one source, never a mix)."""
+    if any(v is not None for v in entry_values):
+        raise ValueError(f"agent-loop entry has job_file {job_file} and its own {JOB_FILE_KEYS} values: one or the other")
+    with open(job_file) as fh:
+        job = json.load(fh)
+    missing = [k for k in JOB_FILE_KEYS if k not in job]
+    if missing:
+        raise ValueError(f"{job_file}: missing {missing}")
+    return tuple(job[k] for k in JOB_FILE_KEYS)
+
+
 class WindowedAgentLoop(AgentLoopBase):
     """verl agent loop playing one windowed multi-turn episode (see the module docstring).
 
@@ -76,7 +94,11 @@ class WindowedAgentLoop(AgentLoopBase):
     def __init__(self, *args, env_uds: str | None = None, env_url: str | None = None,
                  env_token: str | None = None, max_turns: int = 3, max_prompt_tokens: int = 1024,
                  invalid_penalty: float = 0.1, history_length: int = HISTORY_LENGTH,
-                 record_file: str | None = None, answer_format: str = "think_action", env=None, **kwargs):
+                 record_file: str | None = None, answer_format: str = "think_action", env=None,
+                 job_file: str | None = None, **kwargs):
+        if job_file is not None:
+            env_uds, env_url, env_token, record_file = read_job_file(job_file, env_uds, env_url, env_token,
+                                                                     record_file)
         kwargs.pop("name", None)     # the YAML entry's registry name
         kwargs.pop("tools", None)    # verl passes its tool list to every loop
         super().__init__(*args, **kwargs)

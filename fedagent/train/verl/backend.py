@@ -101,7 +101,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         record = job.workdir / "episodes.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
-            env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history)
+            env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history,
+            # a warm refit reaches its agent loops' env address through the per-episode job file, the
+            # way a run-scoped engine set would reach a later job's
+            job_file=job.workdir / "agent_loop_job.json" if settings.warm_refit else None)
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31,
@@ -150,7 +153,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
         log_text = job.log.read_text(errors="replace")
-        t_refit = refit_started(log_text) if settings.warm_refit else None
+        t_refit = refit_started(log_text, Path(model_dir).resolve()) if settings.warm_refit else None
         warm_start = {}
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
@@ -211,16 +214,21 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     return metrics
 
 
-def refit_started(log_text: str) -> float:
-    """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line or the
-    workers' reset line after it (the update would be the first fit's, or from engines not reset)."""
+def refit_started(log_text: str, model_dir: Path) -> float:
+    """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line or without
+    the workers' reset lines after it naming the start model (the update would be the first fit's, or
+    from engines not reset, or reset from another model)."""
     t = refit.started_at(log_text)
     if t is None:
         raise RuntimeError(f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
                            "refit (fedagent.train.verl.refit); refusing the update")
-    if refit.RESET_LINE not in refit.after_refit(log_text):
+    paths = refit.reset_paths(refit.after_refit(log_text))
+    if not paths:
         raise RuntimeError(f"train.verl.warm_refit: no '{refit.RESET_LINE}' line after the refit began: the "
                            "engines were not reset; refusing the update")
+    if set(paths) != {str(model_dir)}:
+        raise RuntimeError(f"train.verl.warm_refit: the engines were reset from {sorted(set(paths))}, not only from "
+                           f"the start model {model_dir}; refusing the update")
     return t
 
 

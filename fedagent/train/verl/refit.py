@@ -39,6 +39,8 @@ RESET_LINE = "fedagent: engines reset, actor reloaded from "
 TARGET_MODULE = "verl.workers.engine_workers"
 TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
+CRITIC_CLASS = "TrainingWorker"
+PATH_METHOD = "fedagent_set_model_path"
 TQ_PARTITION = "train"
 CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
 
@@ -72,16 +74,30 @@ def after_refit(log_text: str) -> str:
     return "" if hit is None else log_text[hit[0]:]
 
 
-def reset_engines(self) -> str:
+def reset_paths(log_text: str) -> list[str]:
+    """The directories named by every :data:`RESET_LINE` in ``log_text`` (Ray prefixes worker lines)."""
+    out = []
+    for line in log_text.splitlines():
+        i = line.find(RESET_LINE)
+        if i >= 0:
+            out.append(line[i + len(RESET_LINE):].strip())
+    return out
+
+
+def reset_engines(self, model_dir: str | None = None) -> str:
     """A worker method of verl's ``ActorRolloutRefWorker`` (ONE_TO_ALL, added by :func:`arm`): rebuild
     its KL reference and actor as ``init_model`` built them — ``reset()`` = verl's engine
     ``initialize()``: the module from the model config's ``local_path``, a new optimizer and LR
-    scheduler. The actor keeps its loss function (set on the worker, not the engine)."""
+    scheduler. ``model_dir``: the actor's new ``local_path`` first (the engine reads it at ``reset``;
+    how a run-scoped engine set would load a later job's start model). The actor keeps its loss
+    function (set on the worker, not the engine); the reference keeps its own path."""
     from verl.utils.memory_utils import aggressive_empty_cache
 
     actor = getattr(self, "actor", None)
     if actor is None:
         raise RuntimeError(f"{TARGET_CLASS} has no actor engine: nothing to reset for the warm refit")
+    if model_dir is not None:
+        actor.engine.model_config.local_path = str(model_dir)
     ref = getattr(self, "ref", None)
     if ref is not None:
         ref.reset()
@@ -92,14 +108,22 @@ def reset_engines(self) -> str:
     return path
 
 
+def set_model_path(self, model_dir: str) -> str:
+    """A worker method of verl's ``TrainingWorker`` (ONE_TO_ALL, added by :func:`arm`; the PPO critic's
+    worker group): the engine's ``local_path``, read by its next ``reset()``."""
+    self.engine.model_config.local_path = str(model_dir)
+    return str(model_dir)
+
+
 def _patch(module) -> None:
     from verl.single_controller.base.decorator import Dispatch, register
 
-    owner = getattr(module, TARGET_CLASS, None)
-    if owner is None:
-        raise RuntimeError(f"{TARGET_MODULE}.{TARGET_CLASS} is missing: cannot add the warm refit's reset")
-    if getattr(owner, METHOD, None) is None:
-        setattr(owner, METHOD, register(dispatch_mode=Dispatch.ONE_TO_ALL)(reset_engines))
+    for cls_name, name, fn in ((TARGET_CLASS, METHOD, reset_engines), (CRITIC_CLASS, PATH_METHOD, set_model_path)):
+        owner = getattr(module, cls_name, None)
+        if owner is None:
+            raise RuntimeError(f"{TARGET_MODULE}.{cls_name} is missing: cannot add the warm refit's {name}")
+        if getattr(owner, name, None) is None:
+            setattr(owner, name, register(dispatch_mode=Dispatch.ONE_TO_ALL)(fn))
 
 
 def arm() -> None:
@@ -112,14 +136,21 @@ def arm() -> None:
 
 
 def record_files(config) -> list[str]:
-    """The episode record files of the job's agent loops (from its agent-loop YAML)."""
+    """The episode record files of the job's agent loops (from its agent-loop YAML, or the job file it names)."""
+    import json
+
     import yaml
 
     path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
     if not path:
         return []
-    entries = yaml.safe_load(Path(path).read_text()) or []
-    return [str(e["record_file"]) for e in entries if e.get("record_file")]
+    out = []
+    for e in yaml.safe_load(Path(path).read_text()) or []:
+        if e.get("job_file"):
+            e = json.loads(Path(e["job_file"]).read_text())
+        if e.get("record_file"):
+            out.append(str(e["record_file"]))
+    return out
 
 
 def reset_for_refit(trainer, config) -> None:
@@ -141,8 +172,14 @@ def reset_for_refit(trainer, config) -> None:
     if left:
         tq.kv_clear(partition_id=TQ_PARTITION, keys=list(left))
     print(f"{CLEARED_PREFIX}{len(left)}", flush=True)
-    getattr(trainer.actor_rollout_wg, METHOD)()
+    model = config.actor_rollout_ref.model
+    if model.get("use_shm"):
+        raise ValueError("train.verl.warm_refit: actor_rollout_ref.model.use_shm copies the model elsewhere; unsupported")
+    # the start dirs passed on, as a run-scoped engine set would pass a later job's (verl's local_path
+    # of a local dir is the dir itself)
+    getattr(trainer.actor_rollout_wg, METHOD)(str(model.path))
     if trainer.use_critic:
+        getattr(trainer.critic_wg, PATH_METHOD)(str(config.critic.model.path))
         trainer.critic_wg.reset()
     trainer._init_dataloader()
     trainer._init_dump_executor()
