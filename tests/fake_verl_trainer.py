@@ -162,10 +162,18 @@ def main() -> int:
         (critic / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
     # verl's console logger, one line per step, with known values (FAKE_STEP_VALUES below) that the
     # job's metrics.json must carry
+    recorded = []
     for step in range(1, steps + 1):
-        values = " - ".join(f"{k}:{v * step}" for k, v in {**FAKE_STEP_VALUES, **(FAKE_CRITIC_VALUES if ppo else {})}.items())
+        vals = {k: v * step for k, v in {**FAKE_STEP_VALUES, **(FAKE_CRITIC_VALUES if ppo else {})}.items()}
+        values = " - ".join(f"{k}:{v}" for k, v in vals.items())
         print(f"step:{step} - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
               f" - perf/throughput:1234.5 - {values}", flush=True)
+        recorded.append({"step": step, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
+                         "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, **vals})
+    if os.environ.get(refit.REFIT_ENV):      # the refit runner's recorded steps (FAKE_VERL_STEPS_OFF: one differs)
+        if os.environ.get("FAKE_VERL_STEPS_OFF"):
+            recorded[-1]["actor/kl_loss"] += 1.0
+        (Path(ov["trainer.default_local_dir"]).parent / refit.STEPS_FILE).write_text(json.dumps(recorded))
     if os.environ.get("FAKE_VERL_FAIL"):
         return 3
     return 0

@@ -189,6 +189,7 @@ def test_a_refit_job_keeps_the_second_fits_steps_and_times_its_warm_start(fake_t
     t = m["timings_s"]
     assert 0 < t["launch_to_refit"] < t["launch_to_first_generation"]
     assert 0 < t["refit_to_first_generation"] < t["launch_to_first_generation"]
+    assert m["refit_steps_match"] is True           # the recorded steps carry the console lines' values
     assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"] and (round_dir / "0" / "metrics.json").is_file()
 
 
@@ -222,6 +223,9 @@ def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tm
 
         def fit(self, manager):
             calls.append(f"fit({manager})")
+            import verl.trainer.ppo.v1.trainer_base as tb   # as verl's fit builds its logger
+
+            tb.Tracking(project_name="p", experiment_name="e", default_backend=[]).log(data={"n": len(calls)}, step=1)
 
     monkeypatch.setattr(v1, "get_trainer_cls", lambda mode: calls.append(f"trainer_cls({mode})") or Trainer)
     monkeypatch.setattr(tq, "init", lambda cfg: calls.append("tq.init"))
@@ -230,9 +234,14 @@ def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tm
     cls = refit.runner_class().__ray_actor_class__
     monkeypatch.setattr(cls, "init_agent_loop_manager", lambda self: setattr(self, "agent_loop_manager", "alm"))
     runner = cls()
+    (tmp_path / "w").mkdir()
+    plain = v1.trainer_base.Tracking
     runner.run(compose_ppo(_overrides(tmp_path, warm_refit=True)))
     assert calls == ["trainer_cls(sync)", "tq.init", "init", "fit(alm)", "reset", "fit(alm)", "tq.close"]
     assert refit.started_at(capsys.readouterr().out) is not None
+    # only the second fit's logged steps are recorded, and verl's Tracking is itself again afterwards
+    assert json.loads((tmp_path / "w" / refit.STEPS_FILE).read_text()) == [{"step": 1, "n": 6.0}]
+    assert v1.trainer_base.Tracking is plain
 
 
 def test_a_refit_job_reset_from_another_model_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
@@ -269,3 +278,19 @@ def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(t
                                                     env_token=None, p=p, record_file=tmp_path / "ep.jsonl",
                                                     history_length=2).read_text())
     assert plain["env_uds"] == "/tmp/x.sock" and "job_file" not in plain
+
+
+def test_recorded_steps_are_checked_against_the_console_lines(tmp_path):
+    from verl.utils.tracking import Tracking
+
+    sink: list = []
+    tracker = refit.recording_tracking(Tracking, sink)(project_name="p", experiment_name="e", default_backend=[])
+    tracker.log(data={"actor/kl_loss": 0.25, "name": "text", "n": 3}, step=1)
+    assert sink == [{"step": 1, "actor/kl_loss": 0.25, "n": 3.0}]
+    path = tmp_path / refit.STEPS_FILE
+    assert refit.steps_match(path, [{"step": 1, "actor/kl_loss": 0.25}]) is None
+    path.write_text(json.dumps(sink))
+    assert refit.steps_match(path, [{"step": 1, "actor/kl_loss": 0.25}]) is True
+    assert refit.steps_match(path, [{"step": 1, "actor/kl_loss": 0.26}]) is False
+    assert refit.steps_match(path, [{"step": 1, "actor/entropy": 1.0}]) is False
+    assert refit.steps_match(path, [{"step": 2, "actor/kl_loss": 0.25}]) is False

@@ -173,6 +173,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         steps = steplog.step_metrics_in(refit.after_refit(log_text) if t_refit is not None else log_text)
         records = steplog.step_records(steps)
         clock.phases.update(steplog.phase_totals(steps))
+        # the probe of returned (not scraped) step metrics: the second fit's records as verl's Tracking got
+        # them, against its console lines (a diagnostic; the log's lines stay the source)
+        refit_check = {"refit_steps_match": refit.steps_match(job.workdir / refit.STEPS_FILE, steps)} \
+            if t_refit is not None else {}
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             inputs.wait()          # nothing derived from an unverified start model reaches the final path
@@ -198,7 +202,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           "ref_model": None if ref_dir is None else str(ref_dir)},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
-                "trainer_attempts": attempts,
+                "trainer_attempts": attempts, **refit_check,
                 "verl_steps": steps,
                 "wall_time_s": round_(time.time() - t0),
                 **critic_record,

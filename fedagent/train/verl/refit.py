@@ -190,6 +190,46 @@ def reset_for_refit(trainer, config) -> None:
     trainer.on_init_end()               # the sync trainer: the reset weights into the vLLM replicas
 
 
+STEPS_FILE = "refit_steps.json"   # beside the job's checkpoint dir: the second fit's metrics as returned
+
+
+def recording_tracking(base, sink: list):
+    """A subclass of verl's ``Tracking`` that also appends every ``log(data, step)`` to ``sink`` as one
+    numeric record (what a run-scoped engine set would return to its job instead of a shared stdout)."""
+
+    class RecordingTracking(base):
+        def log(self, data, step, backend=None):
+            rec = {"step": int(step)}
+            for k, v in data.items():
+                try:
+                    rec[str(k)] = float(v)
+                except (TypeError, ValueError):
+                    continue
+            sink.append(rec)
+            return super().log(data=data, step=step, backend=backend)
+
+    return RecordingTracking
+
+
+def steps_file(config) -> Path:
+    return Path(str(config.trainer.default_local_dir)).parent / STEPS_FILE
+
+
+def steps_match(path: Path, logged: list[dict]) -> bool | None:
+    """Whether the recorded second-fit steps (:data:`STEPS_FILE`) carry the values of the log's step lines
+    (every key a line has, relative 1e-6); None when the file is missing."""
+    import json
+    import math
+
+    if not Path(path).is_file():
+        return None
+    recorded = json.loads(Path(path).read_text())
+    if [r["step"] for r in recorded] != [r["step"] for r in logged]:
+        return False
+    return all(k in rec and math.isclose(rec[k], v, rel_tol=1e-6, abs_tol=1e-12)
+               for rec, line in zip(recorded, logged) for k, v in line.items() if k != "step")
+
+
 def runner_class():
     """verl 0.9.1's ``TaskRunnerV1`` whose ``run`` fits, resets and fits again (a Ray actor class)."""
     import ray
@@ -221,7 +261,18 @@ def runner_class():
                 self.trainer.fit(self.agent_loop_manager)
                 print(refit_line(time.time()), flush=True)
                 reset_for_refit(self.trainer, config)
-                self.trainer.fit(self.agent_loop_manager)
+                import json
+
+                import verl.trainer.ppo.v1.trainer_base as trainer_base
+
+                steps: list = []
+                plain = trainer_base.Tracking
+                trainer_base.Tracking = recording_tracking(plain, steps)
+                try:
+                    self.trainer.fit(self.agent_loop_manager)
+                finally:
+                    trainer_base.Tracking = plain
+                steps_file(config).write_text(json.dumps(steps))
                 succeeded = True
             finally:
                 try:
