@@ -107,6 +107,11 @@ def main() -> int:
         if not os.environ.get("FAKE_VERL_NO_RESET"):
             reset_from = os.environ.get("FAKE_VERL_RESET_FROM") or ov["actor_rollout_ref.model.path"]
             print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
+            from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+            ref_from = (os.environ.get("FAKE_VERL_REF_RESET_FROM") or os.environ.get(REF_MODEL_ENV)
+                        or ov["actor_rollout_ref.model.path"])
+            print(f"(WorkerDict pid=1) {refit.REF_RESET_LINE}{ref_from}", flush=True)
         time.sleep(0.05)
     # Episodes through the agent-loop YAML's env address.
     entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]

@@ -94,11 +94,13 @@ def test_reset_engines_rebuilds_the_reference_then_the_actor(capsys):
     worker.ref, worker.actor = _Engine(calls, "ref", "/m/ref"), _Engine(calls, "actor", "/m/start")
     assert refit.reset_engines(worker) == "/m/start"
     assert calls == ["ref.reset", "actor.reset"]
-    assert f"{refit.RESET_LINE}/m/start" in capsys.readouterr().out
-    # a later job's start model: the actor's path changes before its reset, the reference's does not
-    assert refit.reset_engines(worker, "/m/next") == "/m/next"
-    assert worker.ref.engine.model_config.local_path == "/m/ref"
-    assert refit.reset_paths(capsys.readouterr().out) == ["/m/next"]
+    out = capsys.readouterr().out
+    assert f"{refit.RESET_LINE}/m/start" in out and refit.reset_paths(out, refit.REF_RESET_LINE) == ["/m/ref"]
+    # a later job's start model and reference: each path changes before its reset
+    assert refit.reset_engines(worker, "/m/next", "/m/next-ref") == "/m/next"
+    assert worker.ref.engine.model_config.local_path == "/m/next-ref"
+    out = capsys.readouterr().out
+    assert refit.reset_paths(out) == ["/m/next"] and refit.reset_paths(out, refit.REF_RESET_LINE) == ["/m/next-ref"]
     critic = _Engine(calls, "critic", "/m/start/critic")
     assert refit.set_model_path(critic, "/m/next/critic") == "/m/next/critic"
     assert critic.engine.model_config.local_path == "/m/next/critic"
@@ -117,7 +119,7 @@ class _FakeTrainer:
         rec = lambda name: (lambda *a, **k: calls.append(name))   # noqa: E731
         self.logger = type("T", (), {"finish": lambda s, exit_code: calls.append(f"logger.finish({exit_code})")})()
         self.checkpoint_manager = type("C", (), {"sleep_replicas": lambda s: calls.append("sleep_replicas")})()
-        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s, d: calls.append(f"reset_engines({d})")})()
+        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s, d, r: calls.append(f"reset_engines({d}, {r})")})()
         self.critic_wg = type("K", (), {"reset": lambda s: calls.append("critic.reset"),
                                         refit.PATH_METHOD: lambda s, d: calls.append(f"critic.path({d})")})()
         self._init_dataloader, self._init_dump_executor = rec("dataloader"), rec("dump_executor")
@@ -158,7 +160,7 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     calls: list[str] = []
     tr = _FakeTrainer(calls, use_critic)
     refit.reset_for_refit(tr, config)
-    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines(/m/start)",
+    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines(/m/start, /m/start)",
                      *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
                      "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
     assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
@@ -294,3 +296,15 @@ def test_recorded_steps_are_checked_against_the_console_lines(tmp_path):
     assert refit.steps_match(path, [{"step": 1, "actor/kl_loss": 0.26}]) is False
     assert refit.steps_match(path, [{"step": 1, "actor/entropy": 1.0}]) is False
     assert refit.steps_match(path, [{"step": 2, "actor/kl_loss": 0.25}]) is False
+
+
+def test_a_refit_job_whose_reference_was_reset_from_another_model_leaves_no_update(fake_trainer, tmp_path,
+                                                                                    monkeypatch):
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_REF_RESET_FROM", str(tmp_path / "other-ref"))
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
+    assert isinstance(err, RuntimeError) and "KL reference was reset from" in str(err), err
+    assert list(round_dir.iterdir()) == []

@@ -153,7 +153,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
         log_text = job.log.read_text(errors="replace")
-        t_refit = refit_started(log_text, Path(model_dir).resolve()) if settings.warm_refit else None
+        t_refit = refit_started(log_text, Path(model_dir).resolve(), ref_dir) if settings.warm_refit else None
         warm_start = {}
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
@@ -218,7 +218,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     return metrics
 
 
-def refit_started(log_text: str, model_dir: Path) -> float:
+def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None) -> float:
     """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line or without
     the workers' reset lines after it naming the start model (the update would be the first fit's, or
     from engines not reset, or reset from another model)."""
@@ -233,6 +233,11 @@ def refit_started(log_text: str, model_dir: Path) -> float:
     if set(paths) != {str(model_dir)}:
         raise RuntimeError(f"train.verl.warm_refit: the engines were reset from {sorted(set(paths))}, not only from "
                            f"the start model {model_dir}; refusing the update")
+    refs = set(refit.reset_paths(refit.after_refit(log_text), refit.REF_RESET_LINE))
+    want = str(ref_dir if ref_dir is not None else model_dir)
+    if refs - {want}:           # none: no KL term, verl built no reference
+        raise RuntimeError(f"train.verl.warm_refit: the KL reference was reset from {sorted(refs)}, not {want}; "
+                           "refusing the update")
     return t
 
 

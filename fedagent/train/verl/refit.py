@@ -36,6 +36,7 @@ REFIT_ENV = "FEDAGENT_VERL_WARM_REFIT"
 MODULE = "fedagent.train.verl.refit"
 REFIT_PREFIX = "fedagent: warm refit begins at "
 RESET_LINE = "fedagent: engines reset, actor reloaded from "
+REF_RESET_LINE = "fedagent: engines reset, KL reference reloaded from "
 TARGET_MODULE = "verl.workers.engine_workers"
 TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
@@ -74,23 +75,24 @@ def after_refit(log_text: str) -> str:
     return "" if hit is None else log_text[hit[0]:]
 
 
-def reset_paths(log_text: str) -> list[str]:
-    """The directories named by every :data:`RESET_LINE` in ``log_text`` (Ray prefixes worker lines)."""
+def reset_paths(log_text: str, prefix: str = RESET_LINE) -> list[str]:
+    """The directories named by every ``prefix`` line (:data:`RESET_LINE`, :data:`REF_RESET_LINE`) in
+    ``log_text`` (Ray prefixes worker lines)."""
     out = []
     for line in log_text.splitlines():
-        i = line.find(RESET_LINE)
+        i = line.find(prefix)
         if i >= 0:
-            out.append(line[i + len(RESET_LINE):].strip())
+            out.append(line[i + len(prefix):].strip())
     return out
 
 
-def reset_engines(self, model_dir: str | None = None) -> str:
+def reset_engines(self, model_dir: str | None = None, ref_dir: str | None = None) -> str:
     """A worker method of verl's ``ActorRolloutRefWorker`` (ONE_TO_ALL, added by :func:`arm`): rebuild
     its KL reference and actor as ``init_model`` built them — ``reset()`` = verl's engine
     ``initialize()``: the module from the model config's ``local_path``, a new optimizer and LR
-    scheduler. ``model_dir``: the actor's new ``local_path`` first (the engine reads it at ``reset``;
-    how a run-scoped engine set would load a later job's start model). The actor keeps its loss
-    function (set on the worker, not the engine); the reference keeps its own path."""
+    scheduler. ``model_dir`` / ``ref_dir``: the actor's / reference's new ``local_path`` first (the engine
+    reads it at ``reset``; how a run-scoped engine set would load a later job's start model and KL
+    reference). The actor keeps its loss function (set on the worker, not the engine)."""
     from verl.utils.memory_utils import aggressive_empty_cache
 
     actor = getattr(self, "actor", None)
@@ -100,7 +102,10 @@ def reset_engines(self, model_dir: str | None = None) -> str:
         actor.engine.model_config.local_path = str(model_dir)
     ref = getattr(self, "ref", None)
     if ref is not None:
+        if ref_dir is not None:
+            ref.engine.model_config.local_path = str(ref_dir)
         ref.reset()
+        print(f"{REF_RESET_LINE}{ref.engine.model_config.local_path}", flush=True)
     actor.reset()
     aggressive_empty_cache(force_sync=True)
     path = str(actor.engine.model_config.local_path)
@@ -177,7 +182,11 @@ def reset_for_refit(trainer, config) -> None:
         raise ValueError("train.verl.warm_refit: actor_rollout_ref.model.use_shm copies the model elsewhere; unsupported")
     # the start dirs passed on, as a run-scoped engine set would pass a later job's (verl's local_path
     # of a local dir is the dir itself)
-    getattr(trainer.actor_rollout_wg, METHOD)(str(model.path))
+    # the KL reference: the job's other model when ref_model armed one (train.ref_anchor: base), else the
+    # start model, as verl builds it
+    from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+    getattr(trainer.actor_rollout_wg, METHOD)(str(model.path), os.environ.get(REF_MODEL_ENV) or str(model.path))
     if trainer.use_critic:
         getattr(trainer.critic_wg, PATH_METHOD)(str(config.critic.model.path))
         trainer.critic_wg.reset()
