@@ -177,14 +177,12 @@ def reset_for_refit(trainer, config) -> None:
     if left:
         tq.kv_clear(partition_id=TQ_PARTITION, keys=list(left))
     print(f"{CLEARED_PREFIX}{len(left)}", flush=True)
-    model = config.actor_rollout_ref.model
-    if model.get("use_shm"):
-        raise ValueError("train.verl.warm_refit: actor_rollout_ref.model.use_shm copies the model elsewhere; unsupported")
-    # the start dirs passed on, as a run-scoped engine set would pass a later job's (verl's local_path
-    # of a local dir is the dir itself)
-    # the KL reference: the job's other model when ref_model armed one (train.ref_anchor: base), else the
-    # start model, as verl builds it
+    # The start dirs passed on, as a run-scoped engine set would pass a later job's (verl's local_path of
+    # a local dir is the dir itself; use_shm is refused before the first fit); the KL reference's: the
+    # job's other model when ref_model armed one (train.ref_anchor: base), else the start model.
     from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+    model = config.actor_rollout_ref.model
 
     getattr(trainer.actor_rollout_wg, METHOD)(str(model.path), os.environ.get(REF_MODEL_ENV) or str(model.path))
     if trainer.use_critic:
@@ -257,6 +255,9 @@ def runner_class():
             configure_verl_logging()
             if config.trainer.v1.trainer_mode != "sync":
                 raise ValueError("train.verl.warm_refit needs verl's sync trainer (trainer.v1.trainer_mode=sync)")
+            if config.actor_rollout_ref.model.get("use_shm"):
+                raise ValueError("train.verl.warm_refit: actor_rollout_ref.model.use_shm loads the model from a copy "
+                                 "elsewhere, and the reset reloads the start dir itself; unsupported")
             trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)
             config.transfer_queue.enable = True
             OmegaConf.resolve(config)
