@@ -226,14 +226,16 @@ def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None) -
     if t is None:
         raise RuntimeError(f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
                            "refit (fedagent.train.verl.refit); refusing the update")
-    paths = refit.reset_paths(refit.after_refit(log_text))
+    # Only the refit's reset prints these, from the workers: searched in the whole log, since Ray forwards
+    # each process's output on its own and need not keep the TaskRunner's refit line ahead of them.
+    paths = refit.reset_paths(log_text)
     if not paths:
-        raise RuntimeError(f"train.verl.warm_refit: no '{refit.RESET_LINE}' line after the refit began: the "
+        raise RuntimeError(f"train.verl.warm_refit: no '{refit.RESET_LINE}' line in the job's log: the "
                            "engines were not reset; refusing the update")
     if set(paths) != {str(model_dir)}:
         raise RuntimeError(f"train.verl.warm_refit: the engines were reset from {sorted(set(paths))}, not only from "
                            f"the start model {model_dir}; refusing the update")
-    refs = set(refit.reset_paths(refit.after_refit(log_text), refit.REF_RESET_LINE))
+    refs = set(refit.reset_paths(log_text, refit.REF_RESET_LINE))
     want = str(ref_dir if ref_dir is not None else model_dir)
     if refs - {want}:           # none: no KL term, verl built no reference
         raise RuntimeError(f"train.verl.warm_refit: the KL reference was reset from {sorted(refs)}, not {want}; "
