@@ -103,6 +103,9 @@ def main() -> int:
     if os.environ.get(refit.REFIT_ENV):
         values = " - ".join(f"{k}:{v * 100}" for k, v in FAKE_STEP_VALUES.items())
         print(f"step:1 - timing_s/gen:2.5 - {values}", flush=True)
+        t_cold = time.time()
+        print(f"{refit.FIRST_FIT_TOKEN_PREFIX}{t_cold:.3f}", flush=True)     # the first fit's first token
+        time.sleep(0.05)
         print(refit.refit_line(time.time()), flush=True)
         if not os.environ.get("FAKE_VERL_NO_RESET"):
             reset_from = os.environ.get("FAKE_VERL_RESET_FROM") or ov["actor_rollout_ref.model.path"]
@@ -175,9 +178,7 @@ def main() -> int:
               f" - perf/throughput:1234.5 - {values}", flush=True)
         recorded.append({"step": step, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
                          "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, **vals})
-    if os.environ.get(refit.REFIT_ENV):      # the refit runner's recorded steps (FAKE_VERL_STEPS_OFF: one differs)
-        if os.environ.get("FAKE_VERL_STEPS_OFF"):
-            recorded[-1]["actor/kl_loss"] += 1.0
+    if os.environ.get(refit.REFIT_ENV):      # the refit runner's recorded steps
         (Path(ov["trainer.default_local_dir"]).parent / refit.STEPS_FILE).write_text(json.dumps(recorded))
     if os.environ.get("FAKE_VERL_FAIL"):
         return 3

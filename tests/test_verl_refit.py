@@ -147,7 +147,7 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     ckpt = tmp_path / "ckpt" / "global_step_1" / "actor"
     ckpt.mkdir(parents=True)
     record = tmp_path / "episodes.jsonl"
-    record.write_text('{"first": "fit"}\n')
+    record.write_text('{"first": "fit", "t_first_generation": 12.25}\n{"t_first_generation": 11.5}\n')
     yaml_path = tmp_path / "agent_loop.yaml"
     job_file = tmp_path / "job.json"             # the record file named through the agent loop's job file
     job_file.write_text(json.dumps({"env_uds": "/x.sock", "env_url": None, "env_token": None,
@@ -164,7 +164,8 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
                      *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
                      "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
     assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
-    assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in out and refit.first_fit_token_at(out) == 11.5
     assert (tr.global_steps, tr.local_trigger_step, tr._restored_tq_prompt_count, tr.replay_buffer) == (0, 0, 0, "new")
 
 
@@ -173,6 +174,8 @@ def test_refit_lines_are_read_from_the_last_refit_on():
     assert refit.started_at(log) == 12.5 and refit.started_at("no refit\n") is None
     assert refit.after_refit(log).startswith("(W pid=1)") and "x:1" not in refit.after_refit(log)
     assert refit.after_refit("no refit\n") == ""
+    assert refit.first_fit_token_at(refit.FIRST_FIT_TOKEN_PREFIX + "none\n") is None
+    assert refit.first_fit_token_at("x\n" + refit.FIRST_FIT_TOKEN_PREFIX + "9.5\n") == 9.5
 
 
 P = dict(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
@@ -189,8 +192,8 @@ def test_a_refit_job_keeps_the_second_fits_steps_and_times_its_warm_start(fake_t
     assert m["kl"] == pytest.approx(FAKE_STEP_VALUES["actor/kl_loss"])
     assert [s["step"] for s in m["steps"]] == [1] and m["verl"]["warm_refit"] is True
     t = m["timings_s"]
-    assert 0 < t["launch_to_refit"] < t["launch_to_first_generation"]
-    assert 0 < t["refit_to_first_generation"] < t["launch_to_first_generation"]
+    # the cold start is the first fit's first token (before the refit), the warm one the second fit's
+    assert 0 < t["launch_to_first_generation"] < t["launch_to_refit"] and t["refit_to_first_generation"] > 0
     assert m["refit_steps_match"] is True           # the recorded steps carry the console lines' values
     assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"] and (round_dir / "0" / "metrics.json").is_file()
 
@@ -308,3 +311,21 @@ def test_a_refit_job_whose_reference_was_reset_from_another_model_leaves_no_upda
     err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
     assert isinstance(err, RuntimeError) and "KL reference was reset from" in str(err), err
     assert list(round_dir.iterdir()) == []
+
+
+def test_refit_started_fails_closed_on_every_missing_or_foreign_line():
+    from fedagent.train.verl.backend import refit_started
+
+    m, r = Path("/m/start"), Path("/m/base")
+    ok = (f"{refit.refit_line(5.0)}\n(W pid=1) {refit.RESET_LINE}{m}\n(W pid=1) {refit.REF_RESET_LINE}{r}\n")
+    assert refit_started(ok, m, r) == 5.0
+    no_ref_line = f"{refit.refit_line(5.0)}\n{refit.RESET_LINE}{m}\n"
+    assert refit_started(no_ref_line, m, None, has_ref=False) == 5.0      # kl_coef 0: verl built no reference
+    for log, ref, has_ref, match in [
+            (f"{refit.RESET_LINE}{m}\n", r, True, "did not refit"),
+            (f"{refit.refit_line(5.0)}\n", r, True, "not reset"),
+            (ok.replace(str(m), "/m/other", 1), r, True, "not only from"),
+            (ok, None, True, "KL reference was reset from"),            # the reference must be the start model
+            (no_ref_line, None, True, "KL reference was reset from")]:    # a KL term and no reference reset
+        with pytest.raises(RuntimeError, match=match):
+            refit_started(log, m, ref, has_ref=has_ref)

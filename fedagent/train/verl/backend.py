@@ -153,16 +153,20 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
         log_text = job.log.read_text(errors="replace")
-        t_refit = refit_started(log_text, Path(model_dir).resolve(), ref_dir) if settings.warm_refit else None
+        t_refit = (refit_started(log_text, Path(model_dir).resolve(), ref_dir, has_ref=float(p.kl_coef) > 0)
+                   if settings.warm_refit else None)
+        # a refit's cold start is its first fit's first token (logged before that fit's episodes were wiped)
+        t_cold = refit.first_fit_token_at(log_text) if t_refit is not None else None
         warm_start = {}
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
+        if firsts and t_refit is not None:    # a job on warm engines: its reset → its first token
+            warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
+            firsts = [t_cold] if t_cold is not None else []
         if firsts:
             marks["first_generation"] = round_(min(firsts) - t_launch)
             clock.mark("first_token", min(firsts))
-            if t_refit is not None:     # a job on warm engines: its reset → its first token
-                warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
         if t_refit is not None:
             marks["refit"] = round_(t_refit - t_launch)
         for name, secs in marks.items():
@@ -218,10 +222,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     return metrics
 
 
-def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None) -> float:
-    """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line or without
-    the workers' reset lines after it naming the start model (the update would be the first fit's, or
-    from engines not reset, or reset from another model)."""
+def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None, *, has_ref: bool = True) -> float:
+    """When a ``train.verl.warm_refit`` job's reset began; fail closed without the refit line, without the
+    workers' reset lines (anywhere in the log) naming the start model, or — when the job has a KL reference
+    (``has_ref``) — without reference reset lines naming exactly its reference (the update would be the
+    first fit's, or from engines not reset, or reset from another model)."""
     t = refit.started_at(log_text)
     if t is None:
         raise RuntimeError(f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
@@ -237,7 +242,7 @@ def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None) -
                            f"the start model {model_dir}; refusing the update")
     refs = set(refit.reset_paths(log_text, refit.REF_RESET_LINE))
     want = str(ref_dir if ref_dir is not None else model_dir)
-    if refs - {want}:           # none: no KL term, verl built no reference
+    if (refs != {want}) if has_ref else (refs - {want}):    # no KL term: verl built no reference
         raise RuntimeError(f"train.verl.warm_refit: the KL reference was reset from {sorted(refs)}, not {want}; "
                            "refusing the update")
     return t

@@ -27,6 +27,7 @@ step records from after the refit line only.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -44,6 +45,7 @@ CRITIC_CLASS = "TrainingWorker"
 PATH_METHOD = "fedagent_set_model_path"
 TQ_PARTITION = "train"
 CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
+FIRST_FIT_TOKEN_PREFIX = "fedagent: the first fit's first token at "
 
 
 def refit_line(t: float) -> str:
@@ -61,6 +63,13 @@ def _last(log_text: str, prefix: str) -> tuple[int, str] | None:
             found = (pos + len(line), line[i + len(prefix):].strip())
         pos += len(line)
     return found
+
+
+def first_fit_token_at(log_text: str) -> float | None:
+    """When the first fit's first rollout token came (the job's cold start), as the refit logged it
+    before wiping the first fit's episodes; None without the line."""
+    hit = _last(log_text, FIRST_FIT_TOKEN_PREFIX)
+    return None if hit is None or hit[1] == "none" else float(hit[1].split()[0])
 
 
 def started_at(log_text: str) -> float | None:
@@ -91,8 +100,11 @@ def reset_engines(self, model_dir: str | None = None, ref_dir: str | None = None
     its KL reference and actor as ``init_model`` built them — ``reset()`` = verl's engine
     ``initialize()``: the module from the model config's ``local_path``, a new optimizer and LR
     scheduler. ``model_dir`` / ``ref_dir``: the actor's / reference's new ``local_path`` first (the engine
-    reads it at ``reset``; how a run-scoped engine set would load a later job's start model and KL
-    reference). The actor keeps its loss function (set on the worker, not the engine)."""
+    reads it at ``reset``). Only the weights' path changes: the HF config, tokenizer and the agent loop's
+    stop tokens stay the first job's, so a later job's model must be the same architecture (a round's
+    aggregate always is). The actor keeps its loss function (set on the worker, not the engine). The old
+    module and optimizer live until ``initialize()`` replaces them: the reset briefly holds two (harmless
+    at 135M; measure before 1.7B)."""
     from verl.utils.memory_utils import aggressive_empty_cache
 
     actor = getattr(self, "actor", None)
@@ -132,9 +144,10 @@ def _patch(module) -> None:
 
 
 def arm() -> None:
-    """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method in this process (now or
-    when verl's module is imported); both the TaskRunner (which binds worker-group methods from the
-    class) and the workers (which run it) need it."""
+    """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method and its ``TrainingWorker``
+    (the critic's) :func:`set_model_path`, in this process (now or when verl's module is imported); both
+    the TaskRunner (which binds worker-group methods from the class) and the workers (which run them)
+    need them."""
     from fedagent.train.verl.post_import import patch_on_import
 
     patch_on_import(TARGET_MODULE, _patch, "add the warm refit's engine reset", key="warm_refit")
@@ -165,10 +178,18 @@ def reset_for_refit(trainer, config) -> None:
     if tracking is not None:
         tracking.finish(exit_code=0)
     trainer.checkpoint_manager.sleep_replicas()
-    # The first fit's outputs are not the job's: its checkpoint and episodes go.
+    # The first fit's outputs are not the job's: its checkpoint and episodes go (its first token's time,
+    # the job's cold start, is logged first).
     shutil.rmtree(str(config.trainer.default_local_dir), ignore_errors=True)
+    firsts = []
     for record in record_files(config):
+        if Path(record).is_file():
+            for line in Path(record).read_text().splitlines():
+                t = json.loads(line).get("t_first_generation") if line.strip() else None
+                if t is not None:
+                    firsts.append(float(t))
         Path(record).write_text("")
+    print(f"{FIRST_FIT_TOKEN_PREFIX}{min(firsts):.3f}" if firsts else f"{FIRST_FIT_TOKEN_PREFIX}none", flush=True)
     # A fresh job's TransferQueue is empty: the replay buffer samples whatever the partition holds
     # (sorted by the prompts' global step, which restarts at 1), so nothing of the first fit may stay.
     import transfer_queue as tq
