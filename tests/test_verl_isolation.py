@@ -383,27 +383,21 @@ def test_a_ppo_job_trains_gae_with_the_rounds_critic_and_federates_it(fake_train
 
 
 @pytest.mark.slow
-def test_a_ppo_job_whose_critic_loss_was_not_armed_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
-    """Fail closed: no armed line in the log (verl's trainer never imported under the hook) means the
-    critic trained verl's own 0.5 × global token-mean loss: the job errs and writes nothing."""
+@pytest.mark.parametrize("env, message", [
+    # no critic_loss armed line (verl's trainer never imported under the hook): the critic trained verl's own
+    # 0.5 × global token-mean loss
+    ("FAKE_VERL_SKIP_TRAINER_IMPORT", "legacy_exact"),
+    # no critic_attn armed line (the critic loss was armed): verl loaded the critic its own way
+    # (flash_attention_2 hard-coded in verl 0.9.1)
+    ("FAKE_VERL_NO_CRITIC_ATTN", "critic's loader was not armed")])
+def test_a_ppo_job_whose_critic_patches_were_not_armed_leaves_no_update(fake_trainer, tmp_path, monkeypatch, env,
+                                                                        message):
+    """Fail closed: a PPO job without either armed line in its log errs and writes nothing."""
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_SKIP_TRAINER_IMPORT", "1")
+    monkeypatch.setenv(env, "1")
     model = _ppo_model(tmp_path / "m")
     round_dir = tmp_path / "clients"
     round_dir.mkdir()
     err = _run_jobs(model, round_dir, (0,), TrainParams(**PPO))[0]
-    assert isinstance(err, RuntimeError) and "legacy_exact" in str(err), err
-    assert list(round_dir.iterdir()) == []
-
-
-def test_a_ppo_job_whose_critic_loader_was_not_armed_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
-    """Fail closed: without critic_attn's armed line verl loaded the critic its own way (flash_attention_2
-    hard-coded in verl 0.9.1): the job errs and writes nothing, though the critic loss was armed."""
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_NO_CRITIC_ATTN", "1")
-    model = _ppo_model(tmp_path / "m")
-    round_dir = tmp_path / "clients"
-    round_dir.mkdir()
-    err = _run_jobs(model, round_dir, (0,), TrainParams(**PPO))[0]
-    assert isinstance(err, RuntimeError) and "critic's loader was not armed" in str(err), err
+    assert isinstance(err, RuntimeError) and message in str(err), err
     assert list(round_dir.iterdir()) == []

@@ -198,14 +198,19 @@ def test_a_refit_job_keeps_the_second_fits_steps_and_times_its_warm_start(fake_t
     assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"] and (round_dir / "0" / "metrics.json").is_file()
 
 
-def test_a_refit_job_without_the_engines_reset_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("env, value, messages", [
+    ("FAKE_VERL_NO_RESET", "1", ["not reset"]),                                        # no worker reset line
+    ("FAKE_VERL_RESET_FROM", "{tmp}/elsewhere", ["elsewhere", "not only from"]),       # actor from another dir
+    ("FAKE_VERL_REF_RESET_FROM", "{tmp}/other-ref", ["KL reference was reset from"])])  # reference likewise
+def test_a_refit_job_not_reset_from_its_own_dirs_leaves_no_update(fake_trainer, tmp_path, monkeypatch, env, value,
+                                                                   messages):
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_NO_RESET", "1")
+    monkeypatch.setenv(env, value.format(tmp=tmp_path))
     model = build_tiny_model(tmp_path / "m", seed=1)
     round_dir = tmp_path / "clients"
     round_dir.mkdir()
     err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
-    assert isinstance(err, RuntimeError) and "not reset" in str(err), err
+    assert isinstance(err, RuntimeError) and all(m in str(err) for m in messages), err
     assert list(round_dir.iterdir()) == []
 
 
@@ -249,17 +254,6 @@ def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tm
     assert v1.trainer_base.Tracking is plain
 
 
-def test_a_refit_job_reset_from_another_model_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_RESET_FROM", str(tmp_path / "elsewhere"))
-    model = build_tiny_model(tmp_path / "m", seed=1)
-    round_dir = tmp_path / "clients"
-    round_dir.mkdir()
-    err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
-    assert isinstance(err, RuntimeError) and "elsewhere" in str(err) and "not only from" in str(err), err
-    assert list(round_dir.iterdir()) == []
-
-
 def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(tmp_path):
     """verl reads the agent-loop YAML once per worker: with a job file the YAML names, the env address
     and record file reach each episode from that file (rewritten atomically), never from both."""
@@ -299,18 +293,6 @@ def test_recorded_steps_are_checked_against_the_console_lines(tmp_path):
     assert refit.steps_match(path, [{"step": 1, "actor/kl_loss": 0.26}]) is False
     assert refit.steps_match(path, [{"step": 1, "actor/entropy": 1.0}]) is False
     assert refit.steps_match(path, [{"step": 2, "actor/kl_loss": 0.25}]) is False
-
-
-def test_a_refit_job_whose_reference_was_reset_from_another_model_leaves_no_update(fake_trainer, tmp_path,
-                                                                                    monkeypatch):
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_REF_RESET_FROM", str(tmp_path / "other-ref"))
-    model = build_tiny_model(tmp_path / "m", seed=1)
-    round_dir = tmp_path / "clients"
-    round_dir.mkdir()
-    err = _run_jobs(model, round_dir, (0,), TrainParams(**P), VerlSettings(gpus=1, warm_refit=True))[0]
-    assert isinstance(err, RuntimeError) and "KL reference was reset from" in str(err), err
-    assert list(round_dir.iterdir()) == []
 
 
 def test_refit_started_fails_closed_on_every_missing_or_foreign_line():

@@ -131,6 +131,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             finally:
                 _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
+        log_text = job.log.read_text(errors="replace")
         if ref_dir is not None:
             from fedagent.train.verl.ref_model import check_loaded
 
@@ -140,19 +141,18 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             from fedagent.train.verl.critic_loss import ARMED_LINE
 
             # fail closed: without the armed line the critic trained verl's own loss, not legacy_exact
-            if ARMED_LINE not in job.log.read_text(errors="replace"):
+            if ARMED_LINE not in log_text:
                 raise RuntimeError(f"{job.log}: no '{ARMED_LINE}' line: the job's critic did not train the "
                                    "legacy_exact loss (fedagent.train.verl.critic_loss); refusing its update")
             from fedagent.train.verl.critic_attn import armed_line
 
             # fail closed as well: without it verl loaded the critic its own way (flash_attention_2 hard-coded)
-            if armed_line() not in job.log.read_text(errors="replace"):
+            if armed_line() not in log_text:
                 raise RuntimeError(f"{job.log}: no '{armed_line()}' line: the critic's loader was not armed "
                                    "(fedagent.train.verl.critic_attn); refusing its update")
             critic_ckpt = actor.parent / "critic"
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
-        log_text = job.log.read_text(errors="replace")
         t_refit = (refit_started(log_text, Path(model_dir).resolve(), ref_dir, has_ref=float(p.kl_coef) > 0)
                    if settings.warm_refit else None)
         # a refit's cold start is its first fit's first token (logged before that fit's episodes were wiped)

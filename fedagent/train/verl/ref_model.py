@@ -40,12 +40,9 @@ def loaded_line(path) -> str:
 
 def loaded_paths(log_text: str) -> list[str]:
     """The paths of every :func:`loaded_line` in a job's log (Ray prefixes worker lines)."""
-    out = []
-    for line in log_text.splitlines():
-        i = line.find(LOADED_PREFIX)
-        if i >= 0:
-            out.append(line[i + len(LOADED_PREFIX):].rstrip())
-    return out
+    from fedagent.train.verl.steplog import marked
+
+    return marked(log_text, LOADED_PREFIX)
 
 
 def check_loaded(log: Path, ref_dir: Path) -> None:

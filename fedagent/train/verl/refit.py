@@ -87,12 +87,9 @@ def after_refit(log_text: str) -> str:
 def reset_paths(log_text: str, prefix: str = RESET_LINE) -> list[str]:
     """The directories named by every ``prefix`` line (:data:`RESET_LINE`, :data:`REF_RESET_LINE`) in
     ``log_text`` (Ray prefixes worker lines)."""
-    out = []
-    for line in log_text.splitlines():
-        i = line.find(prefix)
-        if i >= 0:
-            out.append(line[i + len(prefix):].strip())
-    return out
+    from fedagent.train.verl.steplog import marked
+
+    return marked(log_text, prefix)
 
 
 def reset_engines(self, model_dir: str | None = None, ref_dir: str | None = None) -> str:

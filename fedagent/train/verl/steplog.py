@@ -25,6 +25,17 @@ STEP_METRICS = {"actor/pg_loss": "pg", "actor/kl_loss": "kl", "actor/entropy": "
                 "critic/vf_loss": "vf_loss"}
 
 
+def marked(log_text: str, prefix: str) -> list[str]:
+    """What follows ``prefix`` on every line that contains it, stripped, in order (Ray prefixes worker
+    lines, so the prefix may sit anywhere in a line): the paths our armed/loaded/reset lines name."""
+    out = []
+    for line in log_text.splitlines():
+        i = line.find(prefix)
+        if i >= 0:
+            out.append(line[i + len(prefix):].strip())
+    return out
+
+
 def step_records(steps: Sequence[dict]) -> list[dict]:
     """verl's logged steps as the local backend's step records (``metrics.json``'s ``steps``): each
     step's number and the :data:`STEP_METRICS` verl logged for it (absent ones left out, never 0)."""
