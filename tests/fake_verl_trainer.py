@@ -35,6 +35,18 @@ def parse(argv: list[str]) -> dict[str, str]:
     return out
 
 
+def ray_env_str(value: str) -> str:
+    """An env var's override value as Hydra hands it to ``ray.init``: quoted, the string inside; an
+    unquoted number, bool or null is not a str, and Ray refuses the runtime env (as on the H200)."""
+    import re
+
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    if re.fullmatch(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|true|false|null", value, re.IGNORECASE):
+        raise TypeError(f"runtime_env['env_vars'] must be of type Dict[str, str], but the value {value} is not a str")
+    return value
+
+
 def main() -> int:
     import pandas as pd
     import torch
@@ -72,7 +84,7 @@ def main() -> int:
     prefix = "ray_kwargs.ray_init.runtime_env.env_vars."
     for key, value in ov.items():
         if key.startswith(prefix) and key[len(prefix):] != ray_hook.TAG_ENV:
-            os.environ[key[len(prefix):]] = value
+            os.environ[key[len(prefix):]] = ray_env_str(value)
     if os.environ.get("FAKE_VERL_NO_CRITIC_ATTN"):     # a hook that never arms the critic's loader
         from fedagent.train.verl import critic_attn
 

@@ -55,7 +55,17 @@ CASES = {
     # verl's own choices: the mp executor (no engine kwarg), 8 reward workers and 8 storage units
     "verl-defaults": (REPO / "config" / "config.yaml", {}, VerlSettings(vllm_executor="mp", reward_workers=8,
                                                                         storage_units=8)),
+    # the run-scoped engines' probe (fedagent.train.verl.refit): its flag rides in Ray's runtime env
+    "warm-refit": (REPO / "config" / "config.yaml", {}, VerlSettings(warm_refit=True)),
 }
+
+
+def assert_ray_env_vars_are_strings(cfg):
+    """Ray refuses a runtime env whose env_vars are not all str (``ray.init`` raises TypeError: the
+    H200's first warm-refit jobs died so, on ``...env_vars.FEDAGENT_VERL_WARM_REFIT=1``, which Hydra
+    reads as an int)."""
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env and all(isinstance(v, str) for v in env.values()), dict(env)
 
 
 def overrides_for(name, tmp_path):
@@ -89,6 +99,7 @@ def test_generated_launch_composes_and_validates(name, tmp_path):
     assert r.agent.default_agent_loop == "fedagent_windowed"
     assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-x" and cfg.ray_kwargs.ray_init.include_dashboard is False
     assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == "fedagent.train.verl.ray_hook.setup"
+    assert_ray_env_vars_are_strings(cfg)
     assert not any("port" in o.split("=")[0].lower() for o in ov)
     kv = r.engine_kwargs.vllm.get("kv_cache_memory_bytes")
     assert kv == (None if s.kv_cache_gb is None else int(s.kv_cache_gb * 2**30))
@@ -229,6 +240,7 @@ def test_a_ppo_launch_composes_with_the_rounds_critic(tmp_path):
     assert cfg.critic.fsdp.model_dtype == "fp32" and list(critic.checkpoint.save_contents) == ["model"]
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.trainer.max_critic_ckpt_to_keep == 1
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[CRITIC_LOSS_ENV] == LEGACY_EXACT
+    assert_ray_env_vars_are_strings(cfg)
     bad = [o.replace("critic.cliprange_value=", "critic.clip_range_value=") for o in ov]
     assert bad != ov
     with pytest.raises(ConfigCompositionException, match="clip_range_value"):

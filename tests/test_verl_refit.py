@@ -45,12 +45,12 @@ def test_the_refit_launch_composes_through_its_own_entry_point(tmp_path, monkeyp
     ov = _overrides(tmp_path, warm_refit=True)
     cmd = trainer_command(ov, warm_refit=True)
     assert cmd[1:3] == ["-m", refit.MODULE] and trainer_command(ov)[1:3] == ["-m", "verl.trainer.main_ppo"]
-    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{refit.REFIT_ENV}=1" in ov
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{refit.REFIT_ENV}='1'" in ov
     assert not any(refit.REFIT_ENV in o for o in _overrides(tmp_path))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"{refit.REFIT_ENV}: 1" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt") in out.stdout
+    assert f"{refit.REFIT_ENV}: '1'" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt") in out.stdout
     bad = subprocess.run([*cmd, "trainer.save_frequency=1", "--cfg", "job"], capture_output=True, text=True, env=env,
                          timeout=240)
     assert bad.returncode != 0 and "save_frequency" in bad.stderr

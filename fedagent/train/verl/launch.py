@@ -264,7 +264,7 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
     if s.warm_refit:
         from fedagent.train.verl.refit import REFIT_ENV
 
-        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REFIT_ENV}=1")
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REFIT_ENV}='1'")
     if p.algorithm == "ppo":
         ov += ppo_overrides(p, s, model_dir)
     return ov + list(s.extra_overrides)
