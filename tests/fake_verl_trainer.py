@@ -47,13 +47,74 @@ def ray_env_str(value: str) -> str:
     return value
 
 
-def main() -> int:
+def play_episodes(entry: dict, rows_file, n: int, tag: str) -> None:
+    """One scripted episode per row and rollout through the agent-loop entry's env address (or its job file,
+    read as our agent loop reads it), appended to its record file as our agent loop records them."""
     import pandas as pd
-    import torch
-    import yaml
-    from safetensors.torch import load_file
 
     from fedagent.envs.client import EnvClient
+
+    if entry.get("job_file"):
+        from fedagent.train.verl.agent_loop import JOB_FILE_KEYS, read_job_file
+
+        entry = {**entry, **dict(zip(JOB_FILE_KEYS, read_job_file(entry["job_file"])))}
+    env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],
+                                                                             token=entry["env_token"])
+    rows = pd.read_parquet(rows_file)
+    with open(entry["record_file"], "a") as rec:
+        for k, info in enumerate(rows["extra_info"]):
+            for s in range(n):
+                sid = f"{tag}-{k}-{s}"
+                env.create(sid)
+                r = env.reset(sid, int(info["seed"]))
+                st = env.step(sid, "<think>x</think><action>look</action>")
+                env.close(sid)
+                rec.write(json.dumps({"epoch": int(info["epoch"]), "group": int(info["group"]), "session": s,
+                                      "seed": int(info["seed"]), "task_id": r["task_id"], "task_type": r["task_type"],
+                                      "return": float(st["reward"]), "won": bool(st.get("won")), "score": 0.0,
+                                      "n_turns": 1, "t_first_generation": time.time(),
+                                      "turns": [{"action": st["action"], "valid": st["is_action_valid"],
+                                                 "reward": st["reward"], "text": "x",
+                                                 "prompt_tokens": 10, "response_tokens": 3}]}) + "\n")
+
+
+def save_checkpoint(model_dir: Path, ckpt_dir: Path, steps: int, critic_dir: Path | None) -> None:
+    """One save at the end: FSDP layout, world size 1, fp32, start model + 1/1024 (the critic: + 1/512)."""
+    import torch
+    from safetensors.torch import load_file
+
+    actor = Path(ckpt_dir) / f"global_step_{steps}" / "actor"
+    actor.mkdir(parents=True)
+    sd = {k: v + 2.0 ** -10 for k, v in load_file(Path(model_dir) / "model.safetensors").items()}
+    if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    torch.save(sd, actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    if critic_dir is not None:   # the critic's save beside the actor's
+        critic = actor.parent / "critic"
+        critic.mkdir()
+        csd = {k: v + 2.0 ** -9 for k, v in load_file(Path(critic_dir) / "model.safetensors").items()}
+        torch.save(csd, critic / "model_world_size_1_rank_0.pt")
+        (critic / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+
+
+def print_steps(steps: int, ppo: bool) -> list[dict]:
+    """verl's console logger, one line per step, with known values (FAKE_STEP_VALUES) that the job's
+    metrics.json must carry; the same records as verl's Tracking gets them."""
+    recorded = []
+    for step in range(1, steps + 1):
+        vals = {k: v * step for k, v in {**FAKE_STEP_VALUES, **(FAKE_CRITIC_VALUES if ppo else {})}.items()}
+        values = " - ".join(f"{k}:{v}" for k, v in vals.items())
+        print(f"step:{step} - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
+              f" - perf/throughput:1234.5 - {values}", flush=True)
+        recorded.append({"step": step, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
+                         "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, **vals})
+    return recorded
+
+
+def main() -> int:
+    import yaml
+
     from fedagent.train.verl import ray_hook
 
     print("2026-12-01 00:00:00,000\tINFO worker.py:2038 -- Started a local Ray instance.", flush=True)
@@ -130,29 +191,7 @@ def main() -> int:
         time.sleep(0.05)
     # Episodes through the agent-loop YAML's env address.
     entry = yaml.safe_load(Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]).read_text())[0]
-    if entry.get("job_file"):        # read as our agent loop reads it, per episode (train.verl.warm_refit)
-        from fedagent.train.verl.agent_loop import JOB_FILE_KEYS, read_job_file
-
-        entry = {**entry, **dict(zip(JOB_FILE_KEYS, read_job_file(entry["job_file"])))}
-    env = EnvClient(uds=entry["env_uds"]) if entry["env_uds"] else EnvClient(base_url=entry["env_url"],
-                                                                             token=entry["env_token"])
-    rows = pd.read_parquet(ov["data.train_files"])
-    n = int(ov["actor_rollout_ref.rollout.n"])
-    with open(entry["record_file"], "a") as rec:
-        for k, info in enumerate(rows["extra_info"]):
-            for s in range(n):
-                sid = f"{tag}-{k}-{s}"
-                env.create(sid)
-                r = env.reset(sid, int(info["seed"]))
-                st = env.step(sid, "<think>x</think><action>look</action>")
-                env.close(sid)
-                rec.write(json.dumps({"epoch": int(info["epoch"]), "group": int(info["group"]), "session": s,
-                                      "seed": int(info["seed"]), "task_id": r["task_id"], "task_type": r["task_type"],
-                                      "return": float(st["reward"]), "won": bool(st.get("won")), "score": 0.0,
-                                      "n_turns": 1, "t_first_generation": time.time(),
-                                      "turns": [{"action": st["action"], "valid": st["is_action_valid"],
-                                                                "reward": st["reward"], "text": "x",
-                                                                "prompt_tokens": 10, "response_tokens": 3}]}) + "\n")
+    play_episodes(entry, ov["data.train_files"], int(ov["actor_rollout_ref.rollout.n"]), tag)
     record = {"tag": tag, "pid": os.getpid(), "t": time.time(), "child": child.pid, "tcp_port": tcp.getsockname()[1],
               "ray_tmp": str(ray_tmp), "raylet": str(sess / "raylet"), "ipc": ipc_path,
               "tmpdir": os.environ["TMPDIR"], "ray_address": os.environ.get("RAY_ADDRESS"),
@@ -164,32 +203,10 @@ def main() -> int:
     if os.environ.get("FAKE_VERL_HOLD_ONLY_LATER") == "1" and len(list(out.parent.glob("*.json"))) < 2:
         hold = 0.0      # the first trainer of the test does not hold; the ones after it do
     time.sleep(hold)
-    # One save at the end: FSDP layout, world size 1, fp32, start model + 1/1024.
-    model_dir = Path(ov["actor_rollout_ref.model.path"])
     steps = int(ov["trainer.total_training_steps"])
-    actor = Path(ov["trainer.default_local_dir"]) / f"global_step_{steps}" / "actor"
-    actor.mkdir(parents=True)
-    sd = {k: v + 2.0 ** -10 for k, v in load_file(model_dir / "model.safetensors").items()}
-    if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
-        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-    torch.save(sd, actor / "model_world_size_1_rank_0.pt")
-    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
-    if ppo:   # the critic's save beside the actor's: start critic + 1/512
-        critic = actor.parent / "critic"
-        critic.mkdir()
-        csd = {k: v + 2.0 ** -9 for k, v in load_file(Path(ov["critic.model.path"]) / "model.safetensors").items()}
-        torch.save(csd, critic / "model_world_size_1_rank_0.pt")
-        (critic / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
-    # verl's console logger, one line per step, with known values (FAKE_STEP_VALUES below) that the
-    # job's metrics.json must carry
-    recorded = []
-    for step in range(1, steps + 1):
-        vals = {k: v * step for k, v in {**FAKE_STEP_VALUES, **(FAKE_CRITIC_VALUES if ppo else {})}.items()}
-        values = " - ".join(f"{k}:{v}" for k, v in vals.items())
-        print(f"step:{step} - timing_s/gen:2.5 - timing_s/old_log_prob:0.25 - timing_s/ref:0.5 - timing_s/update_actor:1.0"
-              f" - perf/throughput:1234.5 - {values}", flush=True)
-        recorded.append({"step": step, "timing_s/gen": 2.5, "timing_s/old_log_prob": 0.25, "timing_s/ref": 0.5,
-                         "timing_s/update_actor": 1.0, "perf/throughput": 1234.5, **vals})
+    save_checkpoint(Path(ov["actor_rollout_ref.model.path"]), Path(ov["trainer.default_local_dir"]), steps,
+                    Path(ov["critic.model.path"]) if ppo else None)
+    recorded = print_steps(steps, ppo)
     if os.environ.get(refit.REFIT_ENV):      # the refit runner's recorded steps
         (Path(ov["trainer.default_local_dir"]).parent / refit.STEPS_FILE).write_text(json.dumps(recorded))
     if os.environ.get("FAKE_VERL_FAIL"):

@@ -94,6 +94,16 @@ def _verl_mini_batch_is_whole_groups(get):
     return None
 
 
+@cross_rule("train.verl.engines", ["train.verl.engines", "train.verl.warm_refit"],
+            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.verl.engines": "run",
+                       "train.verl.warm_refit": True})
+def _engines_or_refit(get):
+    # the probe refits inside one job, the engine sets across jobs (fedagent.train.verl.engines)
+    if get("train.verl.engines") == "run" and get("train.verl.warm_refit"):
+        return "run and train.verl.warm_refit are both set: choose one (the probe, or the run-scoped engine sets)"
+    return None
+
+
 @cross_rule("env.pool_size", ["env.pool_size", "train.group_size"],
             violation={"train.group_size": 4, "env.pool_size": 3})
 def _pool_holds_a_group(get):

@@ -127,8 +127,12 @@ def verl_settings(text: str):
             d[key] = tuple(d[key])
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
     if (s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1 or s.vllm_executor not in ("mp", "uni")
-            or s.reward_workers < 1 or s.storage_units < 1):
+            or s.reward_workers < 1 or s.storage_units < 1 or s.engines not in ("job", "run")
+            or s.engine_sets < 1 or not s.engines_idle_s > 0):
         raise ValueError(f"bad train.verl settings: {s}")
+    if s.engines == "run" and s.warm_refit:
+        raise ValueError("train.verl.engines: run and train.verl.warm_refit: the probe refits inside one job, the "
+                         "engine sets across jobs; choose one")
     return s
 
 

@@ -29,7 +29,9 @@
 # mini-batch 8, GAE with the round's critic, trained, averaged and merged beside the actor),
 # CG_SIZES (vLLM's CUDA-graph batch sizes, e.g. '[1, 2, 4, 8, 16, 32]'; default null: vLLM's 86),
 # REFIT (true: train.verl.warm_refit, each job fits, resets its live engines and fits again: the
-# run-scoped engines' probe, fedagent.train.verl.refit), KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
+# run-scoped engines' probe, fedagent.train.verl.refit), ENGINES (job | run, default job: run = train.verl.engines,
+# each slot's engine set started by its first job and reset for the later ones, fedagent.train.verl.engines;
+# ENGINE_SETS slots, default JOBS), KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
 # ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
@@ -86,7 +88,8 @@ $( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
 $( [ -n "${KL:-}" ] && echo "  kl_coef: $KL" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
          cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
-         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false}}
+         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false},
+         engines: ${ENGINES:-job}, engine_sets: ${ENGINE_SETS:-${JOBS:-2}}}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
   res=()
@@ -101,6 +104,12 @@ YAML
   set -e
   echo "snakemake rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/snakemake.log"
   R=results/$RUN
+  # ENGINES=run: the run's engine sets outlive its jobs (engines_idle_s); stop them now (GPU memory)
+  for d in "$R"/.verl-engines/slot-*/; do
+    if [ -d "$d" ]; then
+      python3 -c 'import sys, pathlib; from fedagent.train.verl.engines.client import stop_set; stop_set(pathlib.Path(sys.argv[1]))' "$d"
+    fi
+  done
   # Every finished round (its aggregate kept: keep.aggregates) is verified against the round before.
   vrc=1
   for rd in $(ls -d "$R"/round_0*/ 2>/dev/null | sort); do
@@ -121,6 +130,9 @@ YAML
   # at most 8 files): rule logs, benchmarks, the clients' metrics, evals, aggregates, timings, the summary
   # (not the weights), under flat names.
   B="$OUT/$RUN"; rm -rf "$B"; mkdir -p "$B"
+  for f in "$R"/.verl-engines/slot-*/server.log; do
+    if [ -f "$f" ]; then cp "$f" "$B/engines_$(basename "$(dirname "$f")")_server.log"; fi
+  done
   for f in $(cd "$R" && find logs benchmarks -type f 2>/dev/null); do cp "$R/$f" "$B/$(echo "$f" | tr / _)"; done
   for m in "$R"/round_*/clients/*/metrics.json; do
     [ -f "$m" ] || continue

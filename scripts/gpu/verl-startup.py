@@ -17,7 +17,8 @@ COLUMNS = [("Ray up", "launch_to_ray_started"), ("TaskRunner ready", "launch_to_
            ("ready to fit", "launch_to_ready_to_fit"), ("**first token**", "launch_to_first_generation"),
            ("step 1 logged", "launch_to_first_step_logged"), ("trainer exit", "trainer"),
            ("conversion", "convert"),
-           # train.verl.warm_refit jobs only: the reset began / reset → the second fit's first token
+           # train.verl.warm_refit jobs (and warm jobs of train.verl.engines: run): the reset began / reset →
+           # the fit's first token
            ("refit began", "launch_to_refit"), ("**refit → first token**", "refit_to_first_generation")]
 
 
@@ -27,6 +28,9 @@ def row(path: Path) -> str:
     v = m.get("verl", {})
     levers = ", ".join(f"{k}={v[k]}" for k in ("enforce_eager", "vllm_executor", "reward_workers", "storage_units", "warm_refit")
                        if k in v)
+    es = v.get("engine_set")
+    if es:        # train.verl.engines: run — which set, and whether the job found it warm
+        levers += f", engine set {es.get('set', '?')[-8:]} {'warm' if es.get('warm') else 'cold'} (job {es.get('jobs_before', 0) + 1})"
     algo = m.get("params", {}).get("algorithm", "grpo")
     if "kl_coef" in m.get("params", {}):
         algo += f", kl_coef={m['params']['kl_coef']}"

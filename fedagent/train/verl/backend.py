@@ -96,43 +96,51 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     # sha256 in threads while verl runs (at 1.7B ≈ 7 GB a dir, no longer hashed before the launch);
     # the update is committed only after they pass (inputs.wait() in the atomic_dir below).
     inputs_to_check = [Path(model_dir)] + ([Path(ref_model_dir)] if ref_dir is not None else [])
+    engines = settings.engines == "run"
     with verifying(inputs_to_check) as inputs, launch.isolated_job(workdir, round=round, client=client) as job:
         rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
         record = job.workdir / "episodes.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
             env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history,
-            # a warm refit reaches its agent loops' env address through the per-episode job file, the
-            # way a run-scoped engine set would reach a later job's
-            job_file=job.workdir / "agent_loop_job.json" if settings.warm_refit else None)
+            # a warm refit reaches its agent loops' env address through the per-episode job file, as a
+            # run-scoped engine set reaches a later job's
+            job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None)
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31,
             ref_model_dir=ref_dir)
-        attempts = 0
-        while True:
-            attempts += 1
+        reply = None
+        if engines:         # the slot's run-scoped engine set (fedagent.train.verl.engines)
+            reply, trainer_s, t_launch = _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock)
+            attempts = 1
             marks: dict = {}
-            t_launch = time.time()
-            clock.set("trainer_launch", t_launch)
-            try:
-                trainer_s = launch.run_trainer(launch.trainer_command(overrides, warm_refit=settings.warm_refit),
-                                               launch.job_environ(job), job.log,
-                                               marks=marks)
-                break
-            except RuntimeError:
-                if attempts > 1 or not launch.port_collision(job.log):
-                    raise
-                # Relaunch once on a port collision, from scratch (the failed log is echoed first).
-                _echo(job.log)
-                job.log.rename(job.log.with_suffix(".portfail"))
-                shutil.rmtree(job.ckpt_dir, ignore_errors=True)
-                record.unlink(missing_ok=True)
-            finally:
-                _echo(job.log)             # into the rule's log (stdout), before the work dir goes
+        else:
+            attempts = 0
+            while True:
+                attempts += 1
+                marks: dict = {}
+                t_launch = time.time()
+                clock.set("trainer_launch", t_launch)
+                try:
+                    trainer_s = launch.run_trainer(launch.trainer_command(overrides, warm_refit=settings.warm_refit),
+                                                   launch.job_environ(job), job.log,
+                                                   marks=marks)
+                    break
+                except RuntimeError:
+                    if attempts > 1 or not launch.port_collision(job.log):
+                        raise
+                    # Relaunch once on a port collision, from scratch (the failed log is echoed first).
+                    _echo(job.log)
+                    job.log.rename(job.log.with_suffix(".portfail"))
+                    shutil.rmtree(job.ckpt_dir, ignore_errors=True)
+                    record.unlink(missing_ok=True)
+                finally:
+                    _echo(job.log)             # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
         log_text = job.log.read_text(errors="replace")
-        if ref_dir is not None:
+        warm = bool(reply and reply["warm"])      # a job on an engine set that was reset to its start
+        if ref_dir is not None and not warm:      # (a warm job's reference: its reset lines, below)
             from fedagent.train.verl.ref_model import check_loaded
 
             # fail closed: without the loaded line the KL reference was the start model, not ref_model_dir
@@ -154,16 +162,17 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
         t_refit = (refit_started(log_text, Path(model_dir).resolve(), ref_dir, has_ref=float(p.kl_coef) > 0)
-                   if settings.warm_refit else None)
+                   if settings.warm_refit or warm else None)
         # a refit's cold start is its first fit's first token (logged before that fit's episodes were wiped)
-        t_cold = refit.first_fit_token_at(log_text) if t_refit is not None else None
+        t_cold = refit.first_fit_token_at(log_text) if settings.warm_refit else None
         warm_start = {}
         episodes = read_episodes(record)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
         if firsts and t_refit is not None:    # a job on warm engines: its reset → its first token
             warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
-            firsts = [t_cold] if t_cold is not None else []
+            if settings.warm_refit:            # the probe's launch → first token: its first fit's
+                firsts = [t_cold] if t_cold is not None else []
         if firsts:
             marks["first_generation"] = round_(min(firsts) - t_launch)
             clock.mark("first_token", min(firsts))
@@ -174,13 +183,17 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 clock.mark(name, t_launch + secs)
         clock.mark("trainer_done", t_launch + trainer_s)
         # a warm refit's update is its second fit: verl's step records from after the refit line only
-        steps = steplog.step_metrics_in(refit.after_refit(log_text) if t_refit is not None else log_text)
+        steps = steplog.step_metrics_in(refit.after_refit(log_text) if settings.warm_refit else log_text)
+        engine_check = {}
+        if reply is not None:     # an engine set returns the steps as verl's Tracking got them: those count
+            engine_check = {"engine_steps_match": refit.steps_agree(reply["steps"], steps)}
+            steps = reply["steps"]
         records = steplog.step_records(steps)
         clock.phases.update(steplog.phase_totals(steps))
         # the probe of returned (not scraped) step metrics: the second fit's records as verl's Tracking got
         # them, against its console lines (a diagnostic; the log's lines stay the source)
         refit_check = {"refit_steps_match": refit.steps_match(job.workdir / refit.STEPS_FILE, steps)} \
-            if t_refit is not None else {}
+            if settings.warm_refit else engine_check
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
             inputs.wait()          # nothing derived from an unverified start model reaches the final path
@@ -203,7 +216,10 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
                                                           "world_size": conv["world_size"],
                                                           # None: verl's KL reference was the start model
-                                                          "ref_model": None if ref_dir is None else str(ref_dir)},
+                                                          "ref_model": None if ref_dir is None else str(ref_dir),
+                                                          **({"engine_set": {k: reply[k] for k in
+                                                                             ("set", "warm", "jobs_before", "fit_s")}}
+                                                             if reply is not None else {})},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
                 "trainer_attempts": attempts, **refit_check,
@@ -220,6 +236,40 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 for rec in episodes:
                     fh.write(json.dumps(rec, sort_keys=True) + "\n")
     return metrics
+
+
+def engines_dir(out_dir: Path) -> Path:
+    """Where a run's engine-set slots live: ``<results>/<run>/.verl-engines`` for a workflow update dir
+    (``<run>/round_<r>/clients/<c>``), else beside the update dir."""
+    out_dir = Path(out_dir).resolve()
+    if out_dir.parent.name == "clients" and out_dir.parent.parent.name.startswith("round_"):
+        return out_dir.parents[2] / ".verl-engines"
+    return out_dir.parent / ".verl-engines"
+
+
+def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
+    """One job on a slot's engine set: the request from the job's own overrides (so its dirs are named as
+    the set's config names them); returns (the set's answer, seconds, when the request went)."""
+    from fedagent.train.verl.engines import client as engines_client, keys
+
+    _, own = keys.split(overrides)
+    entry_job_file = json.loads((job.workdir / "agent_loop_job.json").read_text())
+    from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+    ref_key = f"+ray_kwargs.ray_init.runtime_env.env_vars.{REF_MODEL_ENV}="
+    ref = next((o[len(ref_key):] for o in overrides if o.startswith(ref_key)), None)
+    request = {"tag": job.tag, "model_dir": own["actor_rollout_ref.model.path"], "ref_dir": ref,
+               "critic_dir": own.get("critic.model.path"), "rows": own["data.train_files"],
+               "ckpt_dir": own["trainer.default_local_dir"], "job_file": entry_job_file}
+    t0 = time.monotonic()
+    clock.set("trainer_launch", time.time())
+    try:
+        reply = engines_client.run_job(sets_dir=engines_dir(out_dir), n_sets=settings.engine_sets, preferred=client,
+                                       overrides=overrides, agent_loop_yaml=yaml_path, request=request, log=job.log,
+                                       env=launch.job_environ(job), idle_s=settings.engines_idle_s)
+    finally:
+        _echo(job.log)             # into the rule's log (stdout), before the work dir goes
+    return reply, time.monotonic() - t0, reply["t_request"]
 
 
 def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None, *, has_ref: bool = True) -> float:

@@ -153,6 +153,11 @@ class VerlSettings:
     # The probe of run-scoped engines (fedagent.train.verl.refit): the job fits, resets its live
     # engines to a fresh job's start and fits again; the second fit is the job's update.
     warm_refit: bool = False
+    # Run-scoped engines (fedagent.train.verl.engines): "job" (each job starts its own verl process tree)
+    # or "run" (a slot's engine set, started by its first job, serves the later ones after a reset).
+    engines: str = "job"
+    engine_sets: int = 2            # slots per run: concurrent verl jobs on warm engines
+    engines_idle_s: float = 900.0   # a set with no job for this long stops
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 

@@ -169,12 +169,11 @@ def record_files(config) -> list[str]:
 
 
 def reset_for_refit(trainer, config) -> None:
-    """Put a fitted v1 trainer back where a fresh job starts (see the module doc), in verl's own order:
-    replicas asleep, engines rebuilt, data and step state new, weights synced into the replicas."""
+    """Put a fitted v1 trainer back where a fresh job starts (see the module doc): the first fit's Tracking
+    finished, its checkpoint and episodes removed, then :func:`reset_trainer` from the job's own dirs."""
     tracking = getattr(trainer, "logger", None)
     if tracking is not None:
         tracking.finish(exit_code=0)
-    trainer.checkpoint_manager.sleep_replicas()
     # The first fit's outputs are not the job's: its checkpoint and episodes go (its first token's time,
     # the job's cold start, is logged first).
     shutil.rmtree(str(config.trainer.default_local_dir), ignore_errors=True)
@@ -187,24 +186,36 @@ def reset_for_refit(trainer, config) -> None:
                     firsts.append(float(t))
         Path(record).write_text("")
     print(f"{FIRST_FIT_TOKEN_PREFIX}{min(firsts):.3f}" if firsts else f"{FIRST_FIT_TOKEN_PREFIX}none", flush=True)
+    # The start dirs passed on, as a run-scoped engine set passes a later job's (verl's local_path of a
+    # local dir is the dir itself; use_shm is refused before the first fit); the KL reference's: the
+    # job's other model when ref_model armed one (train.ref_anchor: base), else the start model.
+    from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+    model = str(config.actor_rollout_ref.model.path)
+    reset_trainer(trainer, model_dir=model, ref_dir=os.environ.get(REF_MODEL_ENV) or model,
+                  critic_dir=str(config.critic.model.path) if trainer.use_critic else None)
+
+
+def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | None) -> None:
+    """Put a fitted v1 trainer's engines and state where a fresh job from ``model_dir`` (KL reference
+    ``ref_dir``, critic ``critic_dir``) starts, in verl's own order: replicas asleep, engines rebuilt, data
+    and step state new, weights synced into the replicas. The trainer's config must already name the
+    job's rows and checkpoint dir (``data.train_files``, ``trainer.default_local_dir``): the new
+    dataloader and the save read them."""
+    trainer.checkpoint_manager.sleep_replicas()
     # A fresh job's TransferQueue is empty: the replay buffer samples whatever the partition holds
-    # (sorted by the prompts' global step, which restarts at 1), so nothing of the first fit may stay.
+    # (sorted by the prompts' global step, which restarts at 1), so nothing of the last fit may stay.
     import transfer_queue as tq
 
     left = (tq.kv_list(TQ_PARTITION) or {}).get(TQ_PARTITION, {})
     if left:
         tq.kv_clear(partition_id=TQ_PARTITION, keys=list(left))
     print(f"{CLEARED_PREFIX}{len(left)}", flush=True)
-    # The start dirs passed on, as a run-scoped engine set would pass a later job's (verl's local_path of
-    # a local dir is the dir itself; use_shm is refused before the first fit); the KL reference's: the
-    # job's other model when ref_model armed one (train.ref_anchor: base), else the start model.
-    from fedagent.train.verl.ref_model import REF_MODEL_ENV
-
-    model = config.actor_rollout_ref.model
-
-    getattr(trainer.actor_rollout_wg, METHOD)(str(model.path), os.environ.get(REF_MODEL_ENV) or str(model.path))
+    getattr(trainer.actor_rollout_wg, METHOD)(str(model_dir), str(ref_dir))
     if trainer.use_critic:
-        getattr(trainer.critic_wg, PATH_METHOD)(str(config.critic.model.path))
+        if critic_dir is None:
+            raise ValueError("reset_trainer: a PPO trainer needs the job's critic dir")
+        getattr(trainer.critic_wg, PATH_METHOD)(str(critic_dir))
         trainer.critic_wg.reset()
     trainer._init_dataloader()
     trainer._init_dump_executor()
@@ -213,6 +224,30 @@ def reset_for_refit(trainer, config) -> None:
     trainer._restored_tq_prompt_count = 0
     trainer._load_checkpoint()          # resume_mode=disable: global_steps = 0
     trainer.on_init_end()               # the sync trainer: the reset weights into the vLLM replicas
+
+
+def check_config(config, what: str = "train.verl.warm_refit") -> None:
+    """What the reset needs of verl's config (raised before any engine starts)."""
+    if config.trainer.v1.trainer_mode != "sync":
+        raise ValueError(f"{what} needs verl's sync trainer (trainer.v1.trainer_mode=sync)")
+    if config.actor_rollout_ref.model.get("use_shm"):
+        raise ValueError(f"{what}: actor_rollout_ref.model.use_shm loads the model from a copy "
+                         "elsewhere, and the reset reloads the start dir itself; unsupported")
+
+
+def fit_recorded(trainer, agent_loop_manager) -> list:
+    """``trainer.fit`` with verl's ``Tracking`` recording every step's metrics (:func:`recording_tracking`);
+    the records, in order."""
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
+
+    steps: list = []
+    plain = trainer_base.Tracking
+    trainer_base.Tracking = recording_tracking(plain, steps)
+    try:
+        trainer.fit(agent_loop_manager)
+    finally:
+        trainer_base.Tracking = plain
+    return steps
 
 
 STEPS_FILE = "refit_steps.json"   # beside the job's checkpoint dir: the second fit's metrics as returned
@@ -243,12 +278,17 @@ def steps_file(config) -> Path:
 def steps_match(path: Path, logged: list[dict]) -> bool | None:
     """Whether the recorded second-fit steps (:data:`STEPS_FILE`) carry the values of the log's step lines
     (every key a line has, relative 1e-6); None when the file is missing."""
-    import json
-    import math
 
     if not Path(path).is_file():
         return None
-    recorded = json.loads(Path(path).read_text())
+    return steps_agree(json.loads(Path(path).read_text()), logged)
+
+
+def steps_agree(recorded: list[dict], logged: list[dict]) -> bool:
+    """Whether recorded step metrics carry the values of the log's step lines (every key a line has,
+    relative 1e-6), step for step."""
+    import math
+
     if [r["step"] for r in recorded] != [r["step"] for r in logged]:
         return False
     return all(k in rec and math.isclose(rec[k], v, rel_tol=1e-6, abs_tol=1e-12)
@@ -271,11 +311,7 @@ def runner_class():
             from verl.utils.logging_utils import configure_verl_logging
 
             configure_verl_logging()
-            if config.trainer.v1.trainer_mode != "sync":
-                raise ValueError("train.verl.warm_refit needs verl's sync trainer (trainer.v1.trainer_mode=sync)")
-            if config.actor_rollout_ref.model.get("use_shm"):
-                raise ValueError("train.verl.warm_refit: actor_rollout_ref.model.use_shm loads the model from a copy "
-                                 "elsewhere, and the reset reloads the start dir itself; unsupported")
+            check_config(config)
             trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)
             config.transfer_queue.enable = True
             OmegaConf.resolve(config)
@@ -289,17 +325,7 @@ def runner_class():
                 self.trainer.fit(self.agent_loop_manager)
                 print(refit_line(time.time()), flush=True)
                 reset_for_refit(self.trainer, config)
-                import json
-
-                import verl.trainer.ppo.v1.trainer_base as trainer_base
-
-                steps: list = []
-                plain = trainer_base.Tracking
-                trainer_base.Tracking = recording_tracking(plain, steps)
-                try:
-                    self.trainer.fit(self.agent_loop_manager)
-                finally:
-                    trainer_base.Tracking = plain
+                steps = fit_recorded(self.trainer, self.agent_loop_manager)
                 steps_file(config).write_text(json.dumps(steps))
                 succeeded = True
             finally:

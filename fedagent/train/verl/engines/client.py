@@ -1,0 +1,224 @@
+"""A ``train-client`` job's side of the run-scoped engines: a slot, the set's start if none runs, the request.
+
+Slots live in one directory per run (``<results>/<run>/.verl-engines/slot-<i>/``); a job holds its slot's
+file lock for its whole request, so a set serves one job at a time and two concurrent jobs use two sets.
+A slot without a live set gets one: ``python -m fedagent.train.verl.engines.server`` with the job's own
+overrides (the set's Ray temp dir, tag, agent-loop YAML and socket in place of the job's), in its own
+session, its stdout the slot's ``server.log``. The set answers when the fit is over; the job copies its
+byte range of ``server.log`` into its own log (a warm job's first: the set's start-up lines its checks
+need) and goes on as after a trainer of its own. A job killed while waiting closes its connection: the
+set stops itself (``serve.Watchdog``) and nothing of the job was committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from fedagent.train.verl.engines import keys, serve
+
+SERVER_MODULE = "fedagent.train.verl.engines.server"
+SERVER_ENV = "FEDAGENT_VERL_ENGINES_SERVER"       # tests: another module in its place
+SOCKET_ENV = "FEDAGENT_VERL_ENGINES_SOCKET"
+KEY_ENV = "FEDAGENT_VERL_ENGINES_KEY"
+IDLE_ENV = "FEDAGENT_VERL_ENGINES_IDLE_S"
+SLOT_ENV = "FEDAGENT_VERL_ENGINES_SLOT"
+SUN_PATH_MAX = 107
+
+
+def socket_path(slot: Path) -> Path:
+    """The set's socket: short (AF_UNIX holds 107 bytes), in the temp dir, named by the slot's path."""
+    h = hashlib.sha256(str(Path(slot).resolve()).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"fa-eng-{h}.sock"
+    if len(str(path)) > SUN_PATH_MAX:
+        raise RuntimeError(f"engine-set socket {path} is over {SUN_PATH_MAX} bytes; set TMPDIR to a shorter path")
+    return path
+
+
+@contextlib.contextmanager
+def slot(sets_dir: Path, n_sets: int, preferred: int) -> Iterator[Path]:
+    """A free slot of ``n_sets`` (trying ``preferred`` first), locked while the job uses it; if all are
+    taken, wait for ``preferred``."""
+    sets_dir = Path(sets_dir)
+    sets_dir.mkdir(parents=True, exist_ok=True)
+    order = [(preferred + i) % n_sets for i in range(n_sets)]
+    for blocking in (False, True):
+        for i in order if not blocking else order[:1]:
+            d = sets_dir / f"slot-{i}"
+            d.mkdir(exist_ok=True)
+            fh = open(d / "lock", "a+")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                fh.close()
+                continue
+            try:
+                yield d
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                fh.close()
+            return
+
+
+def _connect(path: Path) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of this process is not alive
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return False
+    return True
+
+
+def _server_pid(d: Path) -> int | None:
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        return int(json.loads((d / "server.json").read_text())["pid"])
+    return None
+
+
+def stop_set(d: Path, grace_s: float = 20.0) -> None:
+    """Stop the slot's set, if one runs: SIGTERM its process group, SIGKILL after ``grace_s``."""
+    import signal
+
+    pid = _server_pid(d)
+    if pid is None or not _alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str, idle_s: float) -> list[str]:
+    """The job's overrides as the set's: its Ray temp dir, tag and agent-loop YAML in the slot, and the
+    socket, key and idle time for the set's TaskRunner (Ray's env vars are strings: quoted)."""
+    out = keys.replace(overrides, {
+        "+ray_kwargs.ray_init._temp_dir": str(ray_tmp),
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{keys.TAG_ENV}": tag,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(d / "agent_loop.yaml"),
+    })
+    prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
+    from fedagent.train.verl.refit import REFIT_ENV
+
+    if not any(o.startswith(f"{prefix}{REFIT_ENV}=") for o in out):    # the reset's worker methods
+        out.append(f"{prefix}{REFIT_ENV}='1'")
+    return out + [f"{prefix}{SOCKET_ENV}='{socket_path(d)}'", f"{prefix}{KEY_ENV}='{keys.engine_key(overrides)}'",
+                  f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"]
+
+
+def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dict, *, idle_s: float,
+              python: str | None = None) -> subprocess.Popen:
+    """Start a set in slot ``d`` for the job whose overrides and agent-loop YAML these are (its YAML's
+    ``job_file`` becomes the slot's ``job.json``, rewritten per job by the set)."""
+    import yaml
+
+    stop_set(d)
+    entry = yaml.safe_load(Path(agent_loop_yaml).read_text())[0]
+    if not entry.get("job_file"):
+        raise ValueError(f"{agent_loop_yaml}: the run-scoped engines need an agent-loop job file")
+    (d / "job.json").write_text(Path(entry["job_file"]).read_text())
+    (d / "agent_loop.yaml").write_text(yaml.safe_dump([{**entry, "job_file": str(d / "job.json")}], sort_keys=True))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fa-ray-"))
+    (ray_tmp / "t").mkdir()
+    tag = f"fa-eng-{d.name}-{os.getpid()}-{os.urandom(4).hex()}"
+    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s)
+    env = {**env, "TMPDIR": str(ray_tmp / "t"), "RAY_TMPDIR": str(ray_tmp), keys.TAG_ENV: tag}
+    module = os.environ.get(SERVER_ENV, SERVER_MODULE)
+    with open(d / "server.log", "wb") as log:
+        proc = subprocess.Popen([python or sys.executable, "-m", module, *ov], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
+    (d / "server.json").write_text(json.dumps({"pid": proc.pid, "tag": tag, "ray_tmp": str(ray_tmp),
+                                               "key": keys.engine_key(overrides), "started": time.time()}))
+    return proc
+
+
+def _wait_listening(d: Path, proc: subprocess.Popen | None, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    path = socket_path(d)
+    while True:
+        s = _connect(path)
+        if s is not None:
+            return s
+        pid = proc.pid if proc is not None else _server_pid(d)
+        if (proc is not None and proc.poll() is not None) or (pid is not None and not _alive(pid)):
+            raise RuntimeError(f"the engine set of {d} exited before serving:\n{_tail(d / 'server.log')}")
+        if time.monotonic() > deadline:
+            stop_set(d)
+            raise RuntimeError(f"the engine set of {d} did not serve within {timeout_s:.0f} s:\n{_tail(d / 'server.log')}")
+        time.sleep(0.5)
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    with contextlib.suppress(FileNotFoundError):
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    return ""
+
+
+def copy_range(src: Path, start: int, end: int, dst: Path, header: Sequence[str] = ()) -> None:
+    with open(src, "rb") as fh, open(dst, "ab") as out:
+        for line in header:
+            out.write((line + "\n").encode())
+        fh.seek(start)
+        out.write(fh.read(max(0, end - start)))
+
+
+def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[str], agent_loop_yaml: Path,
+            request: dict, log: Path, env: dict, idle_s: float, start_timeout_s: float = 1800.0) -> dict:
+    """Run one job on a slot's engine set (started for it when none is live, or when the live one's key is
+    another's); append its part of the set's log to ``log``; return the set's answer (``warm``, ``steps``,
+    ``fit_s``, ``set``, ``t_request``: when the request went, epoch seconds)."""
+    request = {**request, "engine_key": keys.engine_key(overrides)}
+    serve.check_request(request)
+    with slot(sets_dir, n_sets, preferred) as d:
+        for attempt in (1, 2):
+            t_request = time.time()
+            conn = _connect(socket_path(d))
+            if conn is None:
+                proc = start_set(d, overrides, agent_loop_yaml, env, idle_s=idle_s)
+                conn = _wait_listening(d, proc, start_timeout_s)
+            with conn:
+                serve.send(conn, request)
+                reply = serve.recv(conn)
+            if reply is None:
+                raise RuntimeError(f"the engine set of {d} closed the connection without an answer:\n"
+                                   f"{_tail(d / 'server.log')}")
+            if "restart" in reply and attempt == 1:
+                print(f"fedagent: engine set of {d}: {reply['restart']}; starting another", flush=True)
+                stop_set(d)
+                continue
+            rng = reply.get("log_range")
+            if rng:
+                copy_range(d / "server.log", rng[0], rng[1], log, header=reply.get("startup_lines") or ())
+            if not reply.get("ok"):
+                stop_set(d)
+                raise RuntimeError(f"the engine set of {d} failed the job: {reply.get('error') or reply}")
+            return {**reply, "t_request": t_request}
+    raise RuntimeError("unreachable")

@@ -1,0 +1,185 @@
+"""An engine set's request loop: one job at a time over a Unix socket, generic over its fitter.
+
+Messages are one JSON object per line. A job sends :class:`Request`-shaped JSON; the set answers once,
+when the fit is over: ``{"ok": true, ...}`` (:func:`serve`), ``{"restart": reason}`` (the job's engine
+key is not the set's: the set stops, the job starts another) or ``{"error": text}`` (the fit raised: the
+set stops). Everything the set's processes print goes to the set's log (the server's stdout); a job's
+part of it is the byte range the answer names, which the job copies into its own log.
+
+The set serves only while its job is connected: a watchdog polls the connection during the fit and, when
+the job is gone (killed: its socket closes), calls ``stop`` (the server stops its whole process tree), so
+a killed job never leaves a fit running that a rerun would race. With no request for ``idle_s`` the loop
+returns and the set ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Protocol
+
+from fedagent.core.atomic import atomic_write_text
+
+# Keys of a job's request (all required).
+REQUEST_KEYS = ("engine_key", "tag", "model_dir", "ref_dir", "critic_dir", "rows", "ckpt_dir", "job_file")
+JOB_BEGINS = "fedagent: engine set job begins: "
+# The lines of a set's start-up that a later job's checks need (the armed patches): copied into its log.
+STARTUP_MARK = "fedagent: "
+
+
+class Fitter(Protocol):
+    """What :func:`serve` drives: the set's trainer."""
+
+    def built_for(self, job: dict) -> bool:
+        """Whether the engines were built from this job's own dirs and rows (its first fit needs no reset)."""
+
+    def fit(self, job: dict, *, reset: bool) -> list[dict]:
+        """Reset to the job's start (when ``reset``), fit, return verl's step records as its Tracking got them."""
+
+
+def send(conn: socket.socket, obj: dict) -> None:
+    conn.sendall((json.dumps(obj) + "\n").encode())
+
+
+def recv(conn: socket.socket, timeout: float | None = None) -> dict | None:
+    """One line's JSON object; None when the peer closed first."""
+    conn.settimeout(timeout)
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
+    obj = json.loads(buf)
+    if not isinstance(obj, dict):
+        raise ValueError("an engine-set message must be a JSON object")
+    return obj
+
+
+def check_request(req: dict) -> None:
+    missing = [k for k in REQUEST_KEYS if k not in req]
+    if missing:
+        raise ValueError(f"engine-set request lacks {missing}")
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether the peer has closed (readable with nothing to read), without consuming data."""
+    r, _, _ = select.select([conn], [], [], 0)
+    if not r:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class Watchdog:
+    """While a fit runs: if the job's connection closes, print why and call ``stop`` (once)."""
+
+    def __init__(self, conn: socket.socket, stop: Callable[[], None], period_s: float = 0.5):
+        self.conn, self.stop, self.period_s = conn, stop, period_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.period_s):
+            if _closed(self.conn):
+                print("fedagent: engine set: the job's connection closed mid-fit (job killed); stopping the set",
+                      flush=True)
+                self.stop()
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join(5)
+
+
+def startup_lines(log: Path, end: int) -> list[str]:
+    """The set's own marked lines (:data:`STARTUP_MARK`) in its log's first ``end`` bytes."""
+    with open(log, "rb") as fh:
+        text = fh.read(end).decode(errors="replace")
+    return [line for line in text.splitlines() if STARTUP_MARK in line and JOB_BEGINS not in line]
+
+
+def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Path, idle_s: float,
+          stop: Callable[[], None], settle_s: float = 2.0, set_tag: str = "") -> str:
+    """Answer jobs on ``sock_path`` until idle for ``idle_s``, a job of another key, a failed fit or a
+    vanished job. ``job_file``: the set's agent-loop job file, rewritten (atomically) with each job's env
+    address and record file before its fit. ``settle_s``: the wait after a fit before its log range ends
+    (Ray forwards its workers' lines to the server's stdout a moment later). Returns why it stopped."""
+    sock_path = Path(sock_path)
+    with contextlib.suppress(FileNotFoundError):
+        sock_path.unlink()
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock_path))
+    srv.listen(4)
+    jobs = 0
+    first_end = 0
+    try:
+        while True:
+            srv.settimeout(idle_s)
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                return "idle"
+            with conn:
+                try:
+                    req = recv(conn, timeout=60)
+                    if req is None:
+                        continue
+                    check_request(req)
+                except (ValueError, OSError) as err:
+                    with contextlib.suppress(OSError):
+                        send(conn, {"error": f"bad request: {err}"})
+                    continue
+                if req["engine_key"] != key:
+                    send(conn, {"restart": f"the job's engine key {req['engine_key'][:12]} is not the set's {key[:12]}"})
+                    return "restart"
+                atomic_write_text(Path(job_file), json.dumps(req["job_file"], sort_keys=True) + "\n")
+                warm = jobs > 0 or not fitter.built_for(req)
+                start = os.path.getsize(log) if jobs else 0      # a set's first job's log holds its start-up
+                sys_print(f"{JOB_BEGINS}{req['tag']} (job {jobs + 1} of set {set_tag}, warm={warm})")
+                t0 = time.monotonic()
+                try:
+                    with Watchdog(conn, stop):
+                        steps = fitter.fit(req, reset=warm)
+                except Exception:
+                    sys_print(traceback.format_exc())
+                    time.sleep(settle_s)
+                    with contextlib.suppress(OSError):
+                        send(conn, {"error": traceback.format_exc(limit=8), "log_range": [start, os.path.getsize(log)]})
+                    return "failed"
+                fit_s = time.monotonic() - t0
+                time.sleep(settle_s)
+                end = os.path.getsize(log)
+                if not jobs:
+                    first_end = end
+                reply = {"ok": True, "warm": warm, "jobs_before": jobs, "set": set_tag, "fit_s": round(fit_s, 3),
+                         "log_range": [start, end], "steps": steps,
+                         "startup_lines": startup_lines(log, first_end) if jobs else []}
+                jobs += 1
+                try:
+                    send(conn, reply)
+                except OSError:        # the job vanished right after its fit: nothing of it is committed
+                    return "job gone"
+    finally:
+        srv.close()
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+
+
+def sys_print(text: str) -> None:
+    print(text, flush=True)

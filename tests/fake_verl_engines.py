@@ -1,0 +1,91 @@
+"""A fake run-scoped verl engine set for CPU tests (``FEDAGENT_VERL_ENGINES_SERVER=fake_verl_engines``).
+
+``python -m fake_verl_engines <the set's overrides>`` does what ``fedagent.train.verl.engines.server``
+does around verl: reads the set's Ray env vars from its overrides as Ray would hand them to the TaskRunner
+(a non-string value fails as ``ray.init`` fails), arms what ``ray_hook.setup`` arms (a PPO set's critic
+lines come from the real verl trainer module), prints verl's start-up lines, then runs the real request
+loop (:func:`fedagent.train.verl.engines.serve.serve`) with :class:`FakeFitter` in verl's trainer's place:
+a reset prints the refit line and the workers' reset lines for the job's dirs, a fit plays the job's
+episodes through the job file's env address, saves a checkpoint of the job's start model + 1/1024 into
+the job's checkpoint dir, prints verl's step lines and returns them as recorded.
+
+Knobs: ``FAKE_VERL_RECORD`` (dir: one JSON per job with the set's pid), ``FAKE_VERL_HOLD_S`` (seconds
+before the save, read at the set's start), ``$FAKE_VERL_RECORD/reset_from`` (a file, read per job: the reset
+line names the dir it holds instead of the job's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from fake_verl_trainer import parse, play_episodes, print_steps, ray_env_str, save_checkpoint
+
+
+class FakeFitter:
+    def __init__(self, ov: dict, yaml_path: Path):
+        from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+        self.ppo = "critic.model.path" in ov
+        self.n = int(ov["actor_rollout_ref.rollout.n"])
+        self.steps = int(ov["trainer.total_training_steps"])
+        self.yaml_path = yaml_path
+        self.start = {"model_dir": ov["actor_rollout_ref.model.path"], "rows": ov["data.train_files"],
+                      "critic_dir": ov.get("critic.model.path"), "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
+                      "ckpt_dir": ov["trainer.default_local_dir"]}
+
+    def built_for(self, job: dict) -> bool:
+        return all(job.get(k) == v for k, v in self.start.items())
+
+    def fit(self, job: dict, *, reset: bool) -> list[dict]:
+        import yaml
+
+        from fedagent.train.verl import refit
+
+        if reset:
+            print(refit.refit_line(time.time()), flush=True)
+            knob = Path(os.environ["FAKE_VERL_RECORD"]) / "reset_from"       # set while the set runs
+            reset_from = knob.read_text() if knob.is_file() else job["model_dir"]
+            print(f"(WorkerDict pid=1) {refit.REF_RESET_LINE}{job['ref_dir'] or job['model_dir']}", flush=True)
+            print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
+        entry = yaml.safe_load(self.yaml_path.read_text())[0]
+        play_episodes(entry, job["rows"], self.n, job["tag"])
+        rec = Path(os.environ["FAKE_VERL_RECORD"])
+        (rec / f"job-{job['tag']}.json").write_text(json.dumps({"tag": job["tag"], "set_pid": os.getpid(),
+                                                             "reset": reset, "t": time.time()}))
+        time.sleep(float(os.environ.get("FAKE_VERL_HOLD_S", "0")))
+        save_checkpoint(Path(job["model_dir"]), Path(job["ckpt_dir"]), self.steps,
+                        Path(job["critic_dir"]) if self.ppo else None)
+        return print_steps(self.steps, self.ppo)
+
+
+def main() -> int:
+    from fedagent.train.verl import ray_hook
+    from fedagent.train.verl.engines import client, serve
+
+    ov = parse(sys.argv[1:])
+    prefix = "ray_kwargs.ray_init.runtime_env.env_vars."
+    for key, value in ov.items():       # Ray's runtime env, as the TaskRunner would see it
+        if key.startswith(prefix):
+            os.environ[key[len(prefix):]] = ray_env_str(value)
+    ray_hook.setup()
+    if "critic.model.path" in ov:
+        import verl.trainer.ppo.v1.trainer_base  # noqa: F401 - the hook's patch runs on this import
+    for line in ("2026-12-01 00:00:00,000\tINFO worker.py:2038 -- Started a local Ray instance.",
+                 "INFO:2026-12-01 00:00:03,000:all initialize finished, ready to fit"):
+        print(line, flush=True)
+    slot = Path(os.environ[client.SLOT_ENV])
+    why = serve.serve(Path(os.environ[client.SOCKET_ENV]), key=os.environ[client.KEY_ENV],
+                      fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"])),
+                      log=slot / "server.log", job_file=slot / "job.json", idle_s=float(os.environ[client.IDLE_ENV]),
+                      stop=lambda: client.stop_set(slot), settle_s=0.1,
+                      set_tag=os.environ.get(ray_hook.TAG_ENV, ""))
+    print(f"fedagent: engine set stops: {why}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

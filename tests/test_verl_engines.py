@@ -1,0 +1,252 @@
+"""Run-scoped verl engines (``train.verl.engines: run``, fedagent.train.verl.engines; issue 30).
+
+On CPU: which overrides shape a set (two jobs of other rounds and clients share a key; a recipe change
+does not); the set's overrides compose through its own entry point with every Ray env var a string; the
+set's TaskRunner fitter resets verl's trainer to each later job's dirs and rows; and real
+``train_client_verl`` jobs on a fake engine set (tests/fake_verl_engines.py, the real request loop and
+client): the first job of a slot starts the set, the next reuses it after a reset, a recipe change
+starts another, a reset from a foreign dir leaves no update, and a job killed mid-fit stops its set and
+leaves nothing, after which the rerun commits. The H200 is where a set meets real engines (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is installed by scripts/setup.sh (envs/verl-cpu.txt)")
+
+from fake_env import build_tiny_model  # noqa: E402
+from fake_verl_trainer import FAKE_STEP_VALUES  # noqa: E402
+from test_verl_isolation import _job  # noqa: E402
+from test_verl_launch import REPO, assert_ray_env_vars_are_strings, ppo_train_params, workflow_train_params  # noqa: E402
+
+from fedagent.train.local import TrainParams  # noqa: E402
+from fedagent.train.verl import refit  # noqa: E402
+from fedagent.train.verl.engines import client, keys, serve  # noqa: E402
+from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+P = dict(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)
+
+
+def _overrides(tmp_path, round=1, client_=0, model="model", ppo=False, **settings):
+    p = ppo_train_params() if ppo else workflow_train_params(REPO / "config" / "config.yaml")
+    tag = f"fa-r{round:03d}-c{client_}-1-0123456789abcdef"
+    w = tmp_path / f"r{round}c{client_}"
+    job = VerlJob(tag=tag, workdir=w, ray_tmp=Path(f"/tmp/fa-ray-{round}{client_}"))
+    return build_overrides(p, VerlSettings(**settings), job=job, model_dir=tmp_path / model, rows=w / "rows.parquet",
+                           agent_loop_yaml=w / "agent_loop.yaml", rollout_seed=100 * round + client_)
+
+
+@pytest.mark.parametrize("ppo", [False, True])
+def test_jobs_of_other_rounds_and_clients_share_a_key_and_a_recipe_change_does_not(tmp_path, ppo):
+    a = _overrides(tmp_path, 1, 0, "round_000/model", ppo=ppo)
+    b = _overrides(tmp_path, 3, 1, "round_002/model", ppo=ppo)
+    assert a != b and keys.engine_key(a) == keys.engine_key(b)
+    # every per-job key is one a real launch writes (the list is not stale) …
+    written = {o.partition("=")[0] for o in a}
+    assert {k for k in keys.PER_JOB if not k.startswith("critic.") or ppo} <= written
+    # … and anything else shapes the engines
+    assert keys.engine_key(_overrides(tmp_path, enforce_eager=True, ppo=ppo)) != keys.engine_key(a)
+    assert keys.engine_key(_overrides(tmp_path, kv_cache_gb=2.0, ppo=ppo)) != keys.engine_key(a)
+    p2 = [o.replace("actor.optim.lr=1e-05", "actor.optim.lr=2e-05") for o in a]
+    assert p2 != a and keys.engine_key(p2) != keys.engine_key(a)
+
+
+def test_the_sets_overrides_compose_through_its_entry_point_with_string_ray_env_vars(tmp_path, monkeypatch):
+    from verl_helpers import compose_ppo
+
+    d = tmp_path / "slot-0"
+    d.mkdir()
+    ov = client.set_overrides(_overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="fa-eng-slot-0-1-ab",
+                              idle_s=30)
+    cfg = compose_ppo(ov)
+    assert_ray_env_vars_are_strings(cfg)
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env[client.SOCKET_ENV] == str(client.socket_path(d)) and env[client.IDLE_ENV] == "30.0"
+    assert env[client.KEY_ENV] == keys.engine_key(_overrides(tmp_path)) and env[refit.REFIT_ENV] == "1"
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(d / "agent_loop.yaml")
+    assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-set"
+    out = subprocess.run([sys.executable, "-m", client.SERVER_MODULE, *ov, "--cfg", "job"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{client.KEY_ENV}: {keys.engine_key(_overrides(tmp_path))}" in out.stdout
+
+
+def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
+    """VerlFitter on the config our launch composes: the set's own first job fits as built; a later job's
+    rows, checkpoint dir and start dirs go into verl's config, then refit.reset_trainer with its dirs; the
+    steps come back as verl's Tracking got them, and the fit's Tracking is finished."""
+    import verl.trainer.ppo.v1.trainer_base as tb
+
+    from verl_helpers import compose_ppo
+
+    from fedagent.train.verl.engines.server import VerlFitter
+
+    calls = []
+
+    class Trainer:
+        use_critic = False
+
+        def fit(self, manager):
+            calls.append(("fit", manager, str(cfg.data.train_files), str(cfg.trainer.default_local_dir)))
+            self.logger = tb.Tracking(project_name="p", experiment_name="e", default_backend=[])
+            self.logger.log(data={"actor/kl_loss": 0.5}, step=1)
+
+    monkeypatch.setattr(refit, "reset_trainer", lambda trainer, **kw: calls.append(("reset", kw)))
+    cfg = compose_ppo(_overrides(tmp_path))
+    f = VerlFitter(Trainer(), cfg, "alm")
+    first = {"tag": "a", "model_dir": str(tmp_path / "model"), "ref_dir": None, "critic_dir": None,
+             "rows": str(tmp_path / "r1c0" / "rows.parquet"), "ckpt_dir": str(tmp_path / "r1c0" / "ckpt")}
+    assert f.built_for(first) and not f.built_for({**first, "rows": "/elsewhere"})
+    assert f.fit(first, reset=False) == [{"step": 1, "actor/kl_loss": 0.5}]
+    later = {**first, "tag": "b", "model_dir": "/runs/round_001/model", "rows": "/w/b/rows.parquet", "ckpt_dir": "/w/b/ckpt"}
+    f.fit(later, reset=True)
+    assert calls[0] == ("fit", "alm", first["rows"], first["ckpt_dir"])
+    assert calls[1] == ("reset", {"model_dir": "/runs/round_001/model", "ref_dir": "/runs/round_001/model",
+                                  "critic_dir": None})
+    assert calls[2] == ("fit", "alm", "/w/b/rows.parquet", "/w/b/ckpt")
+    assert str(cfg.actor_rollout_ref.model.path) == "/runs/round_001/model" and cfg.trainer.experiment_name == "b"
+
+
+# ---- jobs on a fake engine set -------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_engines(monkeypatch, tmp_path):
+    rec = tmp_path / "records"
+    rec.mkdir()
+    monkeypatch.setenv(client.SERVER_ENV, "fake_verl_engines")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_VERL_RECORD", str(rec))
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    yield rec
+    for d in (tmp_path / ".verl-engines").glob("slot-*"):
+        client.stop_set(d, grace_s=5)
+
+
+SETTINGS = VerlSettings(gpus=1, engines="run", engine_sets=1, engines_idle_s=60)
+
+
+def _records(rec: Path) -> dict:
+    return {json.loads(p.read_text())["tag"].split("-")[2]: json.loads(p.read_text()) for p in rec.glob("job-*.json")}
+
+
+def _set_pid(tmp_path) -> int | None:
+    return client._server_pid(tmp_path / ".verl-engines" / "slot-0")
+
+
+def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_starts_another(fake_engines, tmp_path):
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    m0 = _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    pid0 = _set_pid(tmp_path)
+    m1 = _job(model, rd, 1, TrainParams(**P), SETTINGS)
+    assert _set_pid(tmp_path) == pid0 and client._alive(pid0)       # the same set served both
+    assert m0["verl"]["engine_set"]["warm"] is False and m1["verl"]["engine_set"]["warm"] is True
+    assert m1["verl"]["engine_set"]["jobs_before"] == 1
+    for m in (m0, m1):     # verl's values as the set returned them, and they agree with the job's log lines
+        assert m["kl"] == pytest.approx(FAKE_STEP_VALUES["actor/kl_loss"]) and m["engine_steps_match"] is True
+        assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"]
+    # a warm job times its reset → first token; its launch → first token is the request's
+    assert m1["timings_s"]["refit_to_first_generation"] > 0 and "refit_to_first_generation" not in m0["timings_s"]
+    assert 0 < m1["timings_s"]["launch_to_first_generation"] < m0["timings_s"]["launch_to_first_generation"] + 60
+    recs = _records(fake_engines)
+    assert recs["c0"]["reset"] is False and recs["c1"]["reset"] is True
+    assert (rd / "0" / "metrics.json").is_file() and (rd / "1" / "metrics.json").is_file()
+    # another recipe (the learning rate shapes the engines): the set restarts for it
+    p2 = TrainParams(**{**P, "lr": 2e-5})
+    rd2 = tmp_path / "round_002" / "clients"
+    m2 = _job(model, rd2, 0, p2, SETTINGS)
+    assert m2["verl"]["engine_set"]["warm"] is False and _set_pid(tmp_path) != pid0 and not client._alive(pid0)
+
+
+def test_a_warm_job_reset_from_a_foreign_dir_leaves_no_update(fake_engines, tmp_path, monkeypatch):
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    (fake_engines / "reset_from").write_text(str(tmp_path / "elsewhere"))
+    with pytest.raises(RuntimeError, match="not only from"):
+        _job(model, rd, 1, TrainParams(**P), SETTINGS)
+    assert sorted(p.name for p in rd.iterdir()) == ["0"]
+
+
+def _killable_job(model, rd, client_, q):
+    try:
+        _job(model, rd, client_, TrainParams(**P), SETTINGS)
+        q.put("done")
+    except Exception as exc:  # noqa: BLE001
+        q.put(repr(exc))
+
+
+def test_a_job_killed_mid_fit_stops_its_set_and_the_rerun_commits(fake_engines, tmp_path, monkeypatch):
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "60")
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_killable_job, args=(model, rd, 0, q))
+    proc.start()
+    deadline = time.monotonic() + 120
+    while not list(fake_engines.glob("job-*.json")):      # the fit has begun (its episodes are played)
+        assert time.monotonic() < deadline and proc.is_alive()
+        time.sleep(0.2)
+    pid = _set_pid(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    deadline = time.monotonic() + 30
+    while client._alive(pid):                         # the set's watchdog saw the connection close
+        assert time.monotonic() < deadline, "the set outlived its killed job"
+        time.sleep(0.2)
+    assert not (rd / "0").exists()
+    log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
+    assert "connection closed mid-fit" in log
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    m = _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    assert m["verl"]["engine_set"]["warm"] is False and (rd / "0" / "metrics.json").is_file()
+
+
+def test_two_jobs_at_once_take_two_slots(tmp_path):
+    seen = []
+    with client.slot(tmp_path, 2, 1) as a:
+        with client.slot(tmp_path, 2, 1) as b:
+            seen = [a.name, b.name]
+    assert seen == ["slot-1", "slot-0"]
+
+
+def test_a_set_answers_another_key_with_restart_and_stops(tmp_path):
+    import socket
+    import threading
+
+    class Never:
+        def built_for(self, job):
+            return True
+
+        def fit(self, job, *, reset):
+            raise AssertionError("no fit for another key")
+
+    sock = client.socket_path(tmp_path)
+    log = tmp_path / "server.log"
+    log.write_text("")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("why", serve.serve(
+        sock, key="k1", fitter=Never(), log=log, job_file=tmp_path / "job.json", idle_s=30, stop=lambda: None)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(str(sock))
+    serve.send(c, {k: None for k in serve.REQUEST_KEYS} | {"engine_key": "k2", "job_file": {}})
+    assert "restart" in serve.recv(c)
+    t.join(10)
+    assert out["why"] == "restart" and not sock.exists()
