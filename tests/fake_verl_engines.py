@@ -81,8 +81,8 @@ def main() -> int:
     why = serve.serve(Path(os.environ[client.SOCKET_ENV]), key=os.environ[client.KEY_ENV],
                       fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"])),
                       log=slot / "server.log", job_file=slot / "job.json", idle_s=float(os.environ[client.IDLE_ENV]),
-                      stop=lambda: client.stop_set(slot), settle_s=0.1,
-                      set_tag=os.environ.get(ray_hook.TAG_ENV, ""))
+                      stop=lambda: client.stop_set_detached(slot), settle_s=0.1,
+                      set_tag=os.environ.get(ray_hook.TAG_ENV, ""), nonce=os.environ[client.NONCE_ENV])
     print(f"fedagent: engine set stops: {why}", flush=True)
     return 0
 

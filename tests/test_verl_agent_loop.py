@@ -245,3 +245,32 @@ def test_every_turn_carries_the_weight_version_verls_v1_trainer_reads(tiny, tmp_
             for f in fields]
     assert np.array([t["min_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]
     assert np.array([t["max_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]
+
+
+def test_a_job_files_start_model_gives_the_stop_tokens_and_a_missing_one_fails(tiny, tmp_path):
+    """On live engines (warm refit, run-scoped sets) verl's config names the first job's start model,
+    which a later round may have deleted: the loop takes its stop tokens from the job file's model dir,
+    and a named dir that does not exist is an error, never the tokenizer-only fallback."""
+    import json
+
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from fedagent.train.verl.agent_loop import WindowedAgentLoop
+
+    model_dir, tok = tiny
+    base = make_loop(tiny, tmp_path, FakeServer(tok, []), FakeEnv())
+    mine = tmp_path / "round_002-model"
+    mine.mkdir()
+    (mine / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
+    job = tmp_path / "job.json"
+
+    def loop_with(model):
+        job.write_text(json.dumps({"env_uds": "/tmp/x.sock", "env_url": None, "env_token": None,
+                                   "record_file": str(tmp_path / "ep.jsonl"), "model_dir": str(model)}))
+        return WindowedAgentLoop(trainer_config=DictConfigWrap(base.config), server_manager=FakeServer(tok, []),
+                                 tokenizer=tok, processor=None, dataset_cls=None,
+                                 data_config=DictConfigWrap(base.config.data), env=FakeEnv(), job_file=str(job))
+
+    assert 7 in loop_with(mine).stop_token_ids and 7 not in base.stop_token_ids
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        loop_with(tmp_path / "deleted-round-model")

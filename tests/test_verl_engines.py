@@ -68,18 +68,18 @@ def test_the_sets_overrides_compose_through_its_entry_point_with_string_ray_env_
     d = tmp_path / "slot-0"
     d.mkdir()
     ov = client.set_overrides(_overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="fa-eng-slot-0-1-ab",
-                              idle_s=30)
+                              idle_s=30, key="k" * 64, nonce="0123456789abcdef")
     cfg = compose_ppo(ov)
     assert_ray_env_vars_are_strings(cfg)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env[client.SOCKET_ENV] == str(client.socket_path(d)) and env[client.IDLE_ENV] == "30.0"
-    assert env[client.KEY_ENV] == keys.engine_key(_overrides(tmp_path)) and env[refit.REFIT_ENV] == "1"
+    assert env[client.KEY_ENV] == "k" * 64 and env[refit.REFIT_ENV] == "1" and env[client.NONCE_ENV] == "0123456789abcdef"
     assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(d / "agent_loop.yaml")
     assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-set"
     out = subprocess.run([sys.executable, "-m", client.SERVER_MODULE, *ov, "--cfg", "job"], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"{client.KEY_ENV}: {keys.engine_key(_overrides(tmp_path))}" in out.stdout
+    assert f"{client.KEY_ENV}: {'k' * 64}" in out.stdout
 
 
 def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
@@ -106,7 +106,7 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
     cfg = compose_ppo(_overrides(tmp_path))
     f = VerlFitter(Trainer(), cfg, "alm")
     first = {"tag": "a", "model_dir": str(tmp_path / "model"), "ref_dir": None, "critic_dir": None,
-             "rows": str(tmp_path / "r1c0" / "rows.parquet"), "ckpt_dir": str(tmp_path / "r1c0" / "ckpt")}
+             "rows": str(tmp_path / "r1c0" / "rows.parquet"), "ckpt_dir": str(cfg.trainer.default_local_dir)}
     assert f.built_for(first) and not f.built_for({**first, "rows": "/elsewhere"})
     assert f.fit(first, reset=False) == [{"step": 1, "actor/kl_loss": 0.5}]
     later = {**first, "tag": "b", "model_dir": "/runs/round_001/model", "rows": "/w/b/rows.parquet", "ckpt_dir": "/w/b/ckpt"}
@@ -222,31 +222,96 @@ def test_two_jobs_at_once_take_two_slots(tmp_path):
     assert seen == ["slot-1", "slot-0"]
 
 
-def test_a_set_answers_another_key_with_restart_and_stops(tmp_path):
-    import socket
+def test_the_key_holds_the_agent_loop_entry_but_not_its_job_file(tmp_path):
+    """verl reads the agent-loop YAML once per worker: its turns, budgets and format are the set's for good,
+    so they are part of the key (the job file, rewritten per job, is not)."""
+    ov = _overrides(tmp_path)
+    entry = {"name": "fedagent_windowed", "max_turns": 3, "answer_format": "think_action", "job_file": "/a/job.json"}
+    k = keys.engine_key(ov, entry)
+    assert keys.engine_key(ov, {**entry, "job_file": "/b/job.json"}) == k
+    assert keys.engine_key(ov, {**entry, "max_turns": 4}) != k and keys.engine_key(ov) != k
+
+
+class _Recorder:
+    def __init__(self):
+        self.resets = []
+
+    def built_for(self, job):
+        return True                       # the paths match: only the nonce tells the starting job apart
+
+    def fit(self, job, *, reset):
+        self.resets.append(reset)
+        return []
+
+
+def _serve_in_thread(tmp_path, fitter, **kw):
     import threading
-
-    class Never:
-        def built_for(self, job):
-            return True
-
-        def fit(self, job, *, reset):
-            raise AssertionError("no fit for another key")
 
     sock = client.socket_path(tmp_path)
     log = tmp_path / "server.log"
     log.write_text("")
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("why", serve.serve(
-        sock, key="k1", fitter=Never(), log=log, job_file=tmp_path / "job.json", idle_s=30, stop=lambda: None)))
+        sock, fitter=fitter, log=log, job_file=tmp_path / "job.json", stop=lambda: None, settle_s=0,
+        forward_limit_s=5, say=lambda line: log.open("a").write(line + "\n"),
+        **{"key": "k1", "idle_s": 30, **kw})))
     t.start()
     deadline = time.monotonic() + 10
     while not sock.exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    c = socket.socket(socket.AF_UNIX)
-    c.connect(str(sock))
-    serve.send(c, {k: None for k in serve.REQUEST_KEYS} | {"engine_key": "k2", "job_file": {}})
-    assert "restart" in serve.recv(c)
+    return sock, t, out
+
+
+def _ask(sock, **req):
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(str(sock))
+        serve.send(c, {k: None for k in serve.REQUEST_KEYS} | {"engine_key": "k1", "tag": "t", "job_file": {}} | req)
+        return serve.recv(c)
+
+
+@pytest.mark.parametrize("first_nonce, resets", [("n1", [False, True]),     # the starting job: as built
+                                                 (None, [True, True]),      # another job got there first
+                                                 ("n2", [True, True])])
+def test_only_the_starting_jobs_nonce_skips_the_reset(tmp_path, first_nonce, resets):
+    f = _Recorder()
+    sock, t, out = _serve_in_thread(tmp_path, f, nonce="n1")
+    assert _ask(sock, **({"nonce": first_nonce} if first_nonce else {}))["ok"]
+    assert _ask(sock, nonce="n1")["warm"] is True          # a set's second job is always reset
+    assert "restart" in _ask(sock, engine_key="k2")
     t.join(10)
-    assert out["why"] == "restart" and not sock.exists()
+    assert f.resets == resets and out["why"] == "restart"
+
+
+def test_an_idle_set_unlinks_its_socket_and_stops(tmp_path):
+    sock, t, out = _serve_in_thread(tmp_path, _Recorder(), nonce="n1", idle_s=0.3)
+    t.join(10)
+    assert out["why"] == "idle" and not sock.exists()
+
+
+def test_stop_set_never_signals_a_reused_pid(tmp_path):
+    """server.json names the set by pid and start time: a live process with that pid but another start
+    time is not the set (the pid was reused) and is left alone."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": "1"}))
+        client.stop_set(tmp_path, grace_s=1)
+        assert proc.poll() is None
+        (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": client._proc_start(proc.pid)}))
+        client.stop_set(tmp_path, grace_s=5)
+        assert proc.wait(5) is not None
+    finally:
+        proc.kill()
+
+
+def test_the_job_refuses_engine_sets_beside_the_refit_probe():
+    """Planning refuses the pair (a cross rule); so does the verl job reading its train.verl settings."""
+    from fedagent.train.cli import verl_settings
+
+    assert verl_settings(json.dumps({"engines": "run"})).engines == "run"
+    with pytest.raises(ValueError, match="choose one"):
+        verl_settings(json.dumps({"engines": "run", "warm_refit": True}))
+    with pytest.raises(ValueError, match="bad train.verl"):
+        verl_settings(json.dumps({"engines": "always"}))

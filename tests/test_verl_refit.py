@@ -50,7 +50,7 @@ def test_the_refit_launch_composes_through_its_own_entry_point(tmp_path, monkeyp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"{refit.REFIT_ENV}: '1'" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt") in out.stdout
+    assert f"{refit.REFIT_ENV}: '1'" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt-fa-r001-c0-1-0123456789abcdef") in out.stdout
     bad = subprocess.run([*cmd, "trainer.save_frequency=1", "--cfg", "job"], capture_output=True, text=True, env=env,
                          timeout=240)
     assert bad.returncode != 0 and "save_frequency" in bad.stderr
@@ -264,10 +264,14 @@ def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(t
 
     p = TrainParams(max_turns=2)
     path = write_agent_loop_yaml(tmp_path / "a.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
-                                 record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job.json")
+                                 record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job.json",
+                                 model_dir=tmp_path / "m")
     (entry,) = yaml.safe_load(path.read_text())
-    assert entry["job_file"] == str(tmp_path / "job.json") and not {"env_uds", "record_file"} & set(entry)
-    assert read_job_file(entry["job_file"]) == ("/tmp/x.sock", None, None, str(tmp_path / "ep.jsonl"))
+    assert entry["job_file"] == str(tmp_path / "job.json") and not {"env_uds", "record_file", "model_dir"} & set(entry)
+    assert read_job_file(entry["job_file"]) == ("/tmp/x.sock", None, None, str(tmp_path / "ep.jsonl"), str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="start model dir"):      # the loop's stop tokens need it
+        write_agent_loop_yaml(tmp_path / "c.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
+                              record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job2.json")
     with pytest.raises(ValueError, match="one or the other"):
         read_job_file(entry["job_file"], "/tmp/other.sock")
     (tmp_path / "bad.json").write_text("{}")

@@ -98,10 +98,14 @@ def _verl_mini_batch_is_whole_groups(get):
             violation={"train.backend": "verl", "train.ref_anchor": "round", "train.verl.engines": "run",
                        "train.verl.warm_refit": True})
 def _engines_or_refit(get):
+    # plan time here; the verl job refuses the pair itself when reading train.verl (train/cli.verl_settings)
     # the probe refits inside one job, the engine sets across jobs (fedagent.train.verl.engines)
     if get("train.verl.engines") == "run" and get("train.verl.warm_refit"):
         return "run and train.verl.warm_refit are both set: choose one (the probe, or the run-scoped engine sets)"
     return None
+
+
+PLAN_ONLY_RULES.add("train.verl.engines")
 
 
 @cross_rule("env.pool_size", ["env.pool_size", "train.group_size"],

@@ -93,12 +93,18 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 
 def stop_token_ids_for_dir(tokenizer, model_dir) -> list[int]:
-    """:func:`stop_token_ids` without loading the model: the generation config of ``model_dir``."""
+    """:func:`stop_token_ids` without loading the model: the generation config of ``model_dir`` (a dir
+    without one: the tokenizer's eos and the ChatML ends; a dir that does not exist: FileNotFoundError)."""
     from types import SimpleNamespace
 
     gen = None
     if model_dir:
+        from pathlib import Path
+
         from transformers import GenerationConfig
+
+        if not Path(model_dir).is_dir():     # never the default stop tokens in place of a named model's
+            raise FileNotFoundError(f"stop tokens: model dir {model_dir} does not exist")
 
         try:
             gen = GenerationConfig.from_pretrained(str(model_dir))

@@ -66,11 +66,12 @@ def weight_versions(out) -> dict:
             "max_global_steps": extra.get("max_global_steps", step)}
 
 
-JOB_FILE_KEYS = ("env_uds", "env_url", "env_token", "record_file")
+JOB_FILE_KEYS = ("env_uds", "env_url", "env_token", "record_file", "model_dir")
 
 
 def read_job_file(job_file: str, *entry_values) -> tuple:
-    """The job's env address and record file from its ``job_file`` (JSON with :data:`JOB_FILE_KEYS`),
+    """The job's env address, record file and start model dir (its stop tokens' generation config) from
+    its ``job_file`` (JSON with :data:`JOB_FILE_KEYS`),
     read per episode: verl reads the agent-loop YAML once per worker, so a file the YAML names is where
     a later job's values can reach live workers (``train.verl.warm_refit``; the run-scoped engines). The
     YAML entry must then carry none of them itself (one source, never a mix)."""
@@ -96,9 +97,10 @@ class WindowedAgentLoop(AgentLoopBase):
                  invalid_penalty: float = 0.1, history_length: int = HISTORY_LENGTH,
                  record_file: str | None = None, answer_format: str = "think_action", env=None,
                  job_file: str | None = None, **kwargs):
+        model_dir = None
         if job_file is not None:
-            env_uds, env_url, env_token, record_file = read_job_file(job_file, env_uds, env_url, env_token,
-                                                                     record_file)
+            env_uds, env_url, env_token, record_file, model_dir = read_job_file(job_file, env_uds, env_url, env_token,
+                                                                                record_file)
         kwargs.pop("name", None)     # the YAML entry's registry name
         kwargs.pop("tools", None)    # verl passes its tool list to every loop
         super().__init__(*args, **kwargs)
@@ -110,7 +112,10 @@ class WindowedAgentLoop(AgentLoopBase):
         self.record_file = record_file
         self.answer_format = str(answer_format)
         self.prefix = response_prefix(self.answer_format)
-        self.stop_token_ids = stop_token_ids_for_dir(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
+        # the job's own start model (from its job file: on live engines verl's config names the first job's,
+        # which a later round may have deleted), else verl's
+        self.stop_token_ids = stop_token_ids_for_dir(self.tokenizer,
+                                                     model_dir or self.config.actor_rollout_ref.model.get("path"))
         self._own_env = env is None       # verl builds one loop per episode: close what we open
         if env is None:
             from fedagent.envs.client import EnvClient

@@ -99,13 +99,16 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
     engines = settings.engines == "run"
     with verifying(inputs_to_check) as inputs, launch.isolated_job(workdir, round=round, client=client) as job:
         rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
-        record = job.workdir / "episodes.jsonl"
+        # named by the attempt's tag, as its checkpoint dir: a dying process of an earlier attempt (a killed
+        # job's engine set, a stale trainer) cannot write into this attempt's files
+        record = job.workdir / f"episodes-{job.tag}.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
             env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history,
             # a warm refit reaches its agent loops' env address through the per-episode job file, as a
             # run-scoped engine set reaches a later job's
-            job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None)
+            job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None,
+            model_dir=Path(model_dir).resolve())
         overrides = launch.build_overrides(
             p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31,
@@ -218,7 +221,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           # None: verl's KL reference was the start model
                                                           "ref_model": None if ref_dir is None else str(ref_dir),
                                                           **({"engine_set": {k: reply[k] for k in
-                                                                             ("set", "warm", "jobs_before", "fit_s")}}
+                                                                             ("set", "warm", "jobs_before", "fit_s",
+                                                                              "slot_wait_s")}}
                                                              if reply is not None else {})},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
@@ -261,15 +265,17 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     request = {"tag": job.tag, "model_dir": own["actor_rollout_ref.model.path"], "ref_dir": ref,
                "critic_dir": own.get("critic.model.path"), "rows": own["data.train_files"],
                "ckpt_dir": own["trainer.default_local_dir"], "job_file": entry_job_file}
-    t0 = time.monotonic()
-    clock.set("trainer_launch", time.time())
+    t_asked = time.time()
     try:
         reply = engines_client.run_job(sets_dir=engines_dir(out_dir), n_sets=settings.engine_sets, preferred=client,
                                        overrides=overrides, agent_loop_yaml=yaml_path, request=request, log=job.log,
                                        env=launch.job_environ(job), idle_s=settings.engines_idle_s)
     finally:
         _echo(job.log)             # into the rule's log (stdout), before the work dir goes
-    return reply, time.monotonic() - t0, reply["t_request"]
+    # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
+    clock.set("trainer_launch", reply["t_request"])
+    reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
+    return reply, time.time() - reply["t_request"], reply["t_request"]
 
 
 def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None, *, has_ref: bool = True) -> float:

@@ -61,7 +61,8 @@ class VerlJob:
 
     @property
     def ckpt_dir(self) -> Path:
-        return self.workdir / "ckpt"
+        # named by the attempt's tag: nothing of an earlier attempt's (still dying) process lands in it
+        return self.workdir / f"ckpt-{self.tag}"
 
     @property
     def log(self) -> Path:
@@ -313,13 +314,16 @@ def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
 
 
 def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | None, env_token: str | None,
-                          p, record_file: Path, history_length: int, job_file: Path | None = None) -> Path:
+                          p, record_file: Path, history_length: int, job_file: Path | None = None,
+                          model_dir: Path | None = None) -> Path:
     """The agent-loop YAML verl loads (``rollout.agent.agent_loop_config_path``).
 
     Each entry is ``hydra.utils.instantiate``-d per episode; its extra keys become the
     loop's constructor arguments (the job's own env service, the episode budget). With ``job_file``
-    the env address and record file go into that JSON instead, which the loop reads per episode
-    (``agent_loop.read_job_file``: verl reads this YAML once per worker; ``train.verl.warm_refit``).
+    the env address and record file go into that JSON instead, with the job's start model dir
+    ``model_dir`` (its generation config gives the loop's stop tokens), which the loop reads per episode
+    (``agent_loop.read_job_file``: verl reads this YAML once per worker; ``train.verl.warm_refit``,
+    ``train.verl.engines: run``).
     """
     import yaml
 
@@ -339,7 +343,10 @@ def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | Non
     if job_file is not None:
         from fedagent.core.atomic import atomic_write_text
 
-        per_job = {k: entry.pop(k) for k in ("env_uds", "env_url", "env_token", "record_file")}
+        if model_dir is None:
+            raise ValueError("an agent-loop job file needs the job's start model dir")
+        per_job = {**{k: entry.pop(k) for k in ("env_uds", "env_url", "env_token", "record_file")},
+                   "model_dir": str(model_dir)}
         atomic_write_text(Path(job_file), json.dumps(per_job, sort_keys=True) + "\n")
         entry["job_file"] = str(job_file)
     Path(path).write_text(yaml.safe_dump([entry], sort_keys=True))

@@ -233,6 +233,9 @@ def check_config(config, what: str = "train.verl.warm_refit") -> None:
     if config.actor_rollout_ref.model.get("use_shm"):
         raise ValueError(f"{what}: actor_rollout_ref.model.use_shm loads the model from a copy "
                          "elsewhere, and the reset reloads the start dir itself; unsupported")
+    if config.algorithm.get("use_kl_in_reward"):
+        raise ValueError(f"{what}: algorithm.use_kl_in_reward keeps an adaptive KL controller in the trainer "
+                         "that the reset does not rebuild; unsupported")
 
 
 def fit_recorded(trainer, agent_loop_manager) -> list:

@@ -32,6 +32,7 @@ SERVER_ENV = "FEDAGENT_VERL_ENGINES_SERVER"       # tests: another module in its
 SOCKET_ENV = "FEDAGENT_VERL_ENGINES_SOCKET"
 KEY_ENV = "FEDAGENT_VERL_ENGINES_KEY"
 IDLE_ENV = "FEDAGENT_VERL_ENGINES_IDLE_S"
+NONCE_ENV = "FEDAGENT_VERL_ENGINES_NONCE"
 SLOT_ENV = "FEDAGENT_VERL_ENGINES_SLOT"
 SUN_PATH_MAX = 107
 
@@ -80,64 +81,125 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def _proc_start(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot, /proc/<pid>/stat field 22); None if it is gone or a
+    zombie. With the pid it names one process for good: a pid reused later has another start time."""
     try:
-        os.kill(pid, 0)
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _alive(pid: int, start: str | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, given ``start``, is still the process started then."""
+    now = _proc_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie child of this process is not alive
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return False
     return True
 
 
-def _server_pid(d: Path) -> int | None:
-    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-        return int(json.loads((d / "server.json").read_text())["pid"])
+def _server_record(d: Path) -> dict | None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        rec = json.loads((d / "server.json").read_text())
+        if isinstance(rec, dict) and "pid" in rec:
+            return rec
     return None
 
 
+def _server_pid(d: Path) -> int | None:
+    rec = _server_record(d)
+    return None if rec is None else int(rec["pid"])
+
+
 def stop_set(d: Path, grace_s: float = 20.0) -> None:
-    """Stop the slot's set, if one runs: SIGTERM its process group, SIGKILL after ``grace_s``."""
+    """Stop the slot's set, if it still runs (the recorded pid with its recorded start time, so a reused pid
+    is never signalled): SIGTERM its process group, SIGKILL after ``grace_s``, and return only when the group
+    is gone; then remove its Ray temp dir and IPC sockets."""
+    import glob
+    import shutil
     import signal
 
-    pid = _server_pid(d)
-    if pid is None or not _alive(pid):
+    from fedagent.train.verl.launch import IPC_SOCKET_GLOB
+
+    rec = _server_record(Path(d))
+    if rec is None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    pid = int(rec["pid"])
+    if _alive(pid, rec.get("start")):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        for sig, wait_s in ((None, grace_s), (signal.SIGKILL, 30.0)):
+            if sig is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(pid):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)       # our own child: reap it, or its group stays
+                time.sleep(0.2)
+            if not _group_alive(pid):
+                break
+    if rec.get("tag"):
+        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
+            with contextlib.suppress(OSError):
+                os.unlink(sock)
+    if rec.get("ray_tmp") and Path(rec["ray_tmp"]).name.startswith("fa-ray-"):
+        shutil.rmtree(rec["ray_tmp"], ignore_errors=True)
 
 
-def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str, idle_s: float) -> list[str]:
+def stop_set_detached(d: Path) -> None:
+    """:func:`stop_set` from a process of its own session (the set's watchdog is inside the group it stops,
+    so the escalation to SIGKILL must not die with it)."""
+    subprocess.Popen([sys.executable, "-c", "import sys, pathlib; from fedagent.train.verl.engines.client import "
+                      "stop_set; stop_set(pathlib.Path(sys.argv[1]))", str(d)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str, idle_s: float, key: str,
+                  nonce: str) -> list[str]:
     """The job's overrides as the set's: its Ray temp dir, tag and agent-loop YAML in the slot, and the
-    socket, key and idle time for the set's TaskRunner (Ray's env vars are strings: quoted)."""
+    socket, key, start nonce, idle time and slot for the set's TaskRunner (Ray's env vars are strings:
+    quoted), and the refit's worker methods armed (the reset)."""
+    from fedagent.train.verl.refit import REFIT_ENV
+
     out = keys.replace(overrides, {
         "+ray_kwargs.ray_init._temp_dir": str(ray_tmp),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{keys.TAG_ENV}": tag,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(d / "agent_loop.yaml"),
     })
     prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
-    from fedagent.train.verl.refit import REFIT_ENV
-
-    if not any(o.startswith(f"{prefix}{REFIT_ENV}=") for o in out):    # the reset's worker methods
+    if not any(o.startswith(f"{prefix}{REFIT_ENV}=") for o in out):
         out.append(f"{prefix}{REFIT_ENV}='1'")
-    return out + [f"{prefix}{SOCKET_ENV}='{socket_path(d)}'", f"{prefix}{KEY_ENV}='{keys.engine_key(overrides)}'",
-                  f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"]
+    return out + [f"{prefix}{SOCKET_ENV}='{socket_path(d)}'", f"{prefix}{KEY_ENV}='{key}'",
+                  f"{prefix}{NONCE_ENV}='{nonce}'", f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"]
 
 
-def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dict, *, idle_s: float,
-              python: str | None = None) -> subprocess.Popen:
+def _short_tmp() -> Path:
+    """A fresh Ray temp dir short enough for Ray's Unix sockets (launch.RAY_TMP_MAX)."""
+    from fedagent.train.verl.launch import RAY_TMP_MAX
+
+    base = tempfile.gettempdir()
+    path = Path(tempfile.mkdtemp(prefix="fa-ray-", dir=base if len(base) <= 16 else "/tmp"))
+    if len(str(path)) > RAY_TMP_MAX:
+        raise RuntimeError(f"engine set: Ray temp dir {path} is over {RAY_TMP_MAX} characters")
+    return path
+
+
+def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dict, *, key: str, idle_s: float,
+              python: str | None = None) -> tuple[subprocess.Popen, str]:
     """Start a set in slot ``d`` for the job whose overrides and agent-loop YAML these are (its YAML's
-    ``job_file`` becomes the slot's ``job.json``, rewritten per job by the set)."""
+    ``job_file`` becomes the slot's ``job.json``, rewritten per job by the set), after the slot's previous
+    set, if any, is gone entirely. Returns the process and the start nonce only this job's request carries."""
     import yaml
 
     stop_set(d)
@@ -146,18 +208,21 @@ def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dic
         raise ValueError(f"{agent_loop_yaml}: the run-scoped engines need an agent-loop job file")
     (d / "job.json").write_text(Path(entry["job_file"]).read_text())
     (d / "agent_loop.yaml").write_text(yaml.safe_dump([{**entry, "job_file": str(d / "job.json")}], sort_keys=True))
-    ray_tmp = Path(tempfile.mkdtemp(prefix="fa-ray-"))
+    ray_tmp = _short_tmp()
     (ray_tmp / "t").mkdir()
     tag = f"fa-eng-{d.name}-{os.getpid()}-{os.urandom(4).hex()}"
-    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s)
+    nonce = os.urandom(8).hex()
+    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s, key=key, nonce=nonce)
     env = {**env, "TMPDIR": str(ray_tmp / "t"), "RAY_TMPDIR": str(ray_tmp), keys.TAG_ENV: tag}
     module = os.environ.get(SERVER_ENV, SERVER_MODULE)
     with open(d / "server.log", "wb") as log:
         proc = subprocess.Popen([python or sys.executable, "-m", module, *ov], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
-    (d / "server.json").write_text(json.dumps({"pid": proc.pid, "tag": tag, "ray_tmp": str(ray_tmp),
-                                               "key": keys.engine_key(overrides), "started": time.time()}))
-    return proc
+    from fedagent.core.atomic import atomic_write_text
+
+    atomic_write_text(d / "server.json", json.dumps({"pid": proc.pid, "start": _proc_start(proc.pid), "tag": tag,
+                                                     "ray_tmp": str(ray_tmp), "key": key, "started": time.time()}))
+    return proc, nonce
 
 
 def _wait_listening(d: Path, proc: subprocess.Popen | None, timeout_s: float) -> socket.socket:
@@ -192,22 +257,30 @@ def copy_range(src: Path, start: int, end: int, dst: Path, header: Sequence[str]
 
 def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[str], agent_loop_yaml: Path,
             request: dict, log: Path, env: dict, idle_s: float, start_timeout_s: float = 1800.0) -> dict:
-    """Run one job on a slot's engine set (started for it when none is live, or when the live one's key is
-    another's); append its part of the set's log to ``log``; return the set's answer (``warm``, ``steps``,
-    ``fit_s``, ``set``, ``t_request``: when the request went, epoch seconds)."""
-    request = {**request, "engine_key": keys.engine_key(overrides)}
+    """Run one job on a slot's engine set (started for it when none is live, or when the live one answers
+    ``restart``: another key, or stopping for idleness); append its part of the set's log to ``log``; return
+    the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``t_request``: when the request went, epoch
+    seconds; ``t_slot``: when the job had its slot)."""
+    import yaml
+
+    entry = yaml.safe_load(Path(agent_loop_yaml).read_text())[0]
+    key = keys.engine_key(overrides, entry)
+    request = {**request, "engine_key": key}
     serve.check_request(request)
     with slot(sets_dir, n_sets, preferred) as d:
+        t_slot = time.time()
         for attempt in (1, 2):
             t_request = time.time()
             conn = _connect(socket_path(d))
+            nonce = None
             if conn is None:
-                proc = start_set(d, overrides, agent_loop_yaml, env, idle_s=idle_s)
+                proc, nonce = start_set(d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s)
                 conn = _wait_listening(d, proc, start_timeout_s)
             with conn:
-                serve.send(conn, request)
+                serve.send(conn, {**request, **({"nonce": nonce} if nonce else {})})
                 reply = serve.recv(conn)
             if reply is None:
+                stop_set(d)
                 raise RuntimeError(f"the engine set of {d} closed the connection without an answer:\n"
                                    f"{_tail(d / 'server.log')}")
             if "restart" in reply and attempt == 1:
@@ -220,5 +293,5 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
             if not reply.get("ok"):
                 stop_set(d)
                 raise RuntimeError(f"the engine set of {d} failed the job: {reply.get('error') or reply}")
-            return {**reply, "t_request": t_request}
+            return {**reply, "t_request": t_request, "t_slot": t_slot}
     raise RuntimeError("unreachable")

@@ -40,10 +40,34 @@ def split(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     return shaping, own
 
 
-def engine_key(overrides: Sequence[str]) -> str:
-    """The sha256 of the engine-shaping overrides (their order kept: Hydra applies them in order)."""
+def engine_key(overrides: Sequence[str], agent_loop_entry: dict | None = None) -> str:
+    """The sha256 of what a live set would otherwise keep from its first job: the engine-shaping overrides
+    (their order kept: Hydra applies them in order), the agent-loop YAML entry minus its job file (verl
+    reads it once per worker: turns, prompt budget, penalty, history, answer format), and the code that
+    runs (:func:`code_digest`)."""
     shaping, _ = split(overrides)
-    return hashlib.sha256(json.dumps(shaping).encode()).hexdigest()
+    entry = {k: v for k, v in (agent_loop_entry or {}).items() if k != "job_file"}
+    return hashlib.sha256(json.dumps([shaping, entry, code_digest()], sort_keys=True).encode()).hexdigest()
+
+
+def code_digest() -> str:
+    """fedagent's own source (every ``.py`` file of the package, by relative path) and the installed
+    verl, vLLM, Ray and transformers versions: a set started by other code never serves a job."""
+    from importlib import metadata
+    from pathlib import Path
+
+    import fedagent
+
+    root = Path(fedagent.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    for dist in ("verl", "vllm", "ray", "transformers"):
+        try:
+            h.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist} absent".encode())
+    return h.hexdigest()
 
 
 def replace(overrides: Sequence[str], values: dict[str, str]) -> list[str]:

@@ -30,6 +30,7 @@ from fedagent.core.atomic import atomic_write_text
 # Keys of a job's request (all required).
 REQUEST_KEYS = ("engine_key", "tag", "model_dir", "ref_dir", "critic_dir", "rows", "ckpt_dir", "job_file")
 JOB_BEGINS = "fedagent: engine set job begins: "
+JOB_ENDS = "fedagent: engine set job ends: "
 # The lines of a set's start-up that a later job's checks need (the armed patches): copied into its log.
 STARTUP_MARK = "fedagent: "
 
@@ -108,18 +109,43 @@ class Watchdog:
 
 
 def startup_lines(log: Path, end: int) -> list[str]:
-    """The set's own marked lines (:data:`STARTUP_MARK`) in its log's first ``end`` bytes."""
+    """The set's own marked lines (:data:`STARTUP_MARK`: the armed patches' lines) of its start-up: its
+    log's first ``end`` bytes up to the first job's begin line (no job's own lines, e.g. reset lines)."""
     with open(log, "rb") as fh:
         text = fh.read(end).decode(errors="replace")
-    return [line for line in text.splitlines() if STARTUP_MARK in line and JOB_BEGINS not in line]
+    i = text.find(JOB_BEGINS)
+    if i >= 0:
+        text = text[:text.rfind("\n", 0, i) + 1]
+    return [line for line in text.splitlines() if STARTUP_MARK in line]
+
+
+def _wait_for_line(log: Path, start: int, line: str, limit_s: float) -> None:
+    """Until ``line`` is in ``log`` after byte ``start`` (Ray forwards the TaskRunner's output to the set's
+    stdout a moment after it is printed), at most ``limit_s``; a RuntimeError after that."""
+    deadline = time.monotonic() + limit_s
+    needle = line.encode()
+    while True:
+        with open(log, "rb") as fh:
+            fh.seek(start)
+            if needle in fh.read():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{log}: '{line}' did not arrive within {limit_s:.0f} s")
+        time.sleep(0.1)
 
 
 def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Path, idle_s: float,
-          stop: Callable[[], None], settle_s: float = 2.0, set_tag: str = "") -> str:
+          stop: Callable[[], None], settle_s: float = 1.0, set_tag: str = "", nonce: str = "",
+          forward_limit_s: float = 60.0, say: Callable[[str], None] | None = None) -> str:
     """Answer jobs on ``sock_path`` until idle for ``idle_s``, a job of another key, a failed fit or a
     vanished job. ``job_file``: the set's agent-loop job file, rewritten (atomically) with each job's env
-    address and record file before its fit. ``settle_s``: the wait after a fit before its log range ends
-    (Ray forwards its workers' lines to the server's stdout a moment later). Returns why it stopped."""
+    address, record file and start model before its fit. ``nonce``: the one the starting job got; only a
+    request carrying it may be the set's first fit without a reset (paths alone could name rewritten
+    files). A job's log range ends once the fit's end line has reached the log (Ray forwards the
+    TaskRunner's output a moment later; at most ``forward_limit_s``) plus ``settle_s`` for the workers'
+    lines. ``say``: how the loop's own lines reach the set's log (default: this process's stdout, which
+    is the log, or reaches it through Ray). Returns why it stopped."""
+    say = say or sys_print
     sock_path = Path(sock_path)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()
@@ -134,6 +160,15 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
             try:
                 conn, _ = srv.accept()
             except socket.timeout:
+                # no new connection can reach a stopping set; one that raced the timeout is sent elsewhere
+                with contextlib.suppress(FileNotFoundError):
+                    sock_path.unlink()
+                srv.settimeout(0.2)
+                with contextlib.suppress(OSError):
+                    while True:
+                        late, _ = srv.accept()
+                        with late:
+                            send(late, {"restart": "the set stopped for idleness"})
                 return "idle"
             with conn:
                 try:
@@ -148,21 +183,25 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                 if req["engine_key"] != key:
                     send(conn, {"restart": f"the job's engine key {req['engine_key'][:12]} is not the set's {key[:12]}"})
                     return "restart"
+                if _closed(conn):       # the job is gone already: no fit for it
+                    continue
                 atomic_write_text(Path(job_file), json.dumps(req["job_file"], sort_keys=True) + "\n")
-                warm = jobs > 0 or not fitter.built_for(req)
+                warm = jobs > 0 or req.get("nonce") != nonce or not nonce or not fitter.built_for(req)
                 start = os.path.getsize(log) if jobs else 0      # a set's first job's log holds its start-up
-                sys_print(f"{JOB_BEGINS}{req['tag']} (job {jobs + 1} of set {set_tag}, warm={warm})")
+                say(f"{JOB_BEGINS}{req['tag']} (job {jobs + 1} of set {set_tag}, warm={warm})")
                 t0 = time.monotonic()
                 try:
                     with Watchdog(conn, stop):
                         steps = fitter.fit(req, reset=warm)
+                    fit_s = time.monotonic() - t0
+                    say(f"{JOB_ENDS}{req['tag']}")
+                    _wait_for_line(log, start, f"{JOB_ENDS}{req['tag']}", forward_limit_s)
                 except Exception:
-                    sys_print(traceback.format_exc())
+                    say(traceback.format_exc())
                     time.sleep(settle_s)
                     with contextlib.suppress(OSError):
                         send(conn, {"error": traceback.format_exc(limit=8), "log_range": [start, os.path.getsize(log)]})
                     return "failed"
-                fit_s = time.monotonic() - t0
                 time.sleep(settle_s)
                 end = os.path.getsize(log)
                 if not jobs:

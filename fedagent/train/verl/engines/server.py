@@ -68,10 +68,11 @@ class VerlFitter:
 
 
 def stop_own_set() -> None:
-    """From inside the set (the watchdog): stop the whole set as its client would."""
-    from fedagent.train.verl.engines.client import SLOT_ENV, stop_set
+    """From inside the set (the watchdog): stop the whole set as its client would, from a process of its
+    own session (this one is in the group being stopped)."""
+    from fedagent.train.verl.engines.client import SLOT_ENV, stop_set_detached
 
-    stop_set(Path(_env(SLOT_ENV)))
+    stop_set_detached(Path(_env(SLOT_ENV)))
 
 
 def runner_class():
@@ -107,7 +108,7 @@ def runner_class():
                                   fitter=VerlFitter(self.trainer, config, self.agent_loop_manager),
                                   log=slot / "server.log", job_file=slot / "job.json",
                                   idle_s=float(_env(client.IDLE_ENV)), stop=stop_own_set,
-                                  set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""))
+                                  set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""), nonce=_env(client.NONCE_ENV))
                 print(f"fedagent: engine set stops: {why}", flush=True)
             finally:
                 tq.close()
@@ -149,11 +150,15 @@ def main() -> None:
         if not config.trainer.use_v1:
             raise ValueError("train.verl.engines: run needs verl's v1 trainer (trainer.use_v1=True)")
         env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
-        missing = [k for k in (client.SOCKET_ENV, client.KEY_ENV, client.IDLE_ENV, client.SLOT_ENV, REFIT_ENV)
+        missing = [k for k in (client.SOCKET_ENV, client.KEY_ENV, client.IDLE_ENV, client.SLOT_ENV, client.NONCE_ENV,
+                               REFIT_ENV)
                    if k not in env_vars]
         if missing:
             raise ValueError(f"engine set: {missing} not in the Ray runtime env (client.set_overrides writes them)")
 
+        # SIGTERM (client.stop_set) ends the driver: ray.init installs its own handler (sys.exit), ours is
+        # the same for the time before it; once cleaning up, a second SIGTERM must not cut the shutdown short
+        # (the client's SIGKILL follows after its grace).
         def _term(signum, frame):
             raise SystemExit(128 + signum)
 
@@ -161,9 +166,10 @@ def main() -> None:
         try:
             main_ppo.run_ppo(config, task_runner_class=runner_class())
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             import ray
 
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(BaseException):
                 ray.shutdown()
             _cleanup(config)
 
