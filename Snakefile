@@ -19,6 +19,22 @@ onstart:
         sys.exit(1)
 
 
+# train.verl.engines: run — the run's verl engine sets outlive their jobs (train.verl.engines_idle_s);
+# when Snakemake ends, they stop (every slot under the results dir: a matrix's runs too).
+def _stop_engine_sets():
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    stop_sets_under(config["results_dir"])
+
+
+onsuccess:
+    _stop_engine_sets()
+
+
+onerror:
+    _stop_engine_sets()
+
+
 if config.get("matrix"):
 
     include: "workflow/matrix.smk"

@@ -315,3 +315,23 @@ def test_the_job_refuses_engine_sets_beside_the_refit_probe():
         verl_settings(json.dumps({"engines": "run", "warm_refit": True}))
     with pytest.raises(ValueError, match="bad train.verl"):
         verl_settings(json.dumps({"engines": "always"}))
+
+
+def test_snakemakes_end_stops_every_set_under_the_results_dir(tmp_path):
+    """The Snakefile's onsuccess/onerror: every slot's set below the results dir (a matrix's runs too)."""
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    procs = []
+    for run in ("a", "matrix/b/seed1"):
+        d = tmp_path / run / ".verl-engines" / "slot-0"
+        d.mkdir(parents=True)
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        (d / "server.json").write_text(json.dumps({"pid": p.pid, "start": client._proc_start(p.pid)}))
+        procs.append(p)
+    try:
+        assert len(stop_sets_under(tmp_path)) == 2
+        assert all(p.wait(5) is not None for p in procs)
+        assert stop_sets_under(tmp_path / "nothing-here") == []
+    finally:
+        for p in procs:
+            p.kill()

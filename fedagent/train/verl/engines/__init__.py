@@ -11,4 +11,5 @@ agent-loop job file, sends one request, and converts and commits the checkpoint 
 - :mod:`.server`: ``python -m fedagent.train.verl.engines.server``: verl's Hydra main whose TaskRunner
   builds the engines once and runs :func:`.serve.serve` with verl's trainer as the fitter.
 - :mod:`.client`: the job's side: a slot (file lock), the set's start when none runs, the request.
+- :mod:`.stop`: every set of a results dir stopped (the Snakefile's onsuccess/onerror).
 """
