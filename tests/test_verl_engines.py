@@ -129,8 +129,9 @@ def fake_engines(monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_VERL_RECORD", str(rec))
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     yield rec
-    for d in (tmp_path / ".verl-engines").glob("slot-*"):
-        client.stop_set(d, grace_s=5)
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    stop_sets_under(tmp_path)          # whatever a test left running (a failed one's set)
 
 
 SETTINGS = VerlSettings(gpus=1, engines="run", engine_sets=1, engines_idle_s=60)
@@ -335,3 +336,36 @@ def test_snakemakes_end_stops_every_set_under_the_results_dir(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def test_two_rounds_through_snakemake_on_one_engine_set_verify_and_the_set_stops(fake_engines, tmp_path, monkeypatch):
+    """train.verl.engines: run end to end (fake set): round 1's first job starts the set, every later job
+    (round 1's other client, round 2's two) is served warm by it; every round's `fedagent verify` passes
+    (the updates are the jobs' own start models + 1/1024, exactly), and Snakemake's end stops the set."""
+    from safetensors.torch import load_file
+    from workflow_helpers import RUN, make_workdir, run_snakemake
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    work = make_workdir(tmp_path / "w")
+    (work / "verl.yaml").write_text("rounds: 2\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1, "
+                                    "engines: run, engine_sets: 1, engines_idle_s: 120}}\n")
+    run_snakemake(work, "--configfile", "verl.yaml")
+    runs = work / RUN
+    warm = {}
+    for r in (1, 2):
+        rd = runs / f"round_{r:03d}"
+        for c in ("0", "1"):
+            m = json.loads((rd / "clients" / c / "metrics.json").read_text())
+            warm[(r, c)] = m["verl"]["engine_set"]["warm"]
+            start = load_file(runs / f"round_{r - 1:03d}" / "model" / "model.safetensors")
+            got = load_file(rd / "clients" / c / "model.safetensors")
+            assert all(bool((got[k] == start[k] + 2.0 ** -10).all()) for k in start)   # its own start model's
+        prev = runs / f"round_{r - 1:03d}" / "model"
+        state = ["--prev-server-state", str(prev)] if r > 1 else []
+        v = subprocess.run([sys.executable, "-m", "fedagent.cli", "verify", "--prev", str(prev), "--clients",
+                            str(rd / "clients" / "0"), str(rd / "clients" / "1"), "--aggregate", str(rd / "aggregate"),
+                            "--model", str(rd / "model"), *state], capture_output=True, text=True, cwd=work)
+        assert v.returncode == 0, v.stdout + v.stderr
+    assert sorted(warm.values()) == [False, True, True, True]
+    sets = {json.loads(p.read_text())["set_pid"] for p in fake_engines.glob("job-*.json")}
+    assert len(sets) == 1 and not client._alive(sets.pop())          # one set served all four; it is gone

@@ -38,9 +38,10 @@ SUN_PATH_MAX = 107
 
 
 def socket_path(slot: Path) -> Path:
-    """The set's socket: short (AF_UNIX holds 107 bytes), in the temp dir, named by the slot's path."""
+    """The set's socket: short (AF_UNIX holds 107 bytes), in /tmp (not ``$TMPDIR``: jobs may get their
+    own, and every job of a slot must find the same socket), named by the slot's path."""
     h = hashlib.sha256(str(Path(slot).resolve()).encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"fa-eng-{h}.sock"
+    path = Path("/tmp") / f"fa-eng-{h}.sock"
     if len(str(path)) > SUN_PATH_MAX:
         raise RuntimeError(f"engine-set socket {path} is over {SUN_PATH_MAX} bytes; set TMPDIR to a shorter path")
     return path
