@@ -20,19 +20,17 @@ onstart:
 
 
 # train.verl.engines: run — the run's verl engine sets outlive their jobs (train.verl.engines_idle_s);
-# when Snakemake ends, they stop (every slot under the results dir: a matrix's runs too).
-def _stop_engine_sets():
+# when Snakemake ends, the free ones stop (this run's; a matrix's: every run of the matrix).
+onsuccess:
     from fedagent.train.verl.engines.stop import stop_sets_under
 
-    stop_sets_under(config["results_dir"])
-
-
-onsuccess:
-    _stop_engine_sets()
+    stop_sets_under(globals()["MATRIX"].out_dir if "MATRIX" in globals() else globals()["RUN"])
 
 
 onerror:
-    _stop_engine_sets()
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    stop_sets_under(globals()["MATRIX"].out_dir if "MATRIX" in globals() else globals()["RUN"])
 
 
 if config.get("matrix"):

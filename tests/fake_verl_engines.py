@@ -11,7 +11,8 @@ the job's checkpoint dir, prints verl's step lines and returns them as recorded.
 
 Knobs: ``FAKE_VERL_RECORD`` (dir: one JSON per job with the set's pid), ``FAKE_VERL_HOLD_S`` (seconds
 before the save, read at the set's start), ``$FAKE_VERL_RECORD/reset_from`` (a file, read per job: the reset
-line names the dir it holds instead of the job's).
+line names the dir it holds instead of the job's), ``$FAKE_VERL_RECORD/die_once`` (the set dies as the next
+fit begins; the file goes), ``$FAKE_VERL_RECORD/steps_off`` (returned steps disagree with the printed lines).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FakeFitter:
         self.n = int(ov["actor_rollout_ref.rollout.n"])
         self.steps = int(ov["trainer.total_training_steps"])
         self.yaml_path = yaml_path
+        self.rollout_seed = int(ov["actor_rollout_ref.rollout.seed"])
         self.start = {"model_dir": ov["actor_rollout_ref.model.path"], "rows": ov["data.train_files"],
                       "critic_dir": ov.get("critic.model.path"), "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
                       "ckpt_dir": ov["trainer.default_local_dir"]}
@@ -45,6 +47,10 @@ class FakeFitter:
 
         from fedagent.train.verl import refit
 
+        rec = Path(os.environ["FAKE_VERL_RECORD"])
+        if (rec / "die_once").is_file():           # the set dies under this job (a crash, a kill)
+            (rec / "die_once").unlink()
+            os._exit(3)
         if reset:
             print(refit.refit_line(time.time()), flush=True)
             knob = Path(os.environ["FAKE_VERL_RECORD"]) / "reset_from"       # set while the set runs
@@ -53,13 +59,15 @@ class FakeFitter:
             print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
         entry = yaml.safe_load(self.yaml_path.read_text())[0]
         play_episodes(entry, job["rows"], self.n, job["tag"])
-        rec = Path(os.environ["FAKE_VERL_RECORD"])
         (rec / f"job-{job['tag']}.json").write_text(json.dumps({"tag": job["tag"], "set_pid": os.getpid(),
                                                              "reset": reset, "t": time.time()}))
         time.sleep(float(os.environ.get("FAKE_VERL_HOLD_S", "0")))
         save_checkpoint(Path(job["model_dir"]), Path(job["ckpt_dir"]), self.steps,
                         Path(job["critic_dir"]) if self.ppo else None)
-        return print_steps(self.steps, self.ppo)
+        steps = print_steps(self.steps, self.ppo)
+        if (rec / "steps_off").is_file():          # returned steps that are not what the log says
+            steps = [{**r, "actor/kl_loss": r["actor/kl_loss"] + 1.0} for r in steps]
+        return steps
 
 
 def main() -> int:
@@ -78,6 +86,8 @@ def main() -> int:
                  "INFO:2026-12-01 00:00:03,000:all initialize finished, ready to fit"):
         print(line, flush=True)
     slot = Path(os.environ[client.SLOT_ENV])
+    client.record_set(slot, os.getpid(), tag=os.environ.get(ray_hook.TAG_ENV, ""),
+                      ray_tmp=ov["ray_kwargs.ray_init._temp_dir"], key=os.environ[client.KEY_ENV])
     why = serve.serve(Path(os.environ[client.SOCKET_ENV]), key=os.environ[client.KEY_ENV],
                       fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"])),
                       log=slot / "server.log", job_file=slot / "job.json", idle_s=float(os.environ[client.IDLE_ENV]),

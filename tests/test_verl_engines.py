@@ -369,3 +369,61 @@ def test_two_rounds_through_snakemake_on_one_engine_set_verify_and_the_set_stops
     assert sorted(warm.values()) == [False, True, True, True]
     sets = {json.loads(p.read_text())["set_pid"] for p in fake_engines.glob("job-*.json")}
     assert len(sets) == 1 and not client._alive(sets.pop())          # one set served all four; it is gone
+
+
+def test_jobs_one_after_another_reuse_the_live_set_of_their_key_whatever_their_slot(tmp_path):
+    """Clients 0 and 1 prefer slots 0 and 1; run one after another, the second still takes the free slot
+    whose live set has its key (one warm set, not one cold set per slot); another key takes its own slot."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "slot-0").mkdir()
+        client.record_set(tmp_path / "slot-0", live.pid, tag="t", ray_tmp="", key="K")
+        with client.slot(tmp_path, 2, 1, "K") as d:
+            assert d.name == "slot-0"
+        with client.slot(tmp_path, 2, 1, "other") as d:
+            assert d.name == "slot-1"
+        with client.slot(tmp_path, 2, 1, "K") as a, client.slot(tmp_path, 2, 1, "K") as b:
+            assert (a.name, b.name) == ("slot-0", "slot-1")      # busy: the next free one
+    finally:
+        live.kill()
+
+
+def test_snakemakes_end_leaves_a_busy_slots_set_alone(tmp_path):
+    """A set serving a job (its slot locked: maybe another Snakemake's) is not stopped by a run's end."""
+    import fcntl
+
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    d = tmp_path / "run" / ".verl-engines" / "slot-0"
+    d.mkdir(parents=True)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        client.record_set(d, p.pid, tag="t", ray_tmp="", key="K")
+        with open(d / "lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            assert stop_sets_under(tmp_path) == [] and p.poll() is None
+        assert stop_sets_under(tmp_path) == [d] and p.wait(5) is not None
+    finally:
+        p.kill()
+
+
+def test_returned_steps_that_disagree_with_the_log_leave_no_update(fake_engines, tmp_path):
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    (fake_engines / "steps_off").write_text("1")
+    with pytest.raises(RuntimeError, match="disagree"):
+        _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    assert not rd.exists() or list(rd.iterdir()) == []
+
+
+def test_a_set_that_dies_under_a_later_job_is_replaced_and_the_job_commits(fake_engines, tmp_path):
+    """A job that found a live set (not its starter) and lost it before an answer — the set was stopping, or
+    crashed — stops what is left, clears what it may have begun, and runs on a new set once."""
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    first = _set_pid(tmp_path)
+    (fake_engines / "die_once").write_text("1")
+    m = _job(model, rd, 1, TrainParams(**P), SETTINGS)
+    assert _set_pid(tmp_path) != first and m["verl"]["engine_set"]["warm"] is False
+    assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"]

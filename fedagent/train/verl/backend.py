@@ -188,8 +188,12 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         # a warm refit's update is its second fit: verl's step records from after the refit line only
         steps = steplog.step_metrics_in(refit.after_refit(log_text) if settings.warm_refit else log_text)
         engine_check = {}
-        if reply is not None:     # an engine set returns the steps as verl's Tracking got them: those count
+        if reply is not None:     # an engine set returns the steps as verl's Tracking got them: those count,
             engine_check = {"engine_steps_match": refit.steps_agree(reply["steps"], steps)}
+            if not engine_check["engine_steps_match"]:    # and must agree with the job's own log lines
+                raise RuntimeError(f"train.verl.engines: the set returned steps {[r.get('step') for r in reply['steps']]} "
+                                   f"that disagree with the job's log lines {[r.get('step') for r in steps]}; "
+                                   "refusing the update")
             steps = reply["steps"]
         records = steplog.step_records(steps)
         clock.phases.update(steplog.phase_totals(steps))
@@ -222,7 +226,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           "ref_model": None if ref_dir is None else str(ref_dir),
                                                           **({"engine_set": {k: reply[k] for k in
                                                                              ("set", "warm", "jobs_before", "fit_s",
-                                                                              "slot_wait_s")}}
+                                                                              "slot_wait_s", "rollout_seed", "job_rollout_seed")}}
                                                              if reply is not None else {})},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
@@ -275,6 +279,8 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
     clock.set("trainer_launch", reply["t_request"])
     reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
+    # vLLM's sampling seed is engine-wide: a warm job samples with the set's (its first job's), not its own
+    reply["job_rollout_seed"] = int(own["actor_rollout_ref.rollout.seed"])
     return reply, time.time() - reply["t_request"], reply["t_request"]
 
 

@@ -47,21 +47,32 @@ def socket_path(slot: Path) -> Path:
     return path
 
 
+def _live_set_of(d: Path, key: str | None) -> bool:
+    rec = _server_record(d)
+    return (key is not None and rec is not None and rec.get("key") == key
+            and _alive(int(rec["pid"]), rec.get("start")))
+
+
 @contextlib.contextmanager
-def slot(sets_dir: Path, n_sets: int, preferred: int) -> Iterator[Path]:
-    """A free slot of ``n_sets`` (trying ``preferred`` first), locked while the job uses it; if all are
-    taken, wait for ``preferred``."""
+def slot(sets_dir: Path, n_sets: int, preferred: int, key: str | None = None) -> Iterator[Path]:
+    """A free slot of ``n_sets``, locked while the job uses it: first a free one whose live set has this
+    ``key`` (jobs one after another reuse one set instead of warming one per slot), then any free one
+    (``preferred`` first), else wait for ``preferred``."""
     sets_dir = Path(sets_dir)
     sets_dir.mkdir(parents=True, exist_ok=True)
     order = [(preferred + i) % n_sets for i in range(n_sets)]
-    for blocking in (False, True):
-        for i in order if not blocking else order[:1]:
+    for phase in ("same key", "free", "wait"):
+        for i in order if phase != "wait" else order[:1]:
             d = sets_dir / f"slot-{i}"
             d.mkdir(exist_ok=True)
             fh = open(d / "lock", "a+")
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if phase == "wait" else fcntl.LOCK_NB))
             except BlockingIOError:
+                fh.close()
+                continue
+            if phase == "same key" and not _live_set_of(d, key):
+                fcntl.flock(fh, fcntl.LOCK_UN)
                 fh.close()
                 continue
             try:
@@ -70,6 +81,24 @@ def slot(sets_dir: Path, n_sets: int, preferred: int) -> Iterator[Path]:
                 fcntl.flock(fh, fcntl.LOCK_UN)
                 fh.close()
             return
+
+
+@contextlib.contextmanager
+def held(d: Path) -> Iterator[bool]:
+    """The slot's lock if it is free now (True), else nothing (False: a job is using the set)."""
+    fh = open(Path(d) / "lock", "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    finally:
+        fh.close()
 
 
 def _connect(path: Path) -> socket.socket | None:
@@ -98,14 +127,24 @@ def _alive(pid: int, start: str | None = None) -> bool:
     return now is not None and (start is None or now == start)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _group_members(pgid: int, since: str | None = None) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid`` started at or after ``since`` (clock ticks)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] in ("Z", "X") or int(fields[2]) != pgid:
+            continue
+        if since is not None and int(fields[19]) < int(since):
+            continue
+        out.append(int(stat.parent.name))
+    return out
+
+
+def _group_alive(pgid: int, since: str | None = None) -> bool:
+    return bool(_group_members(pgid, since))
 
 
 def _server_record(d: Path) -> dict | None:
@@ -135,7 +174,12 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
     if rec is None:
         return
     pid = int(rec["pid"])
-    if _alive(pid, rec.get("start")):
+    since = rec.get("start")
+    # the set's leader, or (the leader gone, or a zombie) what is left of its group: Ray and vLLM processes
+    # started since; a live process under that pid with another start time is not the set (pid reused)
+    now = _proc_start(pid)
+    reused = now is not None and since is not None and now != since
+    if not reused and (now is not None or (since is not None and _group_alive(pid, since))):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for sig, wait_s in ((None, grace_s), (signal.SIGKILL, 30.0)):
@@ -143,11 +187,11 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, sig)
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(pid):
+            while time.monotonic() < deadline and _group_alive(pid, since):
                 with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)       # our own child: reap it, or its group stays
+                    os.waitpid(pid, os.WNOHANG)       # our own child: reap it
                 time.sleep(0.2)
-            if not _group_alive(pid):
+            if not _group_alive(pid, since):
                 break
     if rec.get("tag"):
         for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
@@ -219,11 +263,17 @@ def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dic
     with open(d / "server.log", "wb") as log:
         proc = subprocess.Popen([python or sys.executable, "-m", module, *ov], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
+    record_set(d, proc.pid, tag=tag, ray_tmp=ray_tmp, key=key)
+    return proc, nonce
+
+
+def record_set(d: Path, pid: int, *, tag: str, ray_tmp, key: str) -> None:
+    """The slot's ``server.json``: the set by pid and process start time (written by the starting job and
+    again by the set itself at its start, so a job killed right after the start leaves a stoppable set)."""
     from fedagent.core.atomic import atomic_write_text
 
-    atomic_write_text(d / "server.json", json.dumps({"pid": proc.pid, "start": _proc_start(proc.pid), "tag": tag,
-                                                     "ray_tmp": str(ray_tmp), "key": key, "started": time.time()}))
-    return proc, nonce
+    atomic_write_text(Path(d) / "server.json", json.dumps({"pid": int(pid), "start": _proc_start(int(pid)),
+                                                           "tag": tag, "ray_tmp": str(ray_tmp), "key": key}))
 
 
 def _wait_listening(d: Path, proc: subprocess.Popen | None, timeout_s: float) -> socket.socket:
@@ -256,6 +306,16 @@ def copy_range(src: Path, start: int, end: int, dst: Path, header: Sequence[str]
         out.write(fh.read(max(0, end - start)))
 
 
+def _clear_attempt(request: dict) -> None:
+    """What a set that went away may have begun writing for this job: its checkpoint dir and episodes."""
+    import shutil
+
+    shutil.rmtree(request["ckpt_dir"], ignore_errors=True)
+    record = (request.get("job_file") or {}).get("record_file")
+    if record:
+        Path(record).write_text("")
+
+
 def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[str], agent_loop_yaml: Path,
             request: dict, log: Path, env: dict, idle_s: float, start_timeout_s: float = 1800.0) -> dict:
     """Run one job on a slot's engine set (started for it when none is live, or when the live one answers
@@ -268,7 +328,7 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
     key = keys.engine_key(overrides, entry)
     request = {**request, "engine_key": key}
     serve.check_request(request)
-    with slot(sets_dir, n_sets, preferred) as d:
+    with slot(sets_dir, n_sets, preferred, key) as d:
         t_slot = time.time()
         for attempt in (1, 2):
             t_request = time.time()
@@ -277,11 +337,18 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
             if conn is None:
                 proc, nonce = start_set(d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s)
                 conn = _wait_listening(d, proc, start_timeout_s)
-            with conn:
-                serve.send(conn, {**request, **({"nonce": nonce} if nonce else {})})
-                reply = serve.recv(conn)
+            try:
+                with conn:
+                    serve.send(conn, {**request, **({"nonce": nonce} if nonce else {})})
+                    reply = serve.recv(conn)
+            except OSError:
+                reply = None
             if reply is None:
                 stop_set(d)
+                if nonce is None and attempt == 1:    # a set that was stopping (its job killed): start one
+                    print(f"fedagent: engine set of {d} went away before answering; starting another", flush=True)
+                    _clear_attempt(request)
+                    continue
                 raise RuntimeError(f"the engine set of {d} closed the connection without an answer:\n"
                                    f"{_tail(d / 'server.log')}")
             if "restart" in reply and attempt == 1:

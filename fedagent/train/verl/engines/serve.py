@@ -44,6 +44,8 @@ class Fitter(Protocol):
     def fit(self, job: dict, *, reset: bool) -> list[dict]:
         """Reset to the job's start (when ``reset``), fit, return verl's step records as its Tracking got them."""
 
+    # optional: ``rollout_seed``, vLLM's engine seed of the set (its first job's: not reset per job)
+
 
 def send(conn: socket.socket, obj: dict) -> None:
     conn.sendall((json.dumps(obj) + "\n").encode())
@@ -191,7 +193,7 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                 say(f"{JOB_BEGINS}{req['tag']} (job {jobs + 1} of set {set_tag}, warm={warm})")
                 t0 = time.monotonic()
                 try:
-                    with Watchdog(conn, stop):
+                    with Watchdog(conn, lambda: (_unlink(sock_path), stop())):   # no new job reaches it
                         steps = fitter.fit(req, reset=warm)
                     fit_s = time.monotonic() - t0
                     say(f"{JOB_ENDS}{req['tag']}")
@@ -207,6 +209,7 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                 if not jobs:
                     first_end = end
                 reply = {"ok": True, "warm": warm, "jobs_before": jobs, "set": set_tag, "fit_s": round(fit_s, 3),
+                         "rollout_seed": getattr(fitter, "rollout_seed", None),
                          "log_range": [start, end], "steps": steps,
                          "startup_lines": startup_lines(log, first_end) if jobs else []}
                 jobs += 1
@@ -218,6 +221,11 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
         srv.close()
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        Path(path).unlink()
 
 
 def sys_print(text: str) -> None:

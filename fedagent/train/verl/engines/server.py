@@ -36,6 +36,7 @@ class VerlFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.trainer, self.config, self.manager = trainer, config, agent_loop_manager
+        self.rollout_seed = int(config.actor_rollout_ref.rollout.seed)   # vLLM's, engine-wide: the set's first job's
         self.start = {"model_dir": str(config.actor_rollout_ref.model.path), "rows": str(config.data.train_files),
                       "critic_dir": str(config.critic.model.path) if trainer.use_critic else None,
                       "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
@@ -161,6 +162,13 @@ def main() -> None:
         # (the client's SIGKILL follows after its grace).
         def _term(signum, frame):
             raise SystemExit(128 + signum)
+
+        from fedagent.train.verl.launch import TAG_ENV
+
+        # the set's own record (the starting job writes it too: a job killed right after the start still
+        # leaves a set that stop_set finds)
+        client.record_set(Path(str(env_vars[client.SLOT_ENV])), os.getpid(), tag=str(env_vars.get(TAG_ENV, "")),
+                          ray_tmp=config.ray_kwargs.ray_init.get("_temp_dir", ""), key=str(env_vars[client.KEY_ENV]))
 
         signal.signal(signal.SIGTERM, _term)
         try:
