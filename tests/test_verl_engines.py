@@ -427,3 +427,19 @@ def test_a_set_that_dies_under_a_later_job_is_replaced_and_the_job_commits(fake_
     m = _job(model, rd, 1, TrainParams(**P), SETTINGS)
     assert _set_pid(tmp_path) != first and m["verl"]["engine_set"]["warm"] is False
     assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"]
+
+
+def test_the_sets_and_the_probes_main_prepare_verls_config_as_verls_main_does(tmp_path):
+    """refit.prepare_verl_config (both entry points' first step): verl's own validate_config passes on the
+    set's composed overrides, and a config without verl's v1 trainer is refused before any engine starts."""
+    from verl_helpers import compose_ppo
+
+    from fedagent.train.verl.refit import prepare_verl_config
+
+    d = tmp_path / "slot-0"
+    d.mkdir()
+    ov = client.set_overrides(_overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="t", idle_s=30,
+                              key="k", nonce="n")
+    prepare_verl_config(compose_ppo(ov), "train.verl.engines: run")
+    with pytest.raises(ValueError, match="engines: run needs verl's v1 trainer"):
+        prepare_verl_config(compose_ppo(ov + ["trainer.use_v1=False"]), "train.verl.engines: run")

@@ -342,6 +342,20 @@ def runner_class():
     return ray.remote(RefitTaskRunner)
 
 
+def prepare_verl_config(config, what: str) -> None:
+    """What verl 0.9.1's ``main_ppo.main`` does to the composed config before ``run_ppo`` (the device,
+    ``validate_config``), and the v1 trainer the reset needs (``what``: who needs it, for the message)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                    use_critic=need_critic(config))
+    if not config.trainer.use_v1:
+        raise ValueError(f"{what} needs verl's v1 trainer (trainer.use_v1=True)")
+
+
 def main() -> None:
     """``python -m fedagent.train.verl.refit <verl overrides>``: verl 0.9.1's ``main_ppo.main`` with
     :func:`runner_class`. Hydra's own flags work as there (``--cfg job`` prints the composed config)."""
@@ -350,15 +364,8 @@ def main() -> None:
     @hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)
     def _main(config):
         from verl.trainer import main_ppo
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import validate_config
-        from verl.utils.device import auto_set_device
 
-        auto_set_device(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
-        if not config.trainer.use_v1:
-            raise ValueError("train.verl.warm_refit needs verl's v1 trainer (trainer.use_v1=True)")
+        prepare_verl_config(config, "train.verl.warm_refit")
         if not os.environ.get(REFIT_ENV) and REFIT_ENV not in str(config.ray_kwargs):
             raise ValueError(f"{REFIT_ENV} is not in the job's Ray runtime env: the workers would lack the reset")
         main_ppo.run_ppo(config, task_runner_class=runner_class())

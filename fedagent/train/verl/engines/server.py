@@ -138,18 +138,11 @@ def main() -> None:
     @hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)
     def _main(config):
         from verl.trainer import main_ppo
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import validate_config
-        from verl.utils.device import auto_set_device
 
         from fedagent.train.verl.engines import client
-        from fedagent.train.verl.refit import REFIT_ENV
+        from fedagent.train.verl.refit import REFIT_ENV, prepare_verl_config
 
-        auto_set_device(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
-        if not config.trainer.use_v1:
-            raise ValueError("train.verl.engines: run needs verl's v1 trainer (trainer.use_v1=True)")
+        prepare_verl_config(config, "train.verl.engines: run")
         env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
         missing = [k for k in (client.SOCKET_ENV, client.KEY_ENV, client.IDLE_ENV, client.SLOT_ENV, client.NONCE_ENV,
                                REFIT_ENV)
