@@ -301,8 +301,9 @@ def test_stop_set_never_signals_a_reused_pid(tmp_path):
         client.stop_set(tmp_path, grace_s=1)
         assert proc.poll() is None
         (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": client._proc_start(proc.pid)}))
+        client.socket_path(tmp_path).write_text("")          # a killed set's socket file, left behind
         client.stop_set(tmp_path, grace_s=5)
-        assert proc.wait(5) is not None
+        assert proc.wait(5) is not None and not client.socket_path(tmp_path).exists()
     finally:
         proc.kill()
 

@@ -163,7 +163,7 @@ def _server_pid(d: Path) -> int | None:
 def stop_set(d: Path, grace_s: float = 20.0) -> None:
     """Stop the slot's set, if it still runs (the recorded pid with its recorded start time, so a reused pid
     is never signalled): SIGTERM its process group, SIGKILL after ``grace_s``, and return only when the group
-    is gone; then remove its Ray temp dir and IPC sockets."""
+    is gone; then remove its socket file, Ray temp dir and IPC sockets."""
     import glob
     import shutil
     import signal
@@ -193,6 +193,8 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
                 time.sleep(0.2)
             if not _group_alive(pid, since):
                 break
+    with contextlib.suppress(OSError):      # a killed set leaves its socket file behind
+        socket_path(Path(d)).unlink()
     if rec.get("tag"):
         for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
             with contextlib.suppress(OSError):
