@@ -142,7 +142,8 @@ def _records(rec: Path) -> dict:
 
 
 def _set_pid(tmp_path) -> int | None:
-    return client._server_pid(tmp_path / ".verl-engines" / "slot-0")
+    rec = client._server_record(tmp_path / ".verl-engines" / "slot-0")
+    return None if rec is None else int(rec["pid"])
 
 
 def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_starts_another(fake_engines, tmp_path):

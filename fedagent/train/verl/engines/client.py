@@ -155,11 +155,6 @@ def _server_record(d: Path) -> dict | None:
     return None
 
 
-def _server_pid(d: Path) -> int | None:
-    rec = _server_record(d)
-    return None if rec is None else int(rec["pid"])
-
-
 def stop_set(d: Path, grace_s: float = 20.0) -> None:
     """Stop the slot's set, if it still runs (the recorded pid with its recorded start time, so a reused pid
     is never signalled): SIGTERM its process group, SIGKILL after ``grace_s``, and return only when the group
@@ -278,15 +273,14 @@ def record_set(d: Path, pid: int, *, tag: str, ray_tmp, key: str) -> None:
                                                            "tag": tag, "ray_tmp": str(ray_tmp), "key": key}))
 
 
-def _wait_listening(d: Path, proc: subprocess.Popen | None, timeout_s: float) -> socket.socket:
+def _wait_listening(d: Path, proc: subprocess.Popen, timeout_s: float) -> socket.socket:
     deadline = time.monotonic() + timeout_s
     path = socket_path(d)
     while True:
         s = _connect(path)
         if s is not None:
             return s
-        pid = proc.pid if proc is not None else _server_pid(d)
-        if (proc is not None and proc.poll() is not None) or (pid is not None and not _alive(pid)):
+        if proc.poll() is not None:
             raise RuntimeError(f"the engine set of {d} exited before serving:\n{_tail(d / 'server.log')}")
         if time.monotonic() > deadline:
             stop_set(d)
