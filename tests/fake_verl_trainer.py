@@ -52,6 +52,7 @@ def play_episodes(entry: dict, rows_file, n: int, tag: str) -> None:
     read as our agent loop reads it), appended to its record file as our agent loop records them."""
     import pandas as pd
 
+    from fedagent.core.seeds import request_seed
     from fedagent.envs.client import EnvClient
 
     if entry.get("job_file"):
@@ -75,6 +76,13 @@ def play_episodes(entry: dict, rows_file, n: int, tag: str) -> None:
                                       "n_turns": 1, "t_first_generation": time.time(),
                                       "turns": [{"action": st["action"], "valid": st["is_action_valid"],
                                                  "reward": st["reward"], "text": "x",
+                                                 # as our agent loop seeds its requests (the job checks it)
+                                                 # ($FAKE_VERL_ENGINE_SEED: one engine-wide seed instead)
+                                                 "sampling_seed": int(os.environ["FAKE_VERL_ENGINE_SEED"])
+                                                 if os.environ.get("FAKE_VERL_ENGINE_SEED") else request_seed(
+                                                     int(info["base_seed"]), round=int(info["round"]),
+                                                     client=int(info["client"]), epoch=int(info["epoch"]),
+                                                     group=int(info["group"]), session=s, turn=0),
                                                  "prompt_tokens": 10, "response_tokens": 3}]}) + "\n")
 
 

@@ -46,3 +46,16 @@ def test_local_generators_are_reproducible():
     a = torch.rand(3, generator=torch_generator(1, "p", epoch=1))
     b = torch.rand(3, generator=torch_generator(1, "p", epoch=1))
     assert torch.equal(a, b)
+
+
+def test_request_seeds_are_distinct_per_session_and_turn_and_fit_vllm():
+    from fedagent.core.seeds import request_seed
+
+    coords = [(e, g, s, t) for e in range(2) for g in range(4) for s in range(8) for t in range(5)]
+    seeds = [request_seed(7, round=2, client=1, epoch=e, group=g, session=s, turn=t) for e, g, s, t in coords]
+    assert len(set(seeds)) == len(coords)                     # a GRPO group's sessions never share a stream
+    assert all(0 <= x < 2**31 for x in seeds)
+    assert request_seed(7, round=2, client=1, epoch=0, group=0, session=0, turn=0) != \
+        request_seed(7, round=2, client=0, epoch=0, group=0, session=0, turn=0)
+    with pytest.raises(ValueError, match="session"):
+        request_seed(7, round=2, client=1, epoch=0, group=0, session=-1, turn=0)

@@ -44,6 +44,11 @@ class FakeServer:
         return out
 
 
+def row(seed, **coords):
+    """A row's extra_info as launch.task_rows writes it (task seed + the job's seed coordinates)."""
+    return {"seed": seed, "epoch": 0, "group": 0, "round": 1, "client": 0, "base_seed": 0, **coords}
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from fedagent.model.policy import load_tokenizer
@@ -96,7 +101,7 @@ def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
     server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env)
     outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=1,
-                                extra_info={"seed": seed, "epoch": 0, "group": 0}, raw_prompt=[]))
+                                extra_info=row(seed), raw_prompt=[]))
     assert len(outs) == 3                         # one sample per turn
     assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, seed, 1024)
     assert all(c["sampling_params"]["max_tokens"] == 40 for c in server.calls)
@@ -131,7 +136,7 @@ def test_prompts_follow_the_family_the_env_names(tiny, tmp_path, family, marker)
     answers = ["x</think><action>go north</action>", "y</think><action>take key</action>"]
     server, env = FakeServer(tok, answers), FakeEnv(max_turns=3, prompt_template=family)
     loop = make_loop(tiny, tmp_path, server, env)
-    asyncio.run(loop.run({}, uid="u5", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    asyncio.run(loop.run({}, uid="u5", session_id=0, extra_info=row(2), raw_prompt=[]))
     assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, 2, 1024, family)
     assert all(marker in tok.decode(c["prompt_ids"]) for c in server.calls)
 
@@ -141,7 +146,7 @@ def test_lost_episode_all_turns_get_zero_and_penalty_per_invalid_turn(tiny, tmp_
     answers = ["x</think><action>look</action>", "bad", "x</think><action>go south</action>"]
     server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env, penalty=0.25)
-    outs = asyncio.run(loop.run({}, uid="u2", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    outs = asyncio.run(loop.run({}, uid="u2", session_id=0, extra_info=row(2), raw_prompt=[]))
     assert [o.turn_reward for o in outs] == [0.0, -0.25, 0.0]
     assert [o.extra_fields["episode_return"] for o in outs] == [0.0, 0.0, 0.0]
 
@@ -151,7 +156,7 @@ def test_prompt_is_left_truncated_to_the_cap(tiny, tmp_path):
     answers = ["x</think><action>take key</action>"]
     server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env, max_prompt_tokens=48)
-    outs = asyncio.run(loop.run({}, uid="u3", session_id=0, extra_info={"seed": 2}, raw_prompt=[]))
+    outs = asyncio.run(loop.run({}, uid="u3", session_id=0, extra_info=row(2), raw_prompt=[]))
     full = expected_prompts(tok, answers, 2, 10_000)[0]
     assert len(full) > 48 and outs[0].prompt_ids == full[-48:] == server.calls[0]["prompt_ids"]
 
@@ -166,7 +171,7 @@ def test_session_is_closed_when_generation_fails(tiny, tmp_path):
     env = FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, Broken(tok, []), env)
     with pytest.raises(RuntimeError, match="server gone"):
-        asyncio.run(loop.run({}, uid="u4", session_id=0, extra_info={"seed": 1}, raw_prompt=[]))
+        asyncio.run(loop.run({}, uid="u4", session_id=0, extra_info=row(1), raw_prompt=[]))
     assert env.sessions == {}
 
 
@@ -179,7 +184,7 @@ def test_verl_v1_worker_stores_one_row_per_turn_with_its_own_reward(tiny, tmp_pa
     _, tok = tiny
     answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
     loop = make_loop(tiny, tmp_path, FakeServer(tok, answers), FakeEnv(max_turns=3))
-    outs = asyncio.run(loop.run({}, uid="task-uid", session_id=3, extra_info={"seed": 2}, raw_prompt=[]))
+    outs = asyncio.run(loop.run({}, uid="task-uid", session_id=3, extra_info=row(2), raw_prompt=[]))
     captured = {}
 
     async def fake_put(keys, fields, tags, partition_id):
@@ -192,7 +197,7 @@ def test_verl_v1_worker_stores_one_row_per_turn_with_its_own_reward(tiny, tmp_pa
     worker.distillation_enabled = False
     worker.processor = None
     worker.tokenizer = tok
-    kwargs = {"uid": "task-uid", "session_id": 3, "global_steps": 1, "extra_info": {"seed": 2}}
+    kwargs = {"uid": "task-uid", "session_id": 3, "global_steps": 1, "extra_info": row(2)}
     asyncio.run(worker._agent_loop_postprocess(outs, False, **kwargs))
     assert captured["keys"] == ["task-uid_3_0", "task-uid_3_1", "task-uid_3_2"] and captured["partition_id"] == "train"
     f = captured["fields"]
@@ -222,7 +227,7 @@ def test_loop_from_yaml_keys_talks_to_a_real_env_service(tiny, tmp_path):
         loop = WindowedAgentLoop(trainer_config=DictConfigWrap(base.config), server_manager=FakeServer(tok, ["a", "b"]),
                                  tokenizer=tok, processor=None, dataset_cls=None,
                                  data_config=DictConfigWrap(base.config.data), env_uds=str(uds), max_turns=2)
-        outs = asyncio.run(loop.run({}, uid="u", session_id=0, extra_info={"seed": 11}, raw_prompt=[]))
+        outs = asyncio.run(loop.run({}, uid="u", session_id=0, extra_info=row(11), raw_prompt=[]))
         assert len(outs) == 2 and all(o.extra_fields["task_id"] in src.ids for o in outs)
         assert all(o.turn_reward == pytest.approx(-0.1) for o in outs)     # both answers invalid, no win
         assert loop.env._http.is_closed
@@ -239,7 +244,7 @@ def test_every_turn_carries_the_weight_version_verls_v1_trainer_reads(tiny, tmp_
     server, env = FakeServer(tok, answers, global_steps=3), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env)
     outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=0,
-                                extra_info={"seed": 2, "epoch": 0, "group": 0}, raw_prompt=[]))
+                                extra_info=row(2), raw_prompt=[]))
     fields = [o.as_dict()["extra_fields"] for o in outs]
     tags = [{"min_global_steps": f.get("min_global_steps"), "max_global_steps": f.get("max_global_steps")}
             for f in fields]
@@ -274,3 +279,30 @@ def test_a_job_files_start_model_gives_the_stop_tokens_and_a_missing_one_fails(t
     assert 7 in loop_with(mine).stop_token_ids and 7 not in base.stop_token_ids
     with pytest.raises(FileNotFoundError, match="does not exist"):
         loop_with(tmp_path / "deleted-round-model")
+
+
+def test_every_request_carries_the_jobs_own_sampling_seed(tiny, tmp_path):
+    """vLLM's engine seed is engine-wide (on a run-scoped set: its first job's), so each request carries its
+    own seed from the row's job coordinates, session and turn: the same episode samples the same way on any
+    engine, a group's sessions get different streams, and every turn's seed is in the episode record."""
+    from fedagent.core.seeds import request_seed
+
+    _, tok = tiny
+    answers = ["x</think><action>go north</action>", "y</think><action>go north</action>",
+               "z</think><action>take key</action>"]
+    calls = {}
+    for session in (0, 1):
+        server = FakeServer(tok, answers)
+        loop = make_loop(tiny, tmp_path, server, FakeEnv(max_turns=3))
+        asyncio.run(loop.run({"temperature": 1.0}, uid="u", session_id=session,
+                             extra_info=row(2, round=3, client=1, epoch=1, group=4, base_seed=9), raw_prompt=[]))
+        calls[session] = [c["sampling_params"]["seed"] for c in server.calls]
+        assert calls[session] == [request_seed(9, round=3, client=1, epoch=1, group=4, session=session, turn=k)
+                                  for k in range(len(server.calls))]
+    assert len(calls[0]) == 3 and not set(calls[0]) & set(calls[1])
+    recs = [json.loads(line) for line in Path(tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert [[t["sampling_seed"] for t in r["turns"]] for r in recs] == [calls[0], calls[1]]
+    with pytest.raises(ValueError, match="base_seed"):
+        asyncio.run(make_loop(tiny, tmp_path, FakeServer(tok, answers), FakeEnv()).run(
+            {}, uid="u", session_id=0, extra_info={"seed": 2, "epoch": 0, "group": 0, "round": 1, "client": 0},
+            raw_prompt=[]))

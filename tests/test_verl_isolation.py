@@ -146,6 +146,20 @@ def test_a_failed_trainer_leaves_no_output_and_no_processes(fake_trainer, tmp_pa
     assert not _alive(r["child"])
 
 
+def test_a_job_whose_turns_were_not_sampled_with_their_own_seeds_leaves_no_update(fake_trainer, tmp_path,
+                                                                                  monkeypatch):
+    """Every recorded turn must carry its own request seed: turns sampled with one engine-wide seed (a
+    run-scoped set's first job's) are refused, and nothing reaches the final path."""
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FAKE_VERL_ENGINE_SEED", "1234")
+    model = build_tiny_model(tmp_path / "m")
+    round_dir = tmp_path / "clients"
+    round_dir.mkdir()
+    err = _run_jobs(model, round_dir, (0,))[0]
+    assert isinstance(err, RuntimeError) and "sampled with seed 1234, not its own" in str(err)
+    assert not (round_dir / "0").exists()
+
+
 @pytest.mark.slow
 def test_a_corrupt_start_model_is_caught_beside_the_trainer_and_leaves_no_update(fake_trainer, tmp_path, monkeypatch):
     """The start model's files are hashed while verl runs (not before its launch): a file whose bytes

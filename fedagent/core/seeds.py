@@ -61,3 +61,22 @@ def torch_generator(base_seed: int, purpose: str, device: str = "cpu", **coords:
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(base_seed, purpose, **coords))
     return gen
+
+
+REQUEST_FIELD = 1 << 20      # sessions and turns of one group are packed into the index below this bound
+
+
+def request_seed(base_seed: int, *, round: int, client: int, epoch: int, group: int, session: int,
+                 turn: int) -> int:
+    """The sampling seed of one generation request of a verl rollout (31 bits, as vLLM's per-request
+    ``SamplingParams.seed``): a pure function of the job's coordinates and the request's place in its
+    epoch (task group, GRPO session, turn), so a job samples the same way whichever engine serves it.
+
+    An engine's own seed is engine-wide: on a run-scoped engine set it would be the set's first job's,
+    so which job a set served first (scheduling) would change what later jobs sample.
+    """
+    for name, value in (("group", group), ("session", session), ("turn", turn)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value < REQUEST_FIELD:
+            raise ValueError(f"request seed coordinate {name!r} must be an int in [0, {REQUEST_FIELD}), got {value!r}")
+    index = (int(group) * REQUEST_FIELD + int(session)) * REQUEST_FIELD + int(turn)
+    return derive_seed(base_seed, "rollout_request", round=round, client=client, epoch=epoch, index=index) % 2**31

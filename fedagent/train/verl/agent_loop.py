@@ -7,7 +7,9 @@ verl instantiates :class:`WindowedAgentLoop` from the job's agent-loop YAML
 seed: every turn builds the same windowed prompt as the local backend
 (:func:`fedagent.rollout.prompts.windowed_prompt` in the prompt family the env's reset names
 + :func:`encode_prompt`, left-truncated to ``max_prompt_tokens``), asks verl's LLM server for the answer, and sends
-the answer format's prefilled start + text to the env service (which parses it). It returns a **list** of
+the answer format's prefilled start + text to the env service (which parses it). Each request carries its
+own sampling seed (:func:`fedagent.core.seeds.request_seed` of the row's job coordinates, session and turn),
+so what a job samples does not depend on which engine serves it. It returns a **list** of
 :class:`TurnOutput`, one per turn: verl's v1 (TransferQueue) worker stores each element as
 its own training row under the row's ``uid``, so GRPO's mean/std runs over all per-turn
 samples of the task's group (FACTS §5).
@@ -29,6 +31,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
+from fedagent.core.seeds import request_seed
 from fedagent.model.policy import stop_token_ids_for_dir
 from fedagent.rollout.prompts import HISTORY_LENGTH, encode_prompt, response_prefix, template_of, windowed_prompt
 
@@ -65,6 +68,9 @@ def weight_versions(out) -> dict:
     return {"min_global_steps": extra.get("min_global_steps", step),
             "max_global_steps": extra.get("max_global_steps", step)}
 
+
+# the row's extra_info keys a turn's sampling seed derives from (with the turn's session and index)
+SEED_KEYS = ("base_seed", "round", "client", "epoch", "group")
 
 JOB_FILE_KEYS = ("env_uds", "env_url", "env_token", "record_file", "model_dir")
 
@@ -131,6 +137,11 @@ class WindowedAgentLoop(AgentLoopBase):
         seed = int(info["seed"])
         uid = str(kwargs.get("uid", uuid4().hex))
         session = int(kwargs.get("session_id", 0))
+        missing = [k for k in SEED_KEYS if k not in info]
+        if missing:
+            raise ValueError(f"agent loop: the row's extra_info lacks {missing}: the per-request sampling seeds "
+                             "need the job's coordinates (fedagent.train.verl.launch.task_rows)")
+        coords = {k: int(info[k]) for k in ("round", "client", "epoch", "group")}
         sid = f"{uid}-s{session}"
         params = dict(sampling_params)
         params["max_tokens"] = self.response_length
@@ -152,8 +163,10 @@ class WindowedAgentLoop(AgentLoopBase):
                                                                            self.history_length, self.answer_format,
                                                                            template=template),
                                            self.max_prompt_tokens, self.answer_format)
+                # the job's own seed per request: vLLM's engine seed is engine-wide (a run-scoped set's first job's)
+                sampling_seed = request_seed(int(info["base_seed"]), session=session, turn=len(turns), **coords)
                 out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
-                                                         sampling_params=dict(params))
+                                                         sampling_params={**params, "seed": sampling_seed})
                 if t_first is None:
                     t_first = time.time()      # wall clock, for the job's start-up timing only
                 response_ids = list(out.token_ids)[: self.response_length]
@@ -166,7 +179,7 @@ class WindowedAgentLoop(AgentLoopBase):
                 action = str(step.get("action", ""))
                 turns.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "logprobs": logprobs,
                               "text": text, "action": action, "valid": bool(step["is_action_valid"]),
-                              "reward": reward, "versions": weight_versions(out)})
+                              "reward": reward, "versions": weight_versions(out), "sampling_seed": sampling_seed})
                 history.append((obs, action))
                 obs = step["observation"]
                 admissible = list(step.get("admissible_commands", admissible))
@@ -196,7 +209,7 @@ class WindowedAgentLoop(AgentLoopBase):
                       "return": episode_return, "won": won, "score": score, "n_turns": len(turns),
                       "t_first_generation": t_first,
                       "turns": [{"action": t["action"], "valid": t["valid"], "reward": t["reward"],
-                                 "text": t["text"], "prompt_tokens": len(t["prompt_ids"]),
+                                 "text": t["text"], "sampling_seed": t["sampling_seed"], "prompt_tokens": len(t["prompt_ids"]),
                                  "response_tokens": len(t["response_ids"])} for t in turns]})
         return outputs
 

@@ -48,6 +48,22 @@ def read_episodes(path: Path) -> list[dict]:
     return sorted(recs, key=lambda r: (r["epoch"], r["group"], r["session"], r["seed"]))
 
 
+def check_sampling_seeds(episodes: list[dict], base_seed: int, round: int, client: int) -> None:
+    """Fail closed unless every recorded turn was sampled with its own request seed
+    (:func:`fedagent.core.seeds.request_seed` of this job and the turn's place): the samples are then
+    this job's whichever engine (a cold one, a warm set's) served them."""
+    from fedagent.core.seeds import request_seed
+
+    for e in episodes:
+        for k, t in enumerate(e["turns"]):
+            want = request_seed(base_seed, round=round, client=client, epoch=int(e["epoch"]), group=int(e["group"]),
+                                session=int(e["session"]), turn=k)
+            if t.get("sampling_seed") != want:
+                raise RuntimeError(f"episode (epoch {e['epoch']}, group {e['group']}, session {e['session']}) turn {k}: "
+                                   f"sampled with seed {t.get('sampling_seed')!r}, not its own {want} "
+                                   "(fedagent.core.seeds.request_seed); refusing the update")
+
+
 def episode_metrics(episodes: list[dict]) -> dict:
     """Sample/token counts and return statistics over the recorded episodes."""
     turns = [t for e in episodes for t in e["turns"] if t["response_tokens"] > 0]
@@ -170,6 +186,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         t_cold = refit.first_fit_token_at(log_text) if settings.warm_refit else None
         warm_start = {}
         episodes = read_episodes(record)
+        check_sampling_seeds(episodes, p.base_seed, round, client)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
         if firsts and t_refit is not None:    # a job on warm engines: its reset → its first token
@@ -279,7 +296,8 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
     clock.set("trainer_launch", reply["t_request"])
     reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
-    # vLLM's sampling seed is engine-wide: a warm job samples with the set's (its first job's), not its own
+    # vLLM's engine seed is engine-wide (the set's first job's); every request carries the job's own seed
+    # (the agent loop's request_seed, checked against the episode records), so it decides no sample
     reply["job_rollout_seed"] = int(own["actor_rollout_ref.rollout.seed"])
     return reply, time.time() - reply["t_request"], reply["t_request"]
 

@@ -370,8 +370,9 @@ def task_rows(p, round: int, client: int) -> list[dict]:
                 "ability": "agent",
                 "agent_name": AGENT_NAME,
                 "reward_model": {"style": "rule", "ground_truth": ""},
+                # round/client/epoch/group + base_seed: the agent loop's per-request sampling seeds
                 "extra_info": {"seed": int(seed), "epoch": epoch, "group": g, "round": int(round),
-                               "client": int(client), "index": len(rows)},
+                               "client": int(client), "base_seed": int(p.base_seed), "index": len(rows)},
             })
     return rows
 

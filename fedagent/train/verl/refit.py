@@ -17,8 +17,8 @@ job's runtime env carries :data:`REFIT_ENV`); the critic likewise (``critic_wg.r
 dataloader over the same rows, a new replay buffer, ``global_steps`` 0, an empty TransferQueue; the
 first fit's checkpoint and episode record removed; the reset weights synced into the vLLM replicas
 (verl's ``on_init_end``).
-Not reset: vLLM's sampling RNG (its engine is seeded once), so the second fit samples other
-continuations than a fresh job would — as a run-scoped engine would without per-request seeds.
+Not reset: vLLM's engine RNG (seeded once). It decides no sample: the agent loop gives every request
+the job's own seed (:func:`fedagent.core.seeds.request_seed`), so the second fit samples as a fresh job.
 
 The job's log gets :func:`refit_line` (when the reset began) and :data:`RESET_LINE` (from the worker,
 with the directory it reloaded); the backend refuses a warm-refit job without both and reads verl's

@@ -44,7 +44,8 @@ class Fitter(Protocol):
     def fit(self, job: dict, *, reset: bool) -> list[dict]:
         """Reset to the job's start (when ``reset``), fit, return verl's step records as its Tracking got them."""
 
-    # optional: ``rollout_seed``, vLLM's engine seed of the set (its first job's: not reset per job)
+    # optional: ``rollout_seed``, vLLM's engine seed of the set (its first job's; every request carries the
+    # job's own seed, so it decides no sample)
 
 
 def send(conn: socket.socket, obj: dict) -> None:

@@ -36,7 +36,7 @@ class VerlFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.trainer, self.config, self.manager = trainer, config, agent_loop_manager
-        self.rollout_seed = int(config.actor_rollout_ref.rollout.seed)   # vLLM's, engine-wide: the set's first job's
+        self.rollout_seed = int(config.actor_rollout_ref.rollout.seed)   # vLLM's engine seed (requests carry their own)
         self.start = {"model_dir": str(config.actor_rollout_ref.model.path), "rows": str(config.data.train_files),
                       "critic_dir": str(config.critic.model.path) if trainer.use_critic else None,
                       "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
