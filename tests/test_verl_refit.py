@@ -5,7 +5,9 @@ worker method lands on verl's own ``ActorRolloutRefWorker`` as a ONE_TO_ALL meth
 reference's patch of the same module; the reset rebuilds reference then actor and puts a fitted
 trainer back where a fresh one starts, in verl's order; and a job whose trainer refits (fake trainer)
 keeps only the second fit's steps and episodes, times the warm start, and fails closed without the
-refit's or the reset's line. The H200 is where the reset meets real engines (docs/gpu.md).
+refit's or the reset's line; verl's own FSDP engines (actor, KL reference) on the CPU come back from
+the reset as fresh engines of the new dirs (tests/verl_fsdp_reset.py). The H200 is where the reset
+meets vLLM and CUDA memory (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -132,6 +134,23 @@ class _FakeTrainer:
     def _load_checkpoint(self):
         self.calls.append("load_checkpoint")
         self.global_steps = 0
+
+
+def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_engine(tmp_path):
+    """verl's real actor and KL-reference ``FSDPEngine`` (the config our launch composes, CPU/gloo), two
+    optimizer steps, then our ``reset_engines`` with verl's own ``TrainingWorker.reset`` naming a later
+    round's start model and another reference: the old module and optimizer are freed (no second model's
+    memory held per job), optimizer and scheduler start over, the weights the rollout sync reads are the
+    new start model's, the reference's are its dir's, and the next step is bit-equal to a fresh engine's."""
+    env = {k: v for k, v in os.environ.items() if k != "FEDAGENT_TEST_RESET_VARIANT"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "verl_fsdp_reset.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r == {"old_freed": [True, True, True], "optimizer_state": 0, "scheduler_step": 0,
+                 "actor_is_start": True, "ref_is_ref_dir": True, "ref_forward_only": True, "ref_offload": False,
+                 "step_as_fresh": True}
+    assert f"{refit.RESET_LINE}{tmp_path / 'round2'}" in proc.stdout
 
 
 @pytest.mark.parametrize("use_critic", [False, True])

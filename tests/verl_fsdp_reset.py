@@ -1,0 +1,195 @@
+"""verl 0.9.1's own FSDP engines on the CPU (gloo, world size 1), reset as a run-scoped engine set resets them.
+
+Run by tests/test_verl_refit.py in a fresh process (it sets verl's platform and a process group):
+``python tests/verl_fsdp_reset.py WORKDIR``. It builds the actor's and the KL reference's
+``FSDPEngine`` from the config our launch composes (``build_overrides`` through verl's Hydra
+``ppo_trainer``), exactly as verl's ``ActorRolloutRefWorker.init_model`` derives their configs, takes two
+optimizer steps on the actor, then calls our :func:`fedagent.train.verl.refit.reset_engines` on a worker
+whose ``actor``/``ref`` are stand-ins for verl's ``TrainingWorker`` with verl's own ``TrainingWorker.reset``
+(= ``engine.initialize()``), naming another start model and reference. It writes ``result.json``:
+whether the old module/optimizer were freed (a leak would hold a second model's GPU memory per job),
+the optimizer state and scheduler step after the reset, whether the weights the rollout sync reads
+(``get_per_tensor_param``) and the reference's are the new dirs', and whether a step after the reset is
+bit-equal to the same step on a fresh engine built from the new start model.
+
+verl registers its FSDP engine for CUDA/NPU only; on the CPU two of its GPU-only helpers are neutralised
+here (the module never leaves the CPU): FSDP1's ``sync_module_states`` device check,
+``load_fsdp_model_to_gpu`` and pinning (the reference's CPU offload pins for a GPU). ``$FEDAGENT_TEST_RESET_VARIANT`` (tests only) names a broken reset to show
+the checks fail: ``path-after`` (the start dir set after ``reset()``), ``no-reset``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import json
+import os
+import sys
+import weakref
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def cpu_platform():
+    """A verl platform for the CPU (verl 0.9.1 ships CUDA, NPU and ROCm ones)."""
+    from verl.plugin.platform.platform_base import PlatformBase
+
+    class CPUModule:
+        """``torch.cpu`` with the memory counters verl's cache clean-up reads (no cache on the CPU)."""
+
+        def __getattr__(self, name):
+            return getattr(torch.cpu, name)
+
+        memory_reserved = memory_allocated = staticmethod(lambda *a: 0)
+        mem_get_info = staticmethod(lambda *a: (0, 0))
+        empty_cache = staticmethod(lambda: None)
+
+    class PlatformCPU(PlatformBase):
+        device_name = property(lambda s: "cpu")
+        vendor_name = property(lambda s: "cpu")
+        device_module = property(lambda s: CPUModule())
+
+        def is_available(self): return True
+        def current_device(self): return torch.device("cpu")
+        def device_count(self): return 1
+        def set_device(self, i): pass
+        def synchronize(self, i=None): pass
+        def manual_seed(self, s): torch.manual_seed(s)  # noqa: E704 - verl's API; not called here
+        def manual_seed_all(self, s): torch.manual_seed(s)
+        def set_allocator_settings(self, s): pass
+        def empty_cache(self): pass
+        def get_device_capability(self, i=0): return (None, None)
+        def communication_backend_name(self): return "gloo"
+        def visible_devices_envvar(self): return "CUDA_VISIBLE_DEVICES"
+        def nvtx_range(self, msg): return contextlib.nullcontext()
+        def profiler_start(self): pass
+        def profiler_stop(self): pass
+        def ray_resource_name(self): return "CPU"
+        def ray_noset_envvars(self): return []
+        def is_ipc_supported(self): return False
+        def cudart(self): return None
+
+    return PlatformCPU()
+
+
+def main(workdir: Path) -> None:
+    from verl.plugin.platform import platform_manager
+
+    platform_manager.set_platform(cpu_platform())
+    import torch.distributed.fsdp._init_utils as fsdp_init
+
+    fsdp_init._check_module_states_for_sync_module_states = lambda states: None   # gloo broadcasts CPU tensors
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rdzv", rank=0, world_size=1)
+
+    from fake_env import build_tiny_model
+    from omegaconf import open_dict
+    from safetensors.torch import load_file, save_file
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.engine_workers import TrainingWorker
+    from verl_helpers import compose_ppo
+
+    from fedagent.train.local import TrainParams
+    from fedagent.train.verl import refit
+    from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides
+
+    transformer_impl.load_fsdp_model_to_gpu = lambda module: None      # the module never leaves the CPU
+    torch.Tensor.pin_memory = lambda self, *a, **k: self   # FSDP's CPU offload (the reference) pins for a GPU
+
+    def shifted(src: Path, dst: Path, delta: float) -> Path:
+        """A copy of ``src`` with every weight + ``delta`` (the same architecture: a later round's model)."""
+        import shutil
+
+        shutil.copytree(src, dst)
+        sd = load_file(dst / "model.safetensors")
+        save_file({k: v + delta for k, v in sd.items()}, dst / "model.safetensors", metadata={"format": "pt"})
+        return dst
+
+    first = build_tiny_model(workdir / "round1")
+    start, ref_dir = shifted(first, workdir / "round2", 0.01), shifted(first, workdir / "base", -0.02)
+    p = TrainParams(max_prompt_tokens=64, max_new_tokens=16, group_size=2, kl_coef=0.01)
+    job = VerlJob(tag="t", workdir=workdir, ray_tmp=workdir)
+    cfg = compose_ppo(build_overrides(p, VerlSettings(), job=job, model_dir=first, rows=workdir / "r.parquet",
+                                      agent_loop_yaml=workdir / "a.yaml", rollout_seed=0))
+    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+    actor_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    with open_dict(cfg.actor_rollout_ref.ref):      # as verl's init_model derives the reference's config
+        ref_node = cfg.actor_rollout_ref.ref
+        ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
+        ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
+        ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
+    ref_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.ref)
+
+    def engine(cfg_, path, mc=None):
+        mc = copy.deepcopy(model_config) if mc is None else mc
+        mc.local_path = str(path)
+        e = transformer_impl.FSDPEngine(mc, cfg_.engine, cfg_.optim, cfg_.checkpoint)
+        e.initialize()
+        return e
+
+    class Training:
+        """verl's ``TrainingWorker`` as ``reset_engines`` uses it: ``.engine`` and verl's own ``reset``."""
+
+        def __init__(self, e):
+            self.engine = e
+
+        def reset(self):
+            if variant != "no-reset":
+                TrainingWorker.reset(self)
+
+    def step(e, seed):
+        e.module.train()
+        ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
+        e.optimizer_zero_grad()
+        e.module(input_ids=ids, labels=ids).loss.backward()
+        return e.optimizer_step(), e.lr_scheduler_step()
+
+    def weights(e):
+        params, _peft = e.get_per_tensor_param()       # what verl's rollout sync sends to vLLM
+        return {k: v.detach().float().clone() for k, v in params}
+
+    def equal(got, path):
+        want = load_file(Path(path) / "model.safetensors")
+        return all(torch.equal(got[k], want[k].float()) for k in want)
+
+    variant = os.environ.get("FEDAGENT_TEST_RESET_VARIANT", "")
+    worker = type("ActorRolloutRefWorker", (), {})()
+    worker.actor = Training(engine(actor_cfg, first, model_config))
+    worker.ref = Training(engine(ref_cfg, first))
+    step(worker.actor.engine, 1)
+    step(worker.actor.engine, 2)
+    old = [weakref.ref(worker.actor.engine.module), weakref.ref(worker.actor.engine.optimizer),
+           weakref.ref(worker.ref.engine.module)]
+    if variant == "path-after":
+        refit.reset_engines(worker)
+        worker.actor.engine.model_config.local_path = str(start)
+        worker.ref.engine.model_config.local_path = str(ref_dir)
+    else:
+        refit.reset_engines(worker, str(start), str(ref_dir))
+    gc.collect()
+    actor = worker.actor.engine
+    result = {
+        "old_freed": [r() is None for r in old],
+        "optimizer_state": len(actor.optimizer.state), "scheduler_step": actor.lr_scheduler.last_epoch,
+        "actor_is_start": equal(weights(actor), start), "ref_is_ref_dir": equal(weights(worker.ref.engine), ref_dir),
+        "ref_forward_only": bool(ref_cfg.engine.forward_only), "ref_offload": bool(ref_cfg.engine.param_offload),
+    }
+    after = step(actor, 3)
+    fresh = engine(actor_cfg, start)
+    result["step_as_fresh"] = after == step(fresh, 3) and all(
+        torch.equal(a, b) for a, b in zip(weights(actor).values(), weights(fresh).values()))
+    (workdir / "result.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
