@@ -137,19 +137,21 @@ class _FakeTrainer:
 
 
 def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_engine(tmp_path):
-    """verl's real actor and KL-reference ``FSDPEngine`` (the config our launch composes, CPU/gloo), two
-    optimizer steps, then our ``reset_engines`` with verl's own ``TrainingWorker.reset`` naming a later
-    round's start model and another reference: the old module and optimizer are freed (no second model's
-    memory held per job), optimizer and scheduler start over, the weights the rollout sync reads are the
-    new start model's, the reference's are its dir's, and the next step is bit-equal to a fresh engine's."""
+    """verl's real actor, KL-reference and PPO critic FSDP engines (the config our PPO launch composes,
+    CPU/gloo), two optimizer steps, then our ``reset_engines`` / ``set_model_path`` with verl's own
+    ``TrainingWorker.reset`` naming a later round's start model (and critic) and another reference: the
+    old modules and optimizers are freed (no second model's memory held per job), optimizers and
+    scheduler start over, the weights the rollout sync reads are the new start model's, the reference's
+    and critic's their dirs', and the next step is bit-equal to a fresh engine's (actor and critic)."""
     env = {k: v for k, v in os.environ.items() if k != "FEDAGENT_TEST_RESET_VARIANT"}
     proc = subprocess.run([sys.executable, str(Path(__file__).parent / "verl_fsdp_reset.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "result.json").read_text())
-    assert r == {"old_freed": [True, True, True], "optimizer_state": 0, "scheduler_step": 0,
+    assert r == {"old_freed": [True] * 5, "optimizer_state": 0, "scheduler_step": 0,
                  "actor_is_start": True, "ref_is_ref_dir": True, "ref_forward_only": True, "ref_offload": False,
-                 "step_as_fresh": True}
+                 "critic_optimizer_state": 0, "critic_is_start": True,
+                 "step_as_fresh": True, "critic_step_as_fresh": True}
     assert f"{refit.RESET_LINE}{tmp_path / 'round2'}" in proc.stdout
 
 

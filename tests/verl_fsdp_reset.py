@@ -1,12 +1,14 @@
 """verl 0.9.1's own FSDP engines on the CPU (gloo, world size 1), reset as a run-scoped engine set resets them.
 
 Run by tests/test_verl_refit.py in a fresh process (it sets verl's platform and a process group):
-``python tests/verl_fsdp_reset.py WORKDIR``. It builds the actor's and the KL reference's
-``FSDPEngine`` from the config our launch composes (``build_overrides`` through verl's Hydra
-``ppo_trainer``), exactly as verl's ``ActorRolloutRefWorker.init_model`` derives their configs, takes two
-optimizer steps on the actor, then calls our :func:`fedagent.train.verl.refit.reset_engines` on a worker
-whose ``actor``/``ref`` are stand-ins for verl's ``TrainingWorker`` with verl's own ``TrainingWorker.reset``
-(= ``engine.initialize()``), naming another start model and reference. It writes ``result.json``:
+``python tests/verl_fsdp_reset.py WORKDIR``. It builds the actor's, the KL reference's and the PPO
+critic's FSDP engines from the config our PPO launch composes (``build_overrides`` through verl's Hydra
+``ppo_trainer``), as verl's ``ActorRolloutRefWorker.init_model`` and v1 trainer derive their configs
+(the critic's loader armed by :mod:`fedagent.train.verl.critic_attn`, as our Ray hook arms it), takes two
+optimizer steps on actor and critic, then calls our :func:`fedagent.train.verl.refit.reset_engines` on a
+worker whose ``actor``/``ref`` are stand-ins for verl's ``TrainingWorker`` with verl's own
+``TrainingWorker.reset`` (= ``engine.initialize()``), and ``set_model_path`` + ``reset`` on the critic's,
+naming a later round's start model (and its critic) and another reference. It writes ``result.json``:
 whether the old module/optimizer were freed (a leak would hold a second model's GPU memory per job),
 the optimizer state and scheduler step after the reset, whether the weights the rollout sync reads
 (``get_per_tensor_param``) and the reference's are the new dirs', and whether a step after the reset is
@@ -87,7 +89,10 @@ def main(workdir: Path) -> None:
     fsdp_init._check_module_states_for_sync_module_states = lambda states: None   # gloo broadcasts CPU tensors
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rdzv", rank=0, world_size=1)
 
-    from fake_env import build_tiny_model
+    from argparse import Namespace
+
+    from fedagent.model.base_model_tiny import write_tiny_model
+    from fedagent.train.verl import critic_attn
     from omegaconf import open_dict
     from safetensors.torch import load_file, save_file
     from verl.utils.config import omega_conf_to_dataclass
@@ -104,17 +109,18 @@ def main(workdir: Path) -> None:
     torch.Tensor.pin_memory = lambda self, *a, **k: self   # FSDP's CPU offload (the reference) pins for a GPU
 
     def shifted(src: Path, dst: Path, delta: float) -> Path:
-        """A copy of ``src`` with every weight + ``delta`` (the same architecture: a later round's model)."""
+        """A copy of ``src`` with every weight (and its critic's) + ``delta``: a later round's model."""
         import shutil
 
-        shutil.copytree(src, dst)
-        sd = load_file(dst / "model.safetensors")
-        save_file({k: v + delta for k, v in sd.items()}, dst / "model.safetensors", metadata={"format": "pt"})
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json"))
+        for f in dst.rglob("model.safetensors"):
+            save_file({k: v + delta for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
         return dst
 
-    first = build_tiny_model(workdir / "round1")
+    first = write_tiny_model(workdir / "round1", 1, critic_args=Namespace(critic=True, critic_seed=2,
+                                                                          critic_path=None))
     start, ref_dir = shifted(first, workdir / "round2", 0.01), shifted(first, workdir / "base", -0.02)
-    p = TrainParams(max_prompt_tokens=64, max_new_tokens=16, group_size=2, kl_coef=0.01)
+    p = TrainParams(max_prompt_tokens=64, max_new_tokens=16, group_size=2, kl_coef=0.01, algorithm="ppo")
     job = VerlJob(tag="t", workdir=workdir, ray_tmp=workdir)
     cfg = compose_ppo(build_overrides(p, VerlSettings(), job=job, model_dir=first, rows=workdir / "r.parquet",
                                       agent_loop_yaml=workdir / "a.yaml", rollout_seed=0))
@@ -128,13 +134,23 @@ def main(workdir: Path) -> None:
         ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
         ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
     ref_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.ref)
+    critic_cfg = omega_conf_to_dataclass(cfg.critic)      # as verl's v1 trainer builds the critic's worker
+    critic_attn.arm()                                      # as our Ray hook arms a PPO job's workers
 
-    def engine(cfg_, path, mc=None):
-        mc = copy.deepcopy(model_config) if mc is None else mc
+    def built(cls, mc, cfg_, path, model_type):
+        """verl's ``TrainingWorker.__init__`` + first ``reset()``: its model type and padding flags, then
+        the engine class verl's registry gives that type on a GPU."""
         mc.local_path = str(path)
-        e = transformer_impl.FSDPEngine(mc, cfg_.engine, cfg_.optim, cfg_.checkpoint)
+        mc.model_type = model_type
+        cfg_.engine.use_remove_padding = mc.get("use_remove_padding", False)
+        cfg_.engine.use_fused_kernels = mc.get("use_fused_kernels", False)
+        e = cls(mc, cfg_.engine, cfg_.optim, cfg_.checkpoint)
         e.initialize()
         return e
+
+    def engine(cfg_, path, mc=None):
+        return built(transformer_impl.FSDPEngineWithLMHead, copy.deepcopy(model_config) if mc is None else mc,
+                     cfg_, path, "language_model")
 
     class Training:
         """verl's ``TrainingWorker`` as ``reset_engines`` uses it: ``.engine`` and verl's own ``reset``."""
@@ -146,11 +162,19 @@ def main(workdir: Path) -> None:
             if variant != "no-reset":
                 TrainingWorker.reset(self)
 
+    def critic_engine(path):
+        return built(transformer_impl.FSDPEngineWithValueHead, copy.deepcopy(critic_cfg.model), critic_cfg, path,
+                     "value_model")
+
     def step(e, seed):
         e.module.train()
         ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
         e.optimizer_zero_grad()
-        e.module(input_ids=ids, labels=ids).loss.backward()
+        if e.model_config.model_type == "value_model":      # the critic: a loss on its values
+            loss = e.module(input_ids=ids).logits.float().square().mean()
+        else:
+            loss = e.module(input_ids=ids, labels=ids).loss
+        loss.backward()
         return e.optimizer_step(), e.lr_scheduler_step()
 
     def weights(e):
@@ -165,16 +189,23 @@ def main(workdir: Path) -> None:
     worker = type("ActorRolloutRefWorker", (), {})()
     worker.actor = Training(engine(actor_cfg, first, model_config))
     worker.ref = Training(engine(ref_cfg, first))
-    step(worker.actor.engine, 1)
-    step(worker.actor.engine, 2)
+    critic = Training(critic_engine(first / "critic"))     # verl's critic TrainingWorker (its own group)
+    for e in (worker.actor.engine, critic.engine):
+        step(e, 1)
+        step(e, 2)
     old = [weakref.ref(worker.actor.engine.module), weakref.ref(worker.actor.engine.optimizer),
-           weakref.ref(worker.ref.engine.module)]
+           weakref.ref(worker.ref.engine.module), weakref.ref(critic.engine.module),
+           weakref.ref(critic.engine.optimizer)]
     if variant == "path-after":
         refit.reset_engines(worker)
         worker.actor.engine.model_config.local_path = str(start)
         worker.ref.engine.model_config.local_path = str(ref_dir)
+        critic.reset()
+        refit.set_model_path(critic, str(start / "critic"))
     else:
         refit.reset_engines(worker, str(start), str(ref_dir))
+        refit.set_model_path(critic, str(start / "critic"))     # then critic_wg.reset(), as reset_trainer
+        critic.reset()
     gc.collect()
     actor = worker.actor.engine
     result = {
@@ -183,10 +214,16 @@ def main(workdir: Path) -> None:
         "actor_is_start": equal(weights(actor), start), "ref_is_ref_dir": equal(weights(worker.ref.engine), ref_dir),
         "ref_forward_only": bool(ref_cfg.engine.forward_only), "ref_offload": bool(ref_cfg.engine.param_offload),
     }
-    after = step(actor, 3)
-    fresh = engine(actor_cfg, start)
-    result["step_as_fresh"] = after == step(fresh, 3) and all(
-        torch.equal(a, b) for a, b in zip(weights(actor).values(), weights(fresh).values()))
+    result.update({"critic_optimizer_state": len(critic.engine.optimizer.state),
+                   "critic_is_start": equal(weights(critic.engine), start / "critic")})
+
+    def as_fresh(e, fresh):
+        after = step(e, 3)
+        return after == step(fresh, 3) and all(
+            torch.equal(a, b) for a, b in zip(weights(e).values(), weights(fresh).values()))
+
+    result["step_as_fresh"] = as_fresh(actor, engine(actor_cfg, start))
+    result["critic_step_as_fresh"] = as_fresh(critic.engine, critic_engine(start / "critic"))
     (workdir / "result.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
