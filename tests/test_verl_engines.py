@@ -6,7 +6,9 @@ set's TaskRunner fitter resets verl's trainer to each later job's dirs and rows;
 ``train_client_verl`` jobs on a fake engine set (tests/fake_verl_engines.py, the real request loop and
 client): the first job of a slot starts the set, the next reuses it after a reset, a recipe change
 starts another, a reset from a foreign dir leaves no update, and a job killed mid-fit stops its set and
-leaves nothing, after which the rerun commits. The H200 is where a set meets real engines (docs/gpu.md).
+leaves nothing, after which the rerun commits; and in real Ray workers started from a set's overrides,
+verl's colocated worker class carries our reset methods. The H200 is where a set meets real engines
+(docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -80,6 +82,32 @@ def test_the_sets_overrides_compose_through_its_entry_point_with_string_ray_env_
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{client.KEY_ENV}: {'k' * 64}" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_sets_ray_workers_bind_the_reset_methods_in_verls_colocated_worker_group(tmp_path):
+    """Real Ray 2.60 on CPU, started as verl's run_ppo does from a PPO set's overrides: the hook arms our
+    patches in the worker, and verl's own ``create_colocated_worker_cls`` (the v1 trainer's WorkerDict of
+    the actor-rollout-ref worker and the critic's TrainingWorker) then carries the reset and the critic's
+    path method as ONE_TO_ALL methods under each role's prefix — what ``spawn`` rebinds for the trainer."""
+    from fedagent.train.verl.launch import isolated_job, job_environ
+
+    pytest.importorskip("ray")
+    d = tmp_path / "slot-0"
+    d.mkdir()
+    with isolated_job(tmp_path / ".verl-0", round=1, client=0) as j:
+        ov = client.set_overrides(_overrides(tmp_path, ppo=True), d, ray_tmp=j.ray_tmp, tag=j.tag, idle_s=30,
+                                  key="k" * 64, nonce="0123456789abcdef")
+        (j.workdir / "ov.json").write_text(json.dumps(ov))
+        env = {**job_environ(j), "FEDAGENT_PROBE_COLOCATED": "1",
+               "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, str(TESTS / "verl_ray_probe.py"), str(j.workdir / "ov.json"),
+                               str(j.workdir / "probe.json")], env=env, cwd=j.workdir, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        got = json.loads((j.workdir / "probe.json").read_text())["colocated"]
+    assert got == {f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL",
+                   f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL"}, got
 
 
 def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
