@@ -24,18 +24,11 @@ from fedagent.core.atomic import verify_manifest
 from fedagent.envs.service import build_app
 from fedagent.train.local import TrainParams
 from fedagent.train.verl.backend import train_client_verl
+from fedagent.train.verl.engines.client import _alive  # one /proc reading for the verl tests and the sets
 from fedagent.train.verl.launch import IPC_SOCKET_GLOB, VerlSettings
 
 TESTS = Path(__file__).resolve().parent
 HOLD_S = 3.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture
