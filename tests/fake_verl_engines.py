@@ -12,7 +12,8 @@ the job's checkpoint dir, prints verl's step lines and returns them as recorded.
 Knobs: ``FAKE_VERL_RECORD`` (dir: one JSON per job with the set's pid), ``FAKE_VERL_HOLD_S`` (seconds
 before the save, read at the set's start), ``$FAKE_VERL_RECORD/reset_from`` (a file, read per job: the reset
 line names the dir it holds instead of the job's), ``$FAKE_VERL_RECORD/die_once`` (the set dies as the next
-fit begins; the file goes), ``$FAKE_VERL_RECORD/steps_off`` (returned steps disagree with the printed lines).
+fit begins; the file goes), ``$FAKE_VERL_RECORD/steps_off`` (returned steps disagree with the printed lines),
+``FAKE_VERL_ENGINES_RAY`` (the loop and the reset lines in real Ray actors: :func:`in_ray`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from fake_verl_trainer import parse, play_episodes, print_steps, ray_env_str, sa
 
 
 class FakeFitter:
-    def __init__(self, ov: dict, yaml_path: Path):
+    def __init__(self, ov: dict, yaml_path: Path, workers=None):
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
+
+        self.workers = workers        # Ray mode: the actor that prints the workers' reset lines
 
         self.ppo = "critic.model.path" in ov
         self.n = int(ov["actor_rollout_ref.rollout.n"])
@@ -55,8 +58,13 @@ class FakeFitter:
             print(refit.refit_line(time.time()), flush=True)
             knob = Path(os.environ["FAKE_VERL_RECORD"]) / "reset_from"       # set while the set runs
             reset_from = knob.read_text() if knob.is_file() else job["model_dir"]
-            print(f"(WorkerDict pid=1) {refit.REF_RESET_LINE}{job['ref_dir'] or job['model_dir']}", flush=True)
-            print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
+            if self.workers is not None:            # from another Ray process, forwarded by Ray as verl's are
+                import ray
+
+                ray.get(self.workers.reset.remote(job["ref_dir"] or job["model_dir"], reset_from))
+            else:
+                print(f"(WorkerDict pid=1) {refit.REF_RESET_LINE}{job['ref_dir'] or job['model_dir']}", flush=True)
+                print(f"(WorkerDict pid=1) {refit.RESET_LINE}{reset_from}", flush=True)
         entry = yaml.safe_load(self.yaml_path.read_text())[0]
         play_episodes(entry, job["rows"], self.n, job["tag"])
         (rec / f"job-{job['tag']}.json").write_text(json.dumps({"tag": job["tag"], "set_pid": os.getpid(),
@@ -88,12 +96,63 @@ def main() -> int:
     slot = Path(os.environ[client.SLOT_ENV])
     client.record_set(slot, os.getpid(), tag=os.environ.get(ray_hook.TAG_ENV, ""),
                       ray_tmp=ov["ray_kwargs.ray_init._temp_dir"], key=os.environ[client.KEY_ENV])
+    if os.environ.get("FAKE_VERL_ENGINES_RAY"):
+        return in_ray(ov, slot)
     why = serve.serve(Path(os.environ[client.SOCKET_ENV]), key=os.environ[client.KEY_ENV],
                       fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"])),
                       log=slot / "server.log", job_file=slot / "job.json", idle_s=float(os.environ[client.IDLE_ENV]),
                       stop=lambda: client.stop_set_detached(slot), settle_s=0.1,
                       set_tag=os.environ.get(ray_hook.TAG_ENV, ""), nonce=os.environ[client.NONCE_ENV])
     print(f"fedagent: engine set stops: {why}", flush=True)
+    return 0
+
+
+def in_ray(ov: dict, slot: Path) -> int:
+    """``$FAKE_VERL_ENGINES_RAY``: the request loop in a Ray actor (verl's TaskRunner's place) of a real
+    local Ray cluster started as the set's driver, and the workers' reset lines printed by another actor
+    (verl's WorkerDict's place): every line of a job reaches the set's log (this driver's stdout) only
+    through Ray's log forwarding, as on the GPU."""
+    import signal
+
+    import ray
+
+    from fedagent.train.verl import ray_hook
+    from fedagent.train.verl.engines import client, serve
+
+    prefix = "ray_kwargs.ray_init.runtime_env.env_vars."
+    env_vars = {k[len(prefix):]: ray_env_str(v) for k, v in ov.items() if k.startswith(prefix)}
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ov["ray_kwargs.ray_init._temp_dir"],
+             runtime_env={"env_vars": env_vars})
+
+    @ray.remote(num_cpus=0)
+    class WorkerDict:
+        def reset(self, ref_dir, model_dir):
+            from fedagent.train.verl import refit
+
+            print(f"{refit.REF_RESET_LINE}{ref_dir}", flush=True)
+            print(f"{refit.RESET_LINE}{model_dir}", flush=True)
+
+    @ray.remote(num_cpus=0)
+    class TaskRunner:
+        def run(self, workers):
+            return serve.serve(Path(os.environ[client.SOCKET_ENV]), key=os.environ[client.KEY_ENV],
+                               fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"]),
+                                                 workers),
+                               log=slot / "server.log", job_file=slot / "job.json",
+                               idle_s=float(os.environ[client.IDLE_ENV]),
+                               stop=lambda: client.stop_set_detached(slot), settle_s=1.0,
+                               set_tag=os.environ.get(ray_hook.TAG_ENV, ""), nonce=os.environ[client.NONCE_ENV])
+
+    def _term(signum, frame):                   # as the real set's driver: SIGTERM ends it, Ray shut down
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        why = ray.get(TaskRunner.remote().run.remote(WorkerDict.remote()))
+        print(f"fedagent: engine set stops: {why}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ray.shutdown()
     return 0
 
 

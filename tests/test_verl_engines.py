@@ -199,6 +199,30 @@ def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_start
     assert m2["verl"]["engine_set"]["warm"] is False and _set_pid(tmp_path) != pid0 and not client._alive(pid0)
 
 
+@pytest.mark.slow
+def test_in_real_ray_each_jobs_forwarded_lines_reach_its_log_range(fake_engines, tmp_path, monkeypatch):
+    """The request loop in a Ray actor and the reset lines from another, on a real local Ray cluster (CPU):
+    every line reaches the set's log only through Ray's forwarding. A cold and a warm job commit (the warm
+    job's reset lines for its own start model were in its log range: the backend checks them), the lines
+    came through Ray (its actor prefixes), and stopping the set leaves no process of it."""
+    from fedagent.train.verl.engines.stop import stop_sets_under
+
+    monkeypatch.setenv("FAKE_VERL_ENGINES_RAY", "1")
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    m0 = _job(model, rd, 0, TrainParams(**P), SETTINGS)
+    m1 = _job(model, rd, 1, TrainParams(**P), SETTINGS)
+    assert (m0["verl"]["engine_set"]["warm"], m1["verl"]["engine_set"]["warm"]) == (False, True)
+    assert m1["engine_steps_match"] is True and m1["timings_s"]["refit_to_first_generation"] > 0
+    log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
+    assert f"(TaskRunner pid=" in log and f"(WorkerDict pid=" in log
+    assert f"{refit.RESET_LINE}{model.resolve()}" in log
+    pid = _set_pid(tmp_path)
+    stop_sets_under(tmp_path)
+    assert not client._alive(pid)
+    assert not list((tmp_path / ".verl-engines" / "slot-0").glob("*.sock"))
+
+
 def test_a_warm_job_reset_from_a_foreign_dir_leaves_no_update(fake_engines, tmp_path, monkeypatch):
     model = build_tiny_model(tmp_path / "m", seed=1)
     rd = tmp_path / "round_001" / "clients"
