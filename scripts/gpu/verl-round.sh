@@ -15,6 +15,8 @@
 #   4. scripts/gpu/verl-round.sh run [OUT]      # the rounds + verify: OUT/snakemake.log, OUT/verify.log and
 #                                               # OUT/$RUN.tgz (logs, benchmarks, metrics, evals, timings;
 #                                               # default OUT: $OUT or /tmp/fa-gpu-out)
+#   5. scripts/gpu/verl-round.sh same R:C [OUT]  # after ENGINES=run: round R client C's job again on fresh
+#                                               # engines, compared with the warm one (scripts/gpu/verl-same.py)
 # Knobs of `run`: JOBS (parallel jobs, default 2: both clients' verl jobs at once), GPU_SLOTS (if
 # set, `--resources gpu=N` caps concurrent GPU jobs), MEM_UTIL (vLLM's share of the GPU per job,
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
@@ -35,7 +37,7 @@
 # ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
-cmd=${1:?usage: verl-round.sh check | run [OUT]}
+cmd=${1:?usage: verl-round.sh check | run [OUT] | same ROUND:CLIENT [OUT]}
 FA=${FA_GPU:-/tmp/fa-gpu}
 repo=$(pwd)
 
@@ -47,6 +49,31 @@ node_env() {
   export VLLM_USE_FLASHINFER_SAMPLER=0 RAY_USAGE_STATS_ENABLED=0 PYTHONHASHSEED=0
   # One vLLM compile cache for the run's jobs: later engine starts reuse the first's.
   export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$FA/vllm-cache}
+}
+
+# The run's config file, from the knobs (one file per run name: two runs, e.g. GRPO and PPO, may go at
+# once on one node).
+write_cfg() {
+  cfgfile=/tmp/fa-gpu-config-$RUN.yaml
+  cat > "$cfgfile" <<YAML
+run: $RUN
+rounds: ${ROUNDS:-1}
+clients: {total: 2, per_round: 2}
+model: smollm2
+train:
+  backend: verl
+  ref_anchor: ${REF_ANCHOR:-round}   # round: the start model (what ran on the H200); base: round 0's (ref_model.py)
+$( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
+  group_size: 1
+  groups_per_epoch: 8
+  mini_batch_size: 8" )
+$( [ -n "${KL:-}" ] && echo "  kl_coef: $KL" )
+  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
+         cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
+         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false},
+         engines: ${ENGINES:-job}, engine_sets: ${ENGINE_SETS:-${JOBS:-2}}}
+eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
+YAML
 }
 
 case "$cmd" in
@@ -71,27 +98,7 @@ run)
   OUT=${2:-${OUT:-/tmp/fa-gpu-out}}
   RUN=${RUN:-gpu-verl}
   mkdir -p "$OUT"
-  # One config file per run name: two runs (e.g. GRPO and PPO) may go at once on one node.
-  cfgfile=/tmp/fa-gpu-config-$RUN.yaml
-  cat > "$cfgfile" <<YAML
-run: $RUN
-rounds: ${ROUNDS:-1}
-clients: {total: 2, per_round: 2}
-model: smollm2
-train:
-  backend: verl
-  ref_anchor: ${REF_ANCHOR:-round}   # round: the start model (what ran on the H200); base: round 0's (ref_model.py)
-$( [ "${ALGO:-grpo}" = ppo ] && echo "  algorithm: ppo
-  group_size: 1
-  groups_per_epoch: 8
-  mini_batch_size: 8" )
-$( [ -n "${KL:-}" ] && echo "  kl_coef: $KL" )
-  verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
-         cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
-         reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false},
-         engines: ${ENGINES:-job}, engine_sets: ${ENGINE_SETS:-${JOBS:-2}}}
-eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
-YAML
+  write_cfg
   res=()
   # A command-line --resources replaces the profile's: restate its GPU memory cap (profiles/local).
   [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS" "gpu_mem_mb=${GPU_MEM_MB:-138000}")
@@ -145,6 +152,43 @@ YAML
   nvidia-smi > "$B/nvidia-smi.txt" 2>&1 || true
   tar -czf "$OUT/$RUN.tgz" -C "$OUT" "$RUN" && rm -rf "$B"
   [ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ]
+  ;;
+same)
+  # After `run` with ENGINES=run: the same job again on fresh engines (train.verl.engines: job), beside the
+  # warm one: `verl-round.sh same ROUND:CLIENT [OUT]` with the run's knobs (RUN, ALGO, EAGER, ...). The
+  # warm output and its log go back in place afterwards; the cold ones stay in results/$RUN/same/.
+  # scripts/gpu/verl-same.py compares them (identical turn texts, seeds, the update's relative difference):
+  # OUT/same-$RUN-r<round>c<client>.md and .json.
+  node_env
+  spec=${2:?usage: verl-round.sh same ROUND:CLIENT [OUT]}
+  OUT=${3:-${OUT:-/tmp/fa-gpu-out}}
+  RUN=${RUN:-gpu-verl}
+  R=results/$RUN
+  r=$(printf %03d "$(( 10#${spec%%:*} ))"); c=${spec##*:}
+  d=$R/round_$r/clients/$c
+  log=$R/logs/round_$r/train_client_$c.log
+  bench=$R/benchmarks/round_$r/train_client_$c.tsv
+  [ -f "$d/metrics.json" ] || { echo "verl-round.sh same: no finished job at $d" >&2; exit 2; }
+  S=$R/same; name=round_${r}_client_$c
+  mkdir -p "$OUT" "$S"; rm -rf "$S/${name}_warm" "$S/${name}_cold"
+  cp "$log" "$S/${name}_warm.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_warm.tsv"
+  mv "$d" "$S/${name}_warm"              # the target is missing now: Snakemake runs that one job
+  ENGINES=job write_cfg
+  set +e
+  # mtime only: the knob changed the train jobs' params, and nothing else may re-run
+  timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
+    snakemake --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
+    --rerun-triggers mtime "$d" 2>&1 | tee "$OUT/same-snakemake.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  [ -d "$d" ] && mv "$d" "$S/${name}_cold"
+  cp "$log" "$S/${name}_cold.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_cold.tsv"
+  mv "$S/${name}_warm" "$d"; cp "$S/${name}_warm.log" "$log"
+  [ -f "$S/${name}_warm.tsv" ] && cp "$S/${name}_warm.tsv" "$bench"
+  [ "$rc" -eq 0 ] || { echo "verl-round.sh same: the cold job failed (rc=$rc)" >&2; exit 1; }
+  cp "$S/${name}_cold/metrics.json" "$OUT/same-$RUN-r${r}c${c}-cold-metrics.json"
+  python3 scripts/gpu/verl-same.py "$d" "$S/${name}_cold" --start "$(printf '%s/round_%03d/model' "$R" $(( 10#$r - 1 )))" \
+    --json "$OUT/same-$RUN-r${r}c${c}.json" | tee "$OUT/same-$RUN-r${r}c${c}.md"
   ;;
 *)
   echo "unknown step $cmd" >&2; exit 2
