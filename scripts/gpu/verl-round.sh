@@ -54,7 +54,7 @@ node_env() {
 # The run's config file, from the knobs (one file per run name: two runs, e.g. GRPO and PPO, may go at
 # once on one node).
 write_cfg() {
-  cfgfile=/tmp/fa-gpu-config-$RUN.yaml
+  cfgfile=/tmp/fa-gpu-config-$RUN${1:-}.yaml
   cat > "$cfgfile" <<YAML
 run: $RUN
 rounds: ${ROUNDS:-1}
@@ -172,18 +172,23 @@ same)
   S=$R/same; name=round_${r}_client_$c
   mkdir -p "$OUT" "$S"; rm -rf "$S/${name}_warm" "$S/${name}_cold"
   cp "$log" "$S/${name}_warm.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_warm.tsv"
+  # Snakemake's record of the warm output (params with engines: run): put back with it, so that the
+  # run's own config still finds nothing to do
+  md=.snakemake/metadata/$(python3 -c 'import base64, sys; print(base64.urlsafe_b64encode(sys.argv[1].encode()).decode())' "$d")
+  [ -f "$md" ] && cp "$md" "$S/${name}_warm.metadata"
   mv "$d" "$S/${name}_warm"              # the target is missing now: Snakemake runs that one job
-  ENGINES=job write_cfg
+  ENGINES=job write_cfg -same            # its own config file: the run's stays as it was
   set +e
   # mtime only: the knob changed the train jobs' params, and nothing else may re-run
   timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
-    snakemake --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
-    --rerun-triggers mtime "$d" 2>&1 | tee "$OUT/same-snakemake.log"
+    snakemake "$d" --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
+    --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake.log"     # (the target first: the option takes several)
   rc=${PIPESTATUS[0]}
   set -e
   [ -d "$d" ] && mv "$d" "$S/${name}_cold"
   cp "$log" "$S/${name}_cold.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_cold.tsv"
   mv "$S/${name}_warm" "$d"; cp "$S/${name}_warm.log" "$log"
+  [ -f "$S/${name}_warm.metadata" ] && cp "$S/${name}_warm.metadata" "$md"
   [ -f "$S/${name}_warm.tsv" ] && cp "$S/${name}_warm.tsv" "$bench"
   [ "$rc" -eq 0 ] || { echo "verl-round.sh same: the cold job failed (rc=$rc)" >&2; exit 1; }
   cp "$S/${name}_cold/metrics.json" "$OUT/same-$RUN-r${r}c${c}-cold-metrics.json"
