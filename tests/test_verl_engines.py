@@ -33,6 +33,7 @@ from test_verl_launch import REPO, assert_ray_env_vars_are_strings, ppo_train_pa
 
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl import refit  # noqa: E402
+from fedagent.train.verl import launch  # noqa: E402
 from fedagent.train.verl.engines import client, keys, serve  # noqa: E402
 from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
 
@@ -263,9 +264,12 @@ def test_a_job_killed_mid_fit_stops_its_set_and_the_rerun_commits(fake_engines, 
     assert not (rd / "0").exists()
     log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
     assert "connection closed mid-fit" in log
+    leftovers = json.loads((rd / ".verl-0" / launch.LEFTOVERS).read_text())       # what the SIGKILL left
+    assert Path(leftovers["ray_tmp"]).is_dir()
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     m = _job(model, rd, 0, TrainParams(**P), SETTINGS)
     assert m["verl"]["engine_set"]["warm"] is False and (rd / "0" / "metrics.json").is_file()
+    assert not Path(leftovers["ray_tmp"]).exists()          # the rerun removed it
 
 
 def test_two_jobs_at_once_take_two_slots(tmp_path):

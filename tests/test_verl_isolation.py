@@ -335,6 +335,9 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     trained = [w for rule, w in executed_jobs(again) if rule == "train_client"]
     assert len(trained) == 1 and f"client={victim}" in trained[0], trained
     verify_manifest(clients / victim)
+    # the killed attempt's Ray temp dir (outside its work dir: the path is long) went with the rerun
+    killed = [json.loads(p.read_text()) for p in fake_trainer.glob("*.json")]
+    assert killed and all(not Path(r["ray_tmp"]).exists() for r in killed), [r["ray_tmp"] for r in killed]
     assert (work / RUN / "round_001" / "summary.csv").is_file()
 
 

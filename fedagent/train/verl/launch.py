@@ -74,16 +74,37 @@ def job_tag(round: int, client: int) -> str:
     return f"fa-r{int(round):03d}-c{int(client)}-{os.getpid()}-{secrets.token_hex(8)}"
 
 
+LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
+
+
+def _remove_leftovers(workdir: Path) -> None:
+    """A killed attempt's Ray temp dir outside its work dir and its IPC sockets (named in its
+    :data:`LEFTOVERS` record): a SIGKILL gives the attempt no chance to remove them itself."""
+    try:
+        rec = json.loads((workdir / LEFTOVERS).read_text())
+    except (OSError, ValueError):
+        return
+    own = Path(str(rec.get("ray_tmp") or ""))
+    if own.name.startswith("fa-ray-") and own.is_dir():
+        shutil.rmtree(own, ignore_errors=True)
+    if rec.get("tag"):
+        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
+            with contextlib.suppress(OSError):
+                os.unlink(sock)
+
+
 @contextlib.contextmanager
 def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | None = None) -> Iterator[VerlJob]:
     """Create the job's private dirs; remove them, and the job's IPC sockets, afterwards.
 
-    A killed attempt's leftover ``workdir`` is removed first. The Ray temp dir lives in the
-    work dir when that path is short enough, else in a fresh ``mkdtemp`` under ``tmp_root``
-    (default: the system temp dir), which is unique by construction.
+    A killed attempt's leftover ``workdir`` is removed first, with the Ray temp dir and IPC sockets
+    its :data:`LEFTOVERS` record names. The Ray temp dir lives in the work dir when that path is
+    short enough, else in a fresh ``mkdtemp`` under ``tmp_root`` (default: the system temp dir),
+    which is unique by construction.
     """
     workdir = Path(workdir).resolve()
     if workdir.exists():
+        _remove_leftovers(workdir)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     tag = job_tag(round, client)
@@ -95,6 +116,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     else:
         own_tmp = Path(tempfile.mkdtemp(prefix="fa-ray-", dir=str(tmp_root) if tmp_root else None))
         ray_tmp = own_tmp
+    (workdir / LEFTOVERS).write_text(json.dumps({"tag": tag, "ray_tmp": str(own_tmp) if own_tmp else None}))
     if len(str(ray_tmp)) > RAY_TMP_MAX:
         raise RuntimeError(f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
                            "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path")
