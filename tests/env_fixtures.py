@@ -109,9 +109,26 @@ def serve_in_thread(app, uds: Path):
         thread.join(10)
 
 
+_SHORT_TMPS: list[Path] = []
+
+
+def _remove_short_tmps() -> None:
+    import shutil
+
+    for d in _SHORT_TMPS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def short_tmp() -> Path:
-    """A short temp dir for Unix sockets (pytest's tmp_path can exceed the 107-byte limit)."""
-    return Path(tempfile.mkdtemp(prefix="fa-t-"))
+    """A short temp dir for Unix sockets (pytest's tmp_path can exceed the 107-byte limit); removed when
+    the test process ends (a suite run left ≈ 100 in /tmp before)."""
+    if not _SHORT_TMPS:
+        import atexit
+
+        atexit.register(_remove_short_tmps)
+    d = Path(tempfile.mkdtemp(prefix="fa-t-"))
+    _SHORT_TMPS.append(d)
+    return d
 
 
 class FlakyTransport(httpx.BaseTransport):
