@@ -158,7 +158,8 @@ same)
   # warm one: `verl-round.sh same ROUND:CLIENT [OUT]` with the run's knobs (RUN, ALGO, EAGER, ...). The
   # warm output and its log go back in place afterwards; the cold ones stay in results/$RUN/same/.
   # scripts/gpu/verl-same.py compares them (identical turn texts, seeds, the update's relative difference):
-  # OUT/same-$RUN-r<round>c<client>.md and .json.
+  # OUT/same-$RUN-r<round>c<client>.md and .json. COLD=2 runs the cold job twice: its second row (cold vs
+  # cold) is the GPU's own noise floor for the first.
   node_env
   spec=${2:?usage: verl-round.sh same ROUND:CLIENT [OUT]}
   OUT=${3:-${OUT:-/tmp/fa-gpu-out}}
@@ -170,7 +171,7 @@ same)
   bench=$R/benchmarks/round_$r/train_client_$c.tsv
   [ -f "$d/metrics.json" ] || { echo "verl-round.sh same: no finished job at $d" >&2; exit 2; }
   S=$R/same; name=round_${r}_client_$c
-  mkdir -p "$OUT" "$S"; rm -rf "$S/${name}_warm" "$S/${name}_cold"
+  mkdir -p "$OUT" "$S"; rm -rf "$S/${name}_warm" "$S/${name}"_cold*
   cp "$log" "$S/${name}_warm.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_warm.tsv"
   # Snakemake's record of the warm output (params with engines: run): put back with it, so that the
   # run's own config still finds nothing to do
@@ -178,22 +179,33 @@ same)
   [ -f "$md" ] && cp "$md" "$S/${name}_warm.metadata"
   mv "$d" "$S/${name}_warm"              # the target is missing now: Snakemake runs that one job
   ENGINES=job write_cfg -same            # its own config file: the run's stays as it was
-  set +e
-  # mtime only: the knob changed the train jobs' params, and nothing else may re-run
-  timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
-    snakemake "$d" --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
-    --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake.log"     # (the target first: the option takes several)
-  rc=${PIPESTATUS[0]}
-  set -e
-  [ -d "$d" ] && mv "$d" "$S/${name}_cold"
-  cp "$log" "$S/${name}_cold.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_cold.tsv"
+  rc=0
+  for k in $(seq 1 "${COLD:-1}"); do     # COLD=2: the cold job twice, the second pair the noise floor
+    cold=$S/${name}_cold$([ "$k" = 1 ] || echo "$k")
+    rm -rf "$cold"
+    set +e
+    # mtime only: the knob changed the train jobs' params, and nothing else may re-run
+    timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
+      snakemake "$d" --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
+      --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake-$k.log"   # (the target first: the option takes several)
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ -d "$d" ] && mv "$d" "$cold"
+    cp "$log" "$cold.log"; [ -f "$bench" ] && cp "$bench" "$cold.tsv"
+    [ "$rc" -eq 0 ] || break
+  done
   mv "$S/${name}_warm" "$d"; cp "$S/${name}_warm.log" "$log"
   [ -f "$S/${name}_warm.metadata" ] && cp "$S/${name}_warm.metadata" "$md"
   [ -f "$S/${name}_warm.tsv" ] && cp "$S/${name}_warm.tsv" "$bench"
-  [ "$rc" -eq 0 ] || { echo "verl-round.sh same: the cold job failed (rc=$rc)" >&2; exit 1; }
+  [ "$rc" -eq 0 ] || { echo "verl-round.sh same: a cold job failed (rc=$rc)" >&2; exit 1; }
+  start=$(printf '%s/round_%03d/model' "$R" $(( 10#$r - 1 )))
   cp "$S/${name}_cold/metrics.json" "$OUT/same-$RUN-r${r}c${c}-cold-metrics.json"
-  python3 scripts/gpu/verl-same.py "$d" "$S/${name}_cold" --start "$(printf '%s/round_%03d/model' "$R" $(( 10#$r - 1 )))" \
+  python3 scripts/gpu/verl-same.py "$d" "$S/${name}_cold" --start "$start" \
     --json "$OUT/same-$RUN-r${r}c${c}.json" | tee "$OUT/same-$RUN-r${r}c${c}.md"
+  if [ -d "$S/${name}_cold2" ]; then
+    python3 scripts/gpu/verl-same.py "$S/${name}_cold2" "$S/${name}_cold" --start "$start" \
+      --json "$OUT/same-$RUN-r${r}c${c}-control.json" | tail -1 | tee -a "$OUT/same-$RUN-r${r}c${c}.md"
+  fi
   ;;
 *)
   echo "unknown step $cmd" >&2; exit 2

@@ -93,7 +93,7 @@ def row(r: dict) -> str:
     def f(x, fmt="{:.3f}"):
         return "–" if x is None else fmt.format(x)
 
-    return (f"| round {r['round']}, client {r['client']} ({'warm' if r['warm'] else 'not warm'} vs cold) | "
+    return (f"| round {r['round']}, client {r['client']} ({'warm' if r['warm'] else 'cold'} vs cold) | "
             f"{r['episodes']} | {f(r['task_ids_equal'])} | {f(r['seeds_equal'])} | {f(r['identical_turns'])} | "
             f"{f(r['identical_episodes'])} | {f(r.get('update_rel_diff'), '{:.3g}')} | "
             f"{f(r.get('critic_rel_diff'), '{:.3g}')} |")
