@@ -50,6 +50,11 @@ def test_turns_seeds_and_the_updates_relative_difference(tmp_path):
     assert r["steps"]["kl"] == [0.01, 0.01] and r["warm"] is True
     row = verl_same.row(r)
     assert row.startswith("| round 2, client 0 (warm vs cold) | 3 | 1.000 | 1.000 | 0.800 | 0.667 | 0.1 | 0 |")
+    # an episode one turn longer in one of them (its texts differed): its seeds are still the same draws
+    longer = _update(tmp_path / "longer", {**texts, (0, 0, 1): ["look", "go"]}, w=cold_w)
+    r2 = verl_same.compare(longer, cold)
+    assert r2["seeds_equal"] == 1.0 and r2["identical_turns"] == pytest.approx(5 / 6)
+    assert r2["equal_lengths"] == pytest.approx(2 / 3)
     # another job's seeds (or none): not the same draws, and said so
     off = _update(tmp_path / "off", texts, seeds_off=True, w=cold_w)
     assert verl_same.compare(off, cold)["seeds_equal"] == 0.0

@@ -11,8 +11,9 @@ engines' batches. A warm engine that kept another model (the previous round's, t
 gives different texts from the first turns on.
 
 Prints one Markdown table row (see ``HEADER``) and, with ``--json``, writes the numbers:
-episodes and turns matched by (epoch, group, session, turn); task ids and sampling seeds equal (both must
-be 1.0: the job's draws); the share of identical turn texts and of episodes identical throughout;
+episodes and turns matched by (epoch, group, session, turn); task ids and sampling seeds equal (over the
+turns both played; both must be 1.0: the job's draws); the share of episodes of equal length, of identical
+turn texts (a turn only one of them played counts as not identical) and of episodes identical throughout;
 verl's per-step metrics side by side; and with ``--start`` the update's relative difference
 ‖w_warm − w_cold‖ / ‖w_cold − w_start‖ over all tensors (and the critic's, for PPO).
 """
@@ -60,22 +61,24 @@ def compare(warm: Path, cold: Path, start: Path | None = None) -> dict:
     ew, ec = episodes(warm), episodes(cold)
     if set(ew) != set(ec):
         raise ValueError(f"{warm} and {cold} hold different episodes: {sorted(set(ew) ^ set(ec))[:5]}")
-    turns = same_text = same_seed = 0
-    same_task = same_episode = 0
+    turns = both = same_text = same_seed = 0
+    same_task = same_episode = same_length = 0
     for key in sorted(ec):
         a, b = ew[key], ec[key]
         same_task += a["task_id"] == b["task_id"]
         ta, tb = a["turns"], b["turns"]
         same_episode += [t["text"] for t in ta] == [t["text"] for t in tb]
-        for k in range(max(len(ta), len(tb))):
-            turns += 1
-            if k < len(ta) and k < len(tb):
-                same_text += ta[k]["text"] == tb[k]["text"]
-                same_seed += ta[k].get("sampling_seed") is not None and \
-                    ta[k].get("sampling_seed") == tb[k].get("sampling_seed")
+        same_length += len(ta) == len(tb)
+        turns += max(len(ta), len(tb))          # a turn only one of them played counts as not identical
+        for k in range(min(len(ta), len(tb))):  # seeds: over the turns both played (an episode's length
+            both += 1                           # may differ with its texts)
+            same_text += ta[k]["text"] == tb[k]["text"]
+            same_seed += ta[k].get("sampling_seed") is not None and \
+                ta[k].get("sampling_seed") == tb[k].get("sampling_seed")
     mw, mc = (json.loads((Path(d) / "metrics.json").read_text()) for d in (warm, cold))
     out = {"round": mc.get("round"), "client": mc.get("client"), "episodes": len(ec), "turns": turns,
-           "task_ids_equal": same_task / len(ec), "seeds_equal": same_seed / turns if turns else None,
+           "task_ids_equal": same_task / len(ec), "seeds_equal": same_seed / both if both else None,
+           "equal_lengths": same_length / len(ec),
            "identical_turns": same_text / turns if turns else None, "identical_episodes": same_episode / len(ec),
            "warm": (mw.get("verl", {}).get("engine_set") or {}).get("warm"),
            "steps": {k: [mw.get(k), mc.get(k)] for k in ("kl", "entropy", "clipfrac", "vf_loss", "mean_return")
