@@ -289,7 +289,7 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
 
     from workflow_helpers import RUN, executed_jobs, make_workdir, run_snakemake, snakemake_cmd, snakemake_env
 
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "20")
+    monkeypatch.setenv("FAKE_VERL_HOLD_S", "120")    # the killed attempt would hold well past the rerun
     monkeypatch.setenv("FAKE_VERL_HOLD_ONLY_LATER", "1")    # the first client's job finishes at once
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     work = make_workdir(tmp_path / "w")
@@ -319,10 +319,20 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
         time.sleep(0.5)
-        for pid in orphans:                                # what Ray would leave; not the test's to keep
+    try:
+        _rerun_after_the_kill(work, clients, victim, orphans, fake_trainer, monkeypatch)
+    finally:
+        for pid in orphans:                                # never left running by the test, whatever failed
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _rerun_after_the_kill(work, clients, victim, orphans, fake_trainer, monkeypatch):
+    from workflow_helpers import RUN, executed_jobs, run_snakemake
+
     assert victim is not None, "no moment with one update done and the other client's verl job running"
+    # the killed attempt's trainer runs on in its own session (as Ray and vLLM would, holding the GPU)
+    assert all(_alive(pid) for pid in orphans), orphans
     assert not (clients / victim).exists()
     (survivor,) = {"0", "1"} - {victim}
     verify_manifest(clients / survivor)
@@ -335,7 +345,9 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     trained = [w for rule, w in executed_jobs(again) if rule == "train_client"]
     assert len(trained) == 1 and f"client={victim}" in trained[0], trained
     verify_manifest(clients / victim)
-    # the killed attempt's Ray temp dir (outside its work dir: the path is long) went with the rerun
+    # the rerun stopped the killed attempt's trainer group, and removed its Ray temp dir (outside its work
+    # dir: the path is long)
+    assert not [pid for pid in orphans if _alive(pid)], orphans
     killed = [json.loads(p.read_text()) for p in fake_trainer.glob("*.json")]
     assert killed and all(not Path(r["ray_tmp"]).exists() for r in killed), [r["ray_tmp"] for r in killed]
     assert (work / RUN / "round_001" / "summary.csv").is_file()

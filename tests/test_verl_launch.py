@@ -291,3 +291,67 @@ def test_the_verl_critic_loss_is_the_local_backends_legacy_exact():
     assert got == pytest.approx(want, rel=1e-6) and torch.allclose(got_grad, want_grad, rtol=1e-5, atol=1e-8)
     stock, stock_grad = run(verls)
     assert stock != pytest.approx(want, rel=1e-3) and not torch.allclose(stock_grad, want_grad, rtol=1e-3)
+
+
+def test_a_killed_attempts_leftovers_go_with_the_next_attempt_and_nothing_else(tmp_path):
+    """The next attempt stops the killed attempt's trainer group and removes its Ray temp dir and IPC
+    sockets, by the work dir's record; a record naming a dir elsewhere, a link, or a tag that is not a job
+    tag (a glob over every job's sockets) removes nothing."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="fa-lt-", dir="/tmp"))      # short: Ray's socket paths
+    try:
+        _leftovers_case(tmp_path, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _leftovers_case(tmp_path, root):
+    import os
+    import subprocess
+    import time
+
+    from fedagent.core import procs
+    from fedagent.train.verl import launch
+
+    work = tmp_path / "w" / ".verl-0"
+    with launch.isolated_job(work, round=1, client=0, tmp_root=root) as job:
+        orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        launch._record_leftovers(job.workdir, pgid=orphan.pid, start=procs.proc_start(orphan.pid))
+        sock = Path(launch.IPC_SOCKET_GLOB.format(tag=job.tag).replace("*", "x", 1).replace("*", ""))
+        sock.write_text("")
+        rec = json.loads((job.workdir / launch.LEFTOVERS).read_text())
+        kept = Path(rec["ray_tmp"])
+        work_copy = job.workdir
+    # the context removed them on its normal exit: put back what a killed attempt leaves
+    kept.mkdir()
+    work_copy.mkdir(parents=True)
+    (work_copy / launch.LEFTOVERS).write_text(json.dumps(rec))
+    sock.write_text("")
+    assert kept.parent == root.resolve() and procs.alive(orphan.pid)
+    try:
+        with launch.isolated_job(work, round=1, client=0, tmp_root=root):
+            pass
+        time.sleep(0.2)
+        orphan.poll()
+        assert not procs.alive(orphan.pid) and not kept.exists() and not sock.exists()
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+    # records that name what is not the attempt's own: nothing removed
+    elsewhere = tmp_path / "fa-ray-elsewhere"
+    elsewhere.mkdir()
+    link = root / "fa-ray-link"
+    link.symlink_to(elsewhere)
+    other = Path("/tmp/rl-colocate-zmq-keep-me.sock")
+    other.write_text("")
+    try:
+        for bad in ({"ray_tmp": str(elsewhere), "tag": "-"}, {"ray_tmp": str(link), "tag": "fa-r001-c0"}):
+            work.mkdir(parents=True, exist_ok=True)
+            (work / launch.LEFTOVERS).write_text(json.dumps(bad))
+            with launch.isolated_job(work, round=1, client=0, tmp_root=root):
+                pass
+            assert elsewhere.is_dir() and link.is_symlink() and other.exists()
+    finally:
+        other.unlink()

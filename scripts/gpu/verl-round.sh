@@ -155,13 +155,15 @@ run)
   ;;
 same)
   # After `run` with ENGINES=run: the same job again on fresh engines (train.verl.engines: job), beside the
-  # warm one: `verl-round.sh same ROUND:CLIENT [OUT]` with the run's knobs (RUN, ALGO, EAGER, ...). The
-  # warm output and its log go back in place afterwards; the cold ones stay in results/$RUN/same/.
-  # scripts/gpu/verl-same.py compares them (identical turn texts, seeds, the update's relative difference):
-  # OUT/same-$RUN-r<round>c<client>.md and .json. COLD=2 runs the cold job twice: its second row (cold vs
-  # cold) is the GPU's own noise floor for the first.
+  # warm one: `verl-round.sh same ROUND:CLIENT [OUT]` with the run's knobs (RUN, ALGO, EAGER, EXTRA, ...).
+  # The warm output, its log and Snakemake's record go back in place afterwards, also when this step stops
+  # early (a trap); the cold ones stay in results/$RUN/same/. scripts/gpu/verl-same.py compares them
+  # (identical turn texts, seeds, the update's relative difference): OUT/same-$RUN-r<round>c<client>.md and
+  # .json. COLD=2 runs the cold job twice: its second row (cold vs cold) is the GPU's own noise floor for
+  # the first. LIMIT is per cold job.
   node_env
   spec=${2:?usage: verl-round.sh same ROUND:CLIENT [OUT]}
+  [[ $spec =~ ^[0-9]+:[0-9]+$ ]] || { echo "verl-round.sh same: ROUND:CLIENT, e.g. 2:0 (got $spec)" >&2; exit 2; }
   OUT=${3:-${OUT:-/tmp/fa-gpu-out}}
   RUN=${RUN:-gpu-verl}
   R=results/$RUN
@@ -169,34 +171,49 @@ same)
   d=$R/round_$r/clients/$c
   log=$R/logs/round_$r/train_client_$c.log
   bench=$R/benchmarks/round_$r/train_client_$c.tsv
+  S=$R/same; name=round_${r}_client_$c; W=$S/${name}_warm
+  if [ -e "$W" ]; then      # an earlier `same` stopped before putting it back: never overwrite it
+    echo "verl-round.sh same: $W is an earlier run's warm output; put it back first: mv $W $d" >&2; exit 2
+  fi
   [ -f "$d/metrics.json" ] || { echo "verl-round.sh same: no finished job at $d" >&2; exit 2; }
-  S=$R/same; name=round_${r}_client_$c
-  mkdir -p "$OUT" "$S"; rm -rf "$S/${name}_warm" "$S/${name}"_cold*
-  cp "$log" "$S/${name}_warm.log"; [ -f "$bench" ] && cp "$bench" "$S/${name}_warm.tsv"
+  python3 -c 'import json, sys; e = json.load(open(sys.argv[1]))["verl"].get("engine_set") or {}; sys.exit(0 if e.get("warm") else 1)' \
+    "$d/metrics.json" || { echo "verl-round.sh same: $d was not a warm engine-set job (ENGINES=run, round >= 2)" >&2; exit 2; }
+  mkdir -p "$OUT" "$S"; rm -rf "$S/${name}"_cold* "$W".log "$W".tsv "$W".metadata
+  cp "$log" "$W.log"; [ -f "$bench" ] && cp "$bench" "$W.tsv"
   # Snakemake's record of the warm output (params with engines: run): put back with it, so that the
   # run's own config still finds nothing to do
-  md=.snakemake/metadata/$(python3 -c 'import base64, sys; print(base64.urlsafe_b64encode(sys.argv[1].encode()).decode())' "$d")
-  [ -f "$md" ] && cp "$md" "$S/${name}_warm.metadata"
-  mv "$d" "$S/${name}_warm"              # the target is missing now: Snakemake runs that one job
+  b64=$(python3 -c 'import base64, sys; print(base64.urlsafe_b64encode(sys.argv[1].encode()).decode())' "$d")
+  md=.snakemake/metadata/$b64
+  [ -f "$md" ] && cp "$md" "$W.metadata"
+  restore() {               # the warm output, log, benchmark and record back in place (on every exit)
+    if [ -d "$W" ]; then
+      rm -rf "$d"; mv "$W" "$d"
+      cp "$W.log" "$log"
+      if [ -f "$W.tsv" ]; then cp "$W.tsv" "$bench"; fi
+      if [ -f "$W.metadata" ]; then cp "$W.metadata" "$md"; fi
+      rm -f ".snakemake/incomplete/$b64"          # a cold job cut short marked the path incomplete
+    fi
+  }
+  trap restore EXIT
+  trap 'exit 130' INT TERM
+  mv "$d" "$W"                           # the target is missing now: Snakemake runs that one job
   ENGINES=job write_cfg -same            # its own config file: the run's stays as it was
   rc=0
-  for k in $(seq 1 "${COLD:-1}"); do     # COLD=2: the cold job twice, the second pair the noise floor
+  for k in $(seq 1 "${COLD:-1}"); do
     cold=$S/${name}_cold$([ "$k" = 1 ] || echo "$k")
-    rm -rf "$cold"
     set +e
     # mtime only: the knob changed the train jobs' params, and nothing else may re-run
     timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
       snakemake "$d" --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
-      --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake-$k.log"   # (the target first: the option takes several)
-    rc=${PIPESTATUS[0]}
+      ${EXTRA:+--config "$EXTRA"} --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake-$k.log"
+    rc=${PIPESTATUS[0]}                  # (the target first: --rerun-triggers takes several values)
     set -e
-    [ -d "$d" ] && mv "$d" "$cold"
-    cp "$log" "$cold.log"; [ -f "$bench" ] && cp "$bench" "$cold.tsv"
+    if [ -d "$d" ]; then mv "$d" "$cold"; fi
+    cp "$log" "$cold.log"; if [ -f "$bench" ]; then cp "$bench" "$cold.tsv"; fi
     [ "$rc" -eq 0 ] || break
   done
-  mv "$S/${name}_warm" "$d"; cp "$S/${name}_warm.log" "$log"
-  [ -f "$S/${name}_warm.metadata" ] && cp "$S/${name}_warm.metadata" "$md"
-  [ -f "$S/${name}_warm.tsv" ] && cp "$S/${name}_warm.tsv" "$bench"
+  restore
+  trap - EXIT INT TERM
   [ "$rc" -eq 0 ] || { echo "verl-round.sh same: a cold job failed (rc=$rc)" >&2; exit 1; }
   start=$(printf '%s/round_%03d/model' "$R" $(( 10#$r - 1 )))
   cp "$S/${name}_cold/metrics.json" "$OUT/same-$RUN-r${r}c${c}-cold-metrics.json"

@@ -144,7 +144,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 try:
                     trainer_s = launch.run_trainer(launch.trainer_command(overrides, warm_refit=settings.warm_refit),
                                                    launch.job_environ(job), job.log,
-                                                   marks=marks)
+                                                   marks=marks, workdir=job.workdir)
                     break
                 except RuntimeError:
                     if attempts > 1 or not launch.port_collision(job.log):

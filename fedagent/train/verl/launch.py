@@ -75,20 +75,43 @@ def job_tag(round: int, client: int) -> str:
 
 
 LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
+TAG_PATTERN = r"fa-r\d{3}-c\d+-\d+-[0-9a-f]{16}"    # job_tag's names
 
 
-def _remove_leftovers(workdir: Path) -> None:
-    """A killed attempt's Ray temp dir outside its work dir and its IPC sockets (named in its
-    :data:`LEFTOVERS` record): a SIGKILL gives the attempt no chance to remove them itself."""
+def _record_leftovers(workdir: Path, **fields) -> None:
+    """Add ``fields`` to the work dir's :data:`LEFTOVERS` record (written whole, atomically)."""
+    from fedagent.core.atomic import atomic_write_json
+
+    path = Path(workdir) / LEFTOVERS
+    rec = {}
+    with contextlib.suppress(OSError, ValueError):
+        rec = json.loads(path.read_text())
+    atomic_write_json(path, {**rec, **fields})
+
+
+def _remove_leftovers(workdir: Path, tmp_root: Path | None = None) -> None:
+    """What a killed attempt left outside its work dir, by its :data:`LEFTOVERS` record (a SIGKILL gave it
+    no chance to clean up): its trainer's process group, stopped if any of it still runs (Ray and vLLM
+    of an attempt that can no longer commit, holding GPU memory), then its Ray temp dir and IPC sockets.
+    Only what an attempt of ours names: a temp dir ``fa-ray-*`` directly under the temp root (not a
+    link), sockets of a tag of :func:`job_tag`'s form."""
+    import re
+
     try:
         rec = json.loads((workdir / LEFTOVERS).read_text())
     except (OSError, ValueError):
         return
+    if rec.get("pgid") and rec.get("start"):
+        from fedagent.core import procs
+
+        procs.stop_group(int(rec["pgid"]), str(rec["start"]), STOP_GRACE_S)
+    root = Path(tmp_root or tempfile.gettempdir()).resolve()
     own = Path(str(rec.get("ray_tmp") or ""))
-    if own.name.startswith("fa-ray-") and own.is_dir():
+    if own.name.startswith("fa-ray-") and own.parent == root and own.is_dir() and not own.is_symlink():
         shutil.rmtree(own, ignore_errors=True)
-    if rec.get("tag"):
-        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
+    tag = str(rec.get("tag") or "")
+    if re.fullmatch(TAG_PATTERN, tag):
+        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=tag)):
             with contextlib.suppress(OSError):
                 os.unlink(sock)
 
@@ -104,7 +127,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     """
     workdir = Path(workdir).resolve()
     if workdir.exists():
-        _remove_leftovers(workdir)
+        _remove_leftovers(workdir, tmp_root)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     tag = job_tag(round, client)
@@ -116,7 +139,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     else:
         own_tmp = Path(tempfile.mkdtemp(prefix="fa-ray-", dir=str(tmp_root) if tmp_root else None))
         ray_tmp = own_tmp
-    (workdir / LEFTOVERS).write_text(json.dumps({"tag": tag, "ray_tmp": str(own_tmp) if own_tmp else None}))
+    _record_leftovers(workdir, tag=tag, ray_tmp=str(own_tmp.resolve()) if own_tmp else None)
     if len(str(ray_tmp)) > RAY_TMP_MAX:
         raise RuntimeError(f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
                            "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path")
@@ -425,18 +448,24 @@ PHASE_MARKERS = {
     "first_step_logged": "step:1 - ",                  # verl's console logger after step 1
 }
 def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None = None,
-                marks: dict | None = None) -> float:
+                marks: dict | None = None, workdir: Path | None = None) -> float:
     """Run the trainer in its own process group; kill the whole group on any exit path.
 
     Output goes to ``log`` line by line; ``marks`` (if given) gets the seconds after launch at
     which each :data:`PHASE_MARKERS` line first appeared. Returns the wall time. A non-zero
-    exit is a RuntimeError quoting the log's tail.
+    exit is a RuntimeError quoting the log's tail. ``workdir``: the job's, whose :data:`LEFTOVERS`
+    record gets the group (pid and start time), so that the next attempt stops it if a SIGKILL of
+    this one left it running (its own session outlives the job's process).
     """
     import threading
+
+    from fedagent.core import procs
 
     t0 = time.monotonic()
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
+    if workdir is not None:
+        _record_leftovers(workdir, pgid=proc.pid, start=procs.proc_start(proc.pid))
     seen = {} if marks is None else marks
 
     def pump():

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from fedagent.core import procs
 from fedagent.train.verl.engines import keys, serve
 
 SERVER_MODULE = "fedagent.train.verl.engines.server"
@@ -111,40 +112,8 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _proc_start(pid: int) -> str | None:
-    """The process's start time (clock ticks after boot, /proc/<pid>/stat field 22); None if it is gone or a
-    zombie. With the pid it names one process for good: a pid reused later has another start time."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def _alive(pid: int, start: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given ``start``, is still the process started then."""
-    now = _proc_start(pid)
-    return now is not None and (start is None or now == start)
-
-
-def _group_members(pgid: int, since: str | None = None) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid`` started at or after ``since`` (clock ticks)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] in ("Z", "X") or int(fields[2]) != pgid:
-            continue
-        if since is not None and int(fields[19]) < int(since):
-            continue
-        out.append(int(stat.parent.name))
-    return out
-
-
-def _group_alive(pgid: int, since: str | None = None) -> bool:
-    return bool(_group_members(pgid, since))
+# one /proc reading for the sets and the jobs (fedagent.core.procs)
+_proc_start, _alive, _group_members, _group_alive = procs.proc_start, procs.alive, procs.group_members, procs.group_alive
 
 
 def _server_record(d: Path) -> dict | None:
@@ -161,7 +130,6 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
     is gone; then remove its socket file, Ray temp dir and IPC sockets."""
     import glob
     import shutil
-    import signal
 
     from fedagent.train.verl.launch import IPC_SOCKET_GLOB
 
@@ -175,19 +143,7 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
     now = _proc_start(pid)
     reused = now is not None and since is not None and now != since
     if not reused and (now is not None or (since is not None and _group_alive(pid, since))):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        for sig, wait_s in ((None, grace_s), (signal.SIGKILL, 30.0)):
-            if sig is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(pid, since):
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)       # our own child: reap it
-                time.sleep(0.2)
-            if not _group_alive(pid, since):
-                break
+        procs.stop_group(pid, since, grace_s)
     with contextlib.suppress(OSError):      # a killed set leaves its socket file behind
         socket_path(Path(d)).unlink()
     if rec.get("tag"):
