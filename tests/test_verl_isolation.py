@@ -123,14 +123,19 @@ def torch_equal(a, b):
     return a.dtype == torch.float32 and torch.equal(a, b)
 
 
-@pytest.mark.slow
-def test_a_failed_trainer_leaves_no_output_and_no_processes(fake_trainer, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_VERL_FAIL", "1")
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+def _one_job(tmp_path, monkeypatch, **env):
+    """Client 0's job alone with the fake trainer's knobs ``env``: (its result or exception, the round dir)."""
+    for k, v in {"FAKE_VERL_HOLD_S": "0", **env}.items():
+        monkeypatch.setenv(k, v)
     model = build_tiny_model(tmp_path / "m")
     round_dir = tmp_path / "clients"
     round_dir.mkdir()
-    err = _run_jobs(model, round_dir, (0,))[0]
+    return _run_jobs(model, round_dir, (0,))[0], round_dir
+
+
+@pytest.mark.slow
+def test_a_failed_trainer_leaves_no_output_and_no_processes(fake_trainer, tmp_path, monkeypatch):
+    err, round_dir = _one_job(tmp_path, monkeypatch, FAKE_VERL_FAIL="1")
     assert isinstance(err, RuntimeError) and "exited with code 3" in str(err)
     (r,) = [json.loads(p.read_text()) for p in fake_trainer.iterdir()]
     assert not (round_dir / "0").exists() and list(round_dir.iterdir()) == []
@@ -143,12 +148,7 @@ def test_a_job_whose_turns_were_not_sampled_with_their_own_seeds_leaves_no_updat
                                                                                   monkeypatch):
     """Every recorded turn must carry its own request seed: turns sampled with one engine-wide seed (a
     run-scoped set's first job's) are refused, and nothing reaches the final path."""
-    monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
-    monkeypatch.setenv("FAKE_VERL_ENGINE_SEED", "1234")
-    model = build_tiny_model(tmp_path / "m")
-    round_dir = tmp_path / "clients"
-    round_dir.mkdir()
-    err = _run_jobs(model, round_dir, (0,))[0]
+    err, round_dir = _one_job(tmp_path, monkeypatch, FAKE_VERL_ENGINE_SEED="1234")
     assert isinstance(err, RuntimeError) and "sampled with seed 1234, not its own" in str(err)
     assert not (round_dir / "0").exists()
 
