@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from fedagent.model.memory import kv_cache_bytes
+from fedagent.train.verl import leftovers
+from fedagent.train.verl.leftovers import LEFTOVERS, record as _record_leftovers
 
 AGENT_NAME = "fedagent_windowed"
 AGENT_LOOP_TARGET = "fedagent.train.verl.agent_loop.WindowedAgentLoop"
@@ -74,48 +76,6 @@ def job_tag(round: int, client: int) -> str:
     return f"fa-r{int(round):03d}-c{int(client)}-{os.getpid()}-{secrets.token_hex(8)}"
 
 
-LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
-TAG_PATTERN = r"fa-r\d{3}-c\d+-\d+-[0-9a-f]{16}"    # job_tag's names
-
-
-def _record_leftovers(workdir: Path, **fields) -> None:
-    """Add ``fields`` to the work dir's :data:`LEFTOVERS` record (written whole, atomically)."""
-    from fedagent.core.atomic import atomic_write_json
-
-    path = Path(workdir) / LEFTOVERS
-    rec = {}
-    with contextlib.suppress(OSError, ValueError):
-        rec = json.loads(path.read_text())
-    atomic_write_json(path, {**rec, **fields})
-
-
-def _remove_leftovers(workdir: Path, tmp_root: Path | None = None) -> None:
-    """What a killed attempt left outside its work dir, by its :data:`LEFTOVERS` record (a SIGKILL gave it
-    no chance to clean up): its trainer's process group, stopped if any of it still runs (Ray and vLLM
-    of an attempt that can no longer commit, holding GPU memory), then its Ray temp dir and IPC sockets.
-    Only what an attempt of ours names: a temp dir ``fa-ray-*`` directly under the temp root (not a
-    link), sockets of a tag of :func:`job_tag`'s form."""
-    import re
-
-    try:
-        rec = json.loads((workdir / LEFTOVERS).read_text())
-    except (OSError, ValueError):
-        return
-    if rec.get("pgid") and rec.get("start"):
-        from fedagent.core import procs
-
-        procs.stop_group(int(rec["pgid"]), str(rec["start"]), STOP_GRACE_S)
-    root = Path(tmp_root or tempfile.gettempdir()).resolve()
-    own = Path(str(rec.get("ray_tmp") or ""))
-    if own.name.startswith("fa-ray-") and own.parent == root and own.is_dir() and not own.is_symlink():
-        shutil.rmtree(own, ignore_errors=True)
-    tag = str(rec.get("tag") or "")
-    if re.fullmatch(TAG_PATTERN, tag):
-        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=tag)):
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
-
-
 @contextlib.contextmanager
 def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | None = None) -> Iterator[VerlJob]:
     """Create the job's private dirs; remove them, and the job's IPC sockets, afterwards.
@@ -127,7 +87,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     """
     workdir = Path(workdir).resolve()
     if workdir.exists():
-        _remove_leftovers(workdir, tmp_root)
+        leftovers.remove(workdir, tmp_root, ipc_glob=IPC_SOCKET_GLOB, grace_s=STOP_GRACE_S)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     tag = job_tag(round, client)
