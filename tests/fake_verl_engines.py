@@ -37,7 +37,6 @@ class FakeFitter:
         self.n = int(ov["actor_rollout_ref.rollout.n"])
         self.steps = int(ov["trainer.total_training_steps"])
         self.yaml_path = yaml_path
-        self.rollout_seed = int(ov["actor_rollout_ref.rollout.seed"])
         self.start = {"model_dir": ov["actor_rollout_ref.model.path"], "rows": ov["data.train_files"],
                       "critic_dir": ov.get("critic.model.path"), "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
                       "ckpt_dir": ov["trainer.default_local_dir"]}

@@ -33,7 +33,8 @@ from test_verl_launch import REPO, assert_ray_env_vars_are_strings, ppo_train_pa
 
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl import refit  # noqa: E402
-from fedagent.train.verl import launch  # noqa: E402
+from fedagent.core import procs  # noqa: E402
+from fedagent.train.verl import leftovers  # noqa: E402
 from fedagent.train.verl.engines import client, keys, serve  # noqa: E402
 from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
 
@@ -181,7 +182,7 @@ def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_start
     m0 = _job(model, rd, 0, TrainParams(**P), SETTINGS)
     pid0 = _set_pid(tmp_path)
     m1 = _job(model, rd, 1, TrainParams(**P), SETTINGS)
-    assert _set_pid(tmp_path) == pid0 and client._alive(pid0)       # the same set served both
+    assert _set_pid(tmp_path) == pid0 and procs.alive(pid0)       # the same set served both
     assert m0["verl"]["engine_set"]["warm"] is False and m1["verl"]["engine_set"]["warm"] is True
     assert m1["verl"]["engine_set"]["jobs_before"] == 1
     for m in (m0, m1):     # verl's values as the set returned them, and they agree with the job's log lines
@@ -197,7 +198,7 @@ def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_start
     p2 = TrainParams(**{**P, "lr": 2e-5})
     rd2 = tmp_path / "round_002" / "clients"
     m2 = _job(model, rd2, 0, p2, SETTINGS)
-    assert m2["verl"]["engine_set"]["warm"] is False and _set_pid(tmp_path) != pid0 and not client._alive(pid0)
+    assert m2["verl"]["engine_set"]["warm"] is False and _set_pid(tmp_path) != pid0 and not procs.alive(pid0)
 
 
 @pytest.mark.slow
@@ -220,7 +221,7 @@ def test_in_real_ray_each_jobs_forwarded_lines_reach_its_log_range(fake_engines,
     assert f"{refit.RESET_LINE}{model.resolve()}" in log
     pid = _set_pid(tmp_path)
     stop_sets_under(tmp_path)
-    assert not client._alive(pid)
+    assert not procs.alive(pid)
     assert not list((tmp_path / ".verl-engines" / "slot-0").glob("*.sock"))
 
 
@@ -258,18 +259,18 @@ def test_a_job_killed_mid_fit_stops_its_set_and_the_rerun_commits(fake_engines, 
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(10)
     deadline = time.monotonic() + 30
-    while client._alive(pid):                         # the set's watchdog saw the connection close
+    while procs.alive(pid):                         # the set's watchdog saw the connection close
         assert time.monotonic() < deadline, "the set outlived its killed job"
         time.sleep(0.2)
     assert not (rd / "0").exists()
     log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
     assert "connection closed mid-fit" in log
-    leftovers = json.loads((rd / ".verl-0" / launch.LEFTOVERS).read_text())       # what the SIGKILL left
-    assert Path(leftovers["ray_tmp"]).is_dir()
+    left = json.loads((rd / ".verl-0" / leftovers.LEFTOVERS).read_text())       # what the SIGKILL left
+    assert Path(left["ray_tmp"]).is_dir()
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     m = _job(model, rd, 0, TrainParams(**P), SETTINGS)
     assert m["verl"]["engine_set"]["warm"] is False and (rd / "0" / "metrics.json").is_file()
-    assert not Path(leftovers["ray_tmp"]).exists()          # the rerun removed it
+    assert not Path(left["ray_tmp"]).exists()          # the rerun removed it
 
 
 def test_two_jobs_at_once_take_two_slots(tmp_path):
@@ -357,7 +358,7 @@ def test_stop_set_never_signals_a_reused_pid(tmp_path):
         (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": "1"}))
         client.stop_set(tmp_path, grace_s=1)
         assert proc.poll() is None
-        (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": client._proc_start(proc.pid)}))
+        (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": procs.proc_start(proc.pid)}))
         client.socket_path(tmp_path).write_text("")          # a killed set's socket file, left behind
         client.stop_set(tmp_path, grace_s=5)
         assert proc.wait(5) is not None and not client.socket_path(tmp_path).exists()
@@ -380,19 +381,19 @@ def test_snakemakes_end_stops_every_set_under_the_results_dir(tmp_path):
     """The Snakefile's onsuccess/onerror: every slot's set below the results dir (a matrix's runs too)."""
     from fedagent.train.verl.engines.stop import stop_sets_under
 
-    procs = []
+    sets = []
     for run in ("a", "matrix/b/seed1"):
         d = tmp_path / run / ".verl-engines" / "slot-0"
         d.mkdir(parents=True)
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-        (d / "server.json").write_text(json.dumps({"pid": p.pid, "start": client._proc_start(p.pid)}))
-        procs.append(p)
+        (d / "server.json").write_text(json.dumps({"pid": p.pid, "start": procs.proc_start(p.pid)}))
+        sets.append(p)
     try:
         assert len(stop_sets_under(tmp_path)) == 2
-        assert all(p.wait(5) is not None for p in procs)
+        assert all(p.wait(5) is not None for p in sets)
         assert stop_sets_under(tmp_path / "nothing-here") == []
     finally:
-        for p in procs:
+        for p in sets:
             p.kill()
 
 
@@ -426,7 +427,7 @@ def test_two_rounds_through_snakemake_on_one_engine_set_verify_and_the_set_stops
         assert v.returncode == 0, v.stdout + v.stderr
     assert sorted(warm.values()) == [False, True, True, True]
     sets = {json.loads(p.read_text())["set_pid"] for p in fake_engines.glob("job-*.json")}
-    assert len(sets) == 1 and not client._alive(sets.pop())          # one set served all four; it is gone
+    assert len(sets) == 1 and not procs.alive(sets.pop())          # one set served all four; it is gone
 
 
 def test_jobs_one_after_another_reuse_the_live_set_of_their_key_whatever_their_slot(tmp_path):

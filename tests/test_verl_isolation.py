@@ -24,7 +24,7 @@ from fedagent.core.atomic import verify_manifest
 from fedagent.envs.service import build_app
 from fedagent.train.local import TrainParams
 from fedagent.train.verl.backend import train_client_verl
-from fedagent.train.verl.engines.client import _alive  # one /proc reading for the verl tests and the sets
+from fedagent.core.procs import alive as _alive  # one /proc reading for the verl tests and the sets
 from fedagent.train.verl.launch import IPC_SOCKET_GLOB, VerlSettings
 
 TESTS = Path(__file__).resolve().parent

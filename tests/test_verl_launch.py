@@ -313,21 +313,21 @@ def _leftovers_case(tmp_path, root):
     import time
 
     from fedagent.core import procs
-    from fedagent.train.verl import launch
+    from fedagent.train.verl import launch, leftovers
 
     work = tmp_path / "w" / ".verl-0"
     with launch.isolated_job(work, round=1, client=0, tmp_root=root) as job:
         orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
-        launch._record_leftovers(job.workdir, pgid=orphan.pid, start=procs.proc_start(orphan.pid))
+        leftovers.record(job.workdir, pgid=orphan.pid, start=procs.proc_start(orphan.pid))
         sock = Path(launch.IPC_SOCKET_GLOB.format(tag=job.tag).replace("*", "x", 1).replace("*", ""))
         sock.write_text("")
-        rec = json.loads((job.workdir / launch.LEFTOVERS).read_text())
+        rec = json.loads((job.workdir / leftovers.LEFTOVERS).read_text())
         kept = Path(rec["ray_tmp"])
         work_copy = job.workdir
     # the context removed them on its normal exit: put back what a killed attempt leaves
     kept.mkdir()
     work_copy.mkdir(parents=True)
-    (work_copy / launch.LEFTOVERS).write_text(json.dumps(rec))
+    (work_copy / leftovers.LEFTOVERS).write_text(json.dumps(rec))
     sock.write_text("")
     assert kept.parent == root.resolve() and procs.alive(orphan.pid)
     try:
@@ -349,7 +349,7 @@ def _leftovers_case(tmp_path, root):
     try:
         for bad in ({"ray_tmp": str(elsewhere), "tag": "-"}, {"ray_tmp": str(link), "tag": "fa-r001-c0"}):
             work.mkdir(parents=True, exist_ok=True)
-            (work / launch.LEFTOVERS).write_text(json.dumps(bad))
+            (work / leftovers.LEFTOVERS).write_text(json.dumps(bad))
             with launch.isolated_job(work, round=1, client=0, tmp_root=root):
                 pass
             assert elsewhere.is_dir() and link.is_symlink() and other.exists()

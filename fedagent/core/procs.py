@@ -3,7 +3,7 @@
 A process is named by its pid *and* its start time (clock ticks after boot, /proc/<pid>/stat field 22):
 a pid reused later has another start time, so a recorded process is never confused with a newer one.
 Used by the verl engine sets (``fedagent.train.verl.engines.client``) and by a verl job's clean-up of a
-killed attempt (``fedagent.train.verl.launch``).
+killed attempt (``fedagent.train.verl.leftovers``).
 """
 
 from __future__ import annotations

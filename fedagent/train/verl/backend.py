@@ -243,7 +243,7 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           "ref_model": None if ref_dir is None else str(ref_dir),
                                                           **({"engine_set": {k: reply[k] for k in
                                                                              ("set", "warm", "jobs_before", "fit_s",
-                                                                              "slot_wait_s", "rollout_seed", "job_rollout_seed")}}
+                                                                              "slot_wait_s")}}
                                                              if reply is not None else {})},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
@@ -296,9 +296,6 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
     clock.set("trainer_launch", reply["t_request"])
     reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
-    # vLLM's engine seed is engine-wide (the set's first job's); every request carries the job's own seed
-    # (the agent loop's request_seed, checked against the episode records), so it decides no sample
-    reply["job_rollout_seed"] = int(own["actor_rollout_ref.rollout.seed"])
     return reply, time.time() - reply["t_request"], reply["t_request"]
 
 

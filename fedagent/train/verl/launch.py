@@ -22,7 +22,6 @@ runs ``python -m verl.trainer.main_ppo`` in a child process). Isolation by const
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import secrets
@@ -38,7 +37,7 @@ from typing import Iterator, Sequence
 
 from fedagent.model.memory import kv_cache_bytes
 from fedagent.train.verl import leftovers
-from fedagent.train.verl.leftovers import LEFTOVERS, record as _record_leftovers
+from fedagent.train.verl.leftovers import IPC_SOCKET_GLOB  # noqa: F401 - the tests read it here
 
 AGENT_NAME = "fedagent_windowed"
 AGENT_LOOP_TARGET = "fedagent.train.verl.agent_loop.WindowedAgentLoop"
@@ -47,7 +46,6 @@ TAG_ENV = "FEDAGENT_VERL_JOB_TAG"
 # Ray puts ``<temp_dir>/session_<date>_<time>_<pid>/sockets/plasma_store`` (~70 bytes below
 # the temp dir) into AF_UNIX addresses, which hold 107 bytes on Linux.
 RAY_TMP_MAX = 36
-IPC_SOCKET_GLOB = "/tmp/rl-colocate-zmq-*{tag}*"
 # Environment a job must not inherit: it would attach the job to another Ray cluster.
 FOREIGN_ENV = ("RAY_ADDRESS", "RAY_NAMESPACE", "RAY_JOB_ID", "RAY_RUNTIME_ENV_HOOK")
 STOP_GRACE_S = 20.0
@@ -81,13 +79,13 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     """Create the job's private dirs; remove them, and the job's IPC sockets, afterwards.
 
     A killed attempt's leftover ``workdir`` is removed first, with the Ray temp dir and IPC sockets
-    its :data:`LEFTOVERS` record names. The Ray temp dir lives in the work dir when that path is
+    its ``leftovers.json`` record names (:mod:`fedagent.train.verl.leftovers`). The Ray temp dir lives in the work dir when that path is
     short enough, else in a fresh ``mkdtemp`` under ``tmp_root`` (default: the system temp dir),
     which is unique by construction.
     """
     workdir = Path(workdir).resolve()
     if workdir.exists():
-        leftovers.remove(workdir, tmp_root, ipc_glob=IPC_SOCKET_GLOB, grace_s=STOP_GRACE_S)
+        leftovers.remove(workdir, tmp_root, grace_s=STOP_GRACE_S)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     tag = job_tag(round, client)
@@ -99,7 +97,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     else:
         own_tmp = Path(tempfile.mkdtemp(prefix="fa-ray-", dir=str(tmp_root) if tmp_root else None))
         ray_tmp = own_tmp
-    _record_leftovers(workdir, tag=tag, ray_tmp=str(own_tmp.resolve()) if own_tmp else None)
+    leftovers.record(workdir, tag=tag, ray_tmp=str(own_tmp.resolve()) if own_tmp else None)
     if len(str(ray_tmp)) > RAY_TMP_MAX:
         raise RuntimeError(f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
                            "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path")
@@ -107,9 +105,7 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
     try:
         yield VerlJob(tag=tag, workdir=workdir, ray_tmp=ray_tmp)
     finally:
-        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=tag)):
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
+        leftovers.remove_ipc_sockets(tag)
         if own_tmp is not None:
             shutil.rmtree(own_tmp, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -413,7 +409,7 @@ def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None 
 
     Output goes to ``log`` line by line; ``marks`` (if given) gets the seconds after launch at
     which each :data:`PHASE_MARKERS` line first appeared. Returns the wall time. A non-zero
-    exit is a RuntimeError quoting the log's tail. ``workdir``: the job's, whose :data:`LEFTOVERS`
+    exit is a RuntimeError quoting the log's tail. ``workdir``: the job's, whose ``leftovers.json``
     record gets the group (pid and start time), so that the next attempt stops it if a SIGKILL of
     this one left it running (its own session outlives the job's process).
     """
@@ -425,7 +421,7 @@ def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None 
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     if workdir is not None:
-        _record_leftovers(workdir, pgid=proc.pid, start=procs.proc_start(proc.pid))
+        leftovers.record(workdir, pgid=proc.pid, start=procs.proc_start(proc.pid))
     seen = {} if marks is None else marks
 
     def pump():

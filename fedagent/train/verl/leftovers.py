@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
+IPC_SOCKET_GLOB = "/tmp/rl-colocate-zmq-*{tag}*"    # verl's weight-transfer sockets, salted by the job tag
 TAG_PATTERN = r"fa-r\d{3}-c\d+-\d+-[0-9a-f]{16}"    # launch.job_tag's names
 
 
@@ -33,11 +34,18 @@ def record(workdir: Path, **fields) -> None:
     atomic_write_json(path, {**rec, **fields})
 
 
-def remove(workdir: Path, tmp_root: Path | None, *, ipc_glob: str, grace_s: float) -> None:
+def remove_ipc_sockets(tag: str) -> None:
+    """verl's IPC sockets of the job (or engine set) tagged ``tag`` (:data:`IPC_SOCKET_GLOB`)."""
+    for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=tag)):
+        with contextlib.suppress(OSError):
+            os.unlink(sock)
+
+
+def remove(workdir: Path, tmp_root: Path | None, *, grace_s: float) -> None:
     """What a killed attempt left outside its work dir, by its :data:`LEFTOVERS` record: its trainer's
     process group, stopped if any of it still runs (an attempt that can no longer commit), then its Ray
-    temp dir and IPC sockets (``ipc_glob`` with ``{tag}``). Only a temp dir ``fa-ray-*`` directly under
-    the temp root (not a link), and sockets of a tag of :data:`TAG_PATTERN`'s form."""
+    temp dir and IPC sockets. Only a temp dir ``fa-ray-*`` directly under the temp root (not a link),
+    and sockets of a tag of :data:`TAG_PATTERN`'s form."""
     try:
         rec = json.loads((Path(workdir) / LEFTOVERS).read_text())
     except (OSError, ValueError):
@@ -52,6 +60,4 @@ def remove(workdir: Path, tmp_root: Path | None, *, ipc_glob: str, grace_s: floa
         shutil.rmtree(own, ignore_errors=True)
     tag = str(rec.get("tag") or "")
     if re.fullmatch(TAG_PATTERN, tag):
-        for sock in glob.glob(ipc_glob.format(tag=tag)):
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
+        remove_ipc_sockets(tag)

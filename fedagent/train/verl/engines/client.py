@@ -51,7 +51,7 @@ def socket_path(slot: Path) -> Path:
 def _live_set_of(d: Path, key: str | None) -> bool:
     rec = _server_record(d)
     return (key is not None and rec is not None and rec.get("key") == key
-            and _alive(int(rec["pid"]), rec.get("start")))
+            and procs.alive(int(rec["pid"]), rec.get("start")))
 
 
 @contextlib.contextmanager
@@ -112,10 +112,6 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-# one /proc reading for the sets and the jobs (fedagent.core.procs)
-_proc_start, _alive, _group_members, _group_alive = procs.proc_start, procs.alive, procs.group_members, procs.group_alive
-
-
 def _server_record(d: Path) -> dict | None:
     with contextlib.suppress(FileNotFoundError, ValueError):
         rec = json.loads((d / "server.json").read_text())
@@ -128,28 +124,24 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
     """Stop the slot's set, if it still runs (the recorded pid with its recorded start time, so a reused pid
     is never signalled): SIGTERM its process group, SIGKILL after ``grace_s``, and return only when the group
     is gone; then remove its socket file, Ray temp dir and IPC sockets."""
-    import glob
     import shutil
 
-    from fedagent.train.verl.launch import IPC_SOCKET_GLOB
+    from fedagent.train.verl.leftovers import remove_ipc_sockets
 
     rec = _server_record(Path(d))
     if rec is None:
         return
     pid = int(rec["pid"])
     since = rec.get("start")
-    # the set's leader, or (the leader gone, or a zombie) what is left of its group: Ray and vLLM processes
-    # started since; a live process under that pid with another start time is not the set (pid reused)
-    now = _proc_start(pid)
-    reused = now is not None and since is not None and now != since
-    if not reused and (now is not None or (since is not None and _group_alive(pid, since))):
+    # the set's group: its leader, or (the leader gone, or a zombie) Ray and vLLM processes started since;
+    # a live process under that pid with another start time is not the set (pid reused)
+    now = procs.proc_start(pid)
+    if not (now is not None and since is not None and now != since) and (now is not None or since is not None):
         procs.stop_group(pid, since, grace_s)
     with contextlib.suppress(OSError):      # a killed set leaves its socket file behind
         socket_path(Path(d)).unlink()
     if rec.get("tag"):
-        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=rec["tag"])):
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
+        remove_ipc_sockets(rec["tag"])
     if rec.get("ray_tmp") and Path(rec["ray_tmp"]).name.startswith("fa-ray-"):
         shutil.rmtree(rec["ray_tmp"], ignore_errors=True)
 
@@ -225,7 +217,7 @@ def record_set(d: Path, pid: int, *, tag: str, ray_tmp, key: str) -> None:
     again by the set itself at its start, so a job killed right after the start leaves a stoppable set)."""
     from fedagent.core.atomic import atomic_write_text
 
-    atomic_write_text(Path(d) / "server.json", json.dumps({"pid": int(pid), "start": _proc_start(int(pid)),
+    atomic_write_text(Path(d) / "server.json", json.dumps({"pid": int(pid), "start": procs.proc_start(int(pid)),
                                                            "tag": tag, "ray_tmp": str(ray_tmp), "key": key}))
 
 

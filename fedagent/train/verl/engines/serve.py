@@ -44,9 +44,6 @@ class Fitter(Protocol):
     def fit(self, job: dict, *, reset: bool) -> list[dict]:
         """Reset to the job's start (when ``reset``), fit, return verl's step records as its Tracking got them."""
 
-    # optional: ``rollout_seed``, vLLM's engine seed of the set (its first job's; every request carries the
-    # job's own seed, so it decides no sample)
-
 
 def send(conn: socket.socket, obj: dict) -> None:
     conn.sendall((json.dumps(obj) + "\n").encode())
@@ -210,7 +207,6 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                 if not jobs:
                     first_end = end
                 reply = {"ok": True, "warm": warm, "jobs_before": jobs, "set": set_tag, "fit_s": round(fit_s, 3),
-                         "rollout_seed": getattr(fitter, "rollout_seed", None),
                          "log_range": [start, end], "steps": steps,
                          "startup_lines": startup_lines(log, first_end) if jobs else []}
                 jobs += 1

@@ -13,7 +13,6 @@ watchdog when a job's connection closes mid-fit) ends the driver, which shuts Ra
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 import signal
@@ -36,7 +35,6 @@ class VerlFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.trainer, self.config, self.manager = trainer, config, agent_loop_manager
-        self.rollout_seed = int(config.actor_rollout_ref.rollout.seed)   # vLLM's engine seed (requests carry their own)
         self.start = {"model_dir": str(config.actor_rollout_ref.model.path), "rows": str(config.data.train_files),
                       "critic_dir": str(config.critic.model.path) if trainer.use_critic else None,
                       "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
@@ -118,13 +116,12 @@ def runner_class():
 
 
 def _cleanup(config) -> None:
-    from fedagent.train.verl.launch import IPC_SOCKET_GLOB, TAG_ENV
+    from fedagent.train.verl.launch import TAG_ENV
+    from fedagent.train.verl.leftovers import remove_ipc_sockets
 
     tag = os.environ.get(TAG_ENV)
     if tag:
-        for sock in glob.glob(IPC_SOCKET_GLOB.format(tag=tag)):
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
+        remove_ipc_sockets(tag)
     tmp = config.ray_kwargs.get("ray_init", {}).get("_temp_dir")
     if tmp and Path(str(tmp)).name.startswith("fa-ray-"):
         shutil.rmtree(str(tmp), ignore_errors=True)
