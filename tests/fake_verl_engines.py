@@ -13,7 +13,9 @@ Knobs: ``FAKE_VERL_RECORD`` (dir: one JSON per job with the set's pid), ``FAKE_V
 before the save, read at the set's start), ``$FAKE_VERL_RECORD/reset_from`` (a file, read per job: the reset
 line names the dir it holds instead of the job's), ``$FAKE_VERL_RECORD/die_once`` (the set dies as the next
 fit begins; the file goes), ``$FAKE_VERL_RECORD/steps_off`` (returned steps disagree with the printed lines),
-``FAKE_VERL_ENGINES_RAY`` (the loop and the reset lines in real Ray actors: :func:`in_ray`).
+``$FAKE_VERL_RECORD/memory_step`` (a file holding GB: the fitter's memory after its k-th fit is 1 + (k - 1) ×
+that; without it, None as on a CPU), ``FAKE_VERL_ENGINES_RAY`` (the loop and the reset lines in real Ray
+actors: :func:`in_ray`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class FakeFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.workers = workers        # Ray mode: the actor that prints the workers' reset lines
+        self.fits = 0
 
         self.ppo = "critic.model.path" in ov
         self.n = int(ov["actor_rollout_ref.rollout.n"])
@@ -74,12 +77,18 @@ class FakeFitter:
         steps = print_steps(self.steps, self.ppo)
         if (rec / "steps_off").is_file():          # returned steps that are not what the log says
             steps = [{**r, "actor/kl_loss": r["actor/kl_loss"] + 1.0} for r in steps]
+        self.fits += 1
         return steps
+
+    def memory_gb(self) -> float | None:
+        knob = Path(os.environ["FAKE_VERL_RECORD"]) / "memory_step"     # set while the set runs
+        return round(1.0 + float(knob.read_text()) * (self.fits - 1), 3) if knob.is_file() else None
 
 
 def main() -> int:
     from fedagent.train.verl import ray_hook
     from fedagent.train.verl.engines import client, serve
+    from fedagent.train.verl.engines.server import max_growth_gb
 
     ov = parse(sys.argv[1:])
     prefix = "ray_kwargs.ray_init.runtime_env.env_vars."
@@ -101,7 +110,8 @@ def main() -> int:
                       fitter=FakeFitter(ov, Path(ov["actor_rollout_ref.rollout.agent.agent_loop_config_path"])),
                       log=slot / "server.log", job_file=slot / "job.json", idle_s=float(os.environ[client.IDLE_ENV]),
                       stop=lambda: client.stop_set_detached(slot), settle_s=0.1,
-                      set_tag=os.environ.get(ray_hook.TAG_ENV, ""), nonce=os.environ[client.NONCE_ENV])
+                      set_tag=os.environ.get(ray_hook.TAG_ENV, ""), nonce=os.environ[client.NONCE_ENV],
+                      max_growth_gb=max_growth_gb())
     print(f"fedagent: engine set stops: {why}", flush=True)
     return 0
 

@@ -108,8 +108,9 @@ def test_a_sets_ray_workers_bind_the_reset_methods_in_verls_colocated_worker_gro
                               text=True, timeout=300)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         got = json.loads((j.workdir / "probe.json").read_text())["colocated"]
-    assert got == {f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL",
-                   f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL"}, got
+    assert got == {f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL", f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL",
+                   f"actor_rollout_{refit.MEMORY_METHOD}": "ONE_TO_ALL",
+                   f"critic_{refit.MEMORY_METHOD}": "ONE_TO_ALL"}, got
 
 
 def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
@@ -146,6 +147,27 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
                                   "critic_dir": None})
     assert calls[2] == ("fit", "alm", "/w/b/rows.parquet", "/w/b/ckpt")
     assert str(cfg.actor_rollout_ref.model.path) == "/runs/round_001/model" and cfg.trainer.experiment_name == "b"
+
+
+def test_the_sets_memory_reading_is_its_fullest_training_worker(tmp_path):
+    """``VerlFitter.memory_gb``: every rank of the actor-rollout-ref group and (PPO) the critic group answer
+    ``refit.allocated_gb``; the set compares the largest. Without a device the workers answer None, and so
+    does the set (it never retires for memory)."""
+    from types import SimpleNamespace
+
+    from fedagent.train.verl.engines.server import VerlFitter
+
+    def group(*values):
+        return SimpleNamespace(**{refit.MEMORY_METHOD: lambda: list(values)})
+
+    f = VerlFitter.__new__(VerlFitter)
+    f.trainer = SimpleNamespace(use_critic=True, actor_rollout_wg=group(1.5, 2.0), critic_wg=group(2.5))
+    assert f.memory_gb() == 2.5
+    f.trainer = SimpleNamespace(use_critic=False, actor_rollout_wg=group(1.5, 2.0), critic_wg=group(9.0))
+    assert f.memory_gb() == 2.0
+    f.trainer = SimpleNamespace(use_critic=False, actor_rollout_wg=group(None))
+    assert f.memory_gb() is None
+    assert refit.allocated_gb(None) is None          # this machine has no device: the worker method says so
 
 
 # ---- jobs on a fake engine set -------------------------------------------------------------------------
@@ -199,6 +221,33 @@ def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_start
     rd2 = tmp_path / "round_002" / "clients"
     m2 = _job(model, rd2, 0, p2, SETTINGS)
     assert m2["verl"]["engine_set"]["warm"] is False and _set_pid(tmp_path) != pid0 and not procs.alive(pid0)
+
+
+def test_a_set_past_its_memory_limit_stops_and_the_next_job_starts_a_fresh_one(fake_engines, tmp_path):
+    """The fitter's memory grows 0.5 GB a job (as a trained engine's did on the H200); with a 0.4 GB limit the
+    set serves its second job, records the growth in that job's metrics.json, stops, and the next job
+    starts a fresh set (cold, its own memory baseline)."""
+    import dataclasses
+
+    (fake_engines / "memory_step").write_text("0.5")
+    s = dataclasses.replace(SETTINGS, engines_max_growth_gb=0.4)
+    model = build_tiny_model(tmp_path / "m", seed=1)
+    rd = tmp_path / "round_001" / "clients"
+    m0 = _job(model, rd, 0, TrainParams(**P), s)
+    pid0 = _set_pid(tmp_path)
+    m1 = _job(model, rd, 1, TrainParams(**P), s)
+    e0, e1 = m0["verl"]["engine_set"], m1["verl"]["engine_set"]
+    assert (e0["memory_gb"], e0["memory_growth_gb"]) == (1.0, 0.0)
+    assert (e1["memory_gb"], e1["memory_growth_gb"], e1["warm"]) == (1.5, 0.5, True)
+    assert "engine set retires" in (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
+    deadline = time.monotonic() + 30
+    while procs.alive(pid0):
+        assert time.monotonic() < deadline, "the retired set did not stop"
+        time.sleep(0.1)
+    m2 = _job(model, tmp_path / "round_002" / "clients", 0, TrainParams(**P), s)
+    e2 = m2["verl"]["engine_set"]
+    assert e2["warm"] is False and e2["set"] != e0["set"] and e2["memory_growth_gb"] == 0.0
+    assert _set_pid(tmp_path) != pid0
 
 
 @pytest.mark.slow
@@ -292,8 +341,9 @@ def test_the_key_holds_the_agent_loop_entry_but_not_its_job_file(tmp_path):
 
 
 class _Recorder:
-    def __init__(self):
+    def __init__(self, memory=()):
         self.resets = []
+        self.memory = list(memory)        # memory_gb after each fit (None: not measurable, as on a CPU)
 
     def built_for(self, job):
         return True                       # the paths match: only the nonce tells the starting job apart
@@ -301,6 +351,9 @@ class _Recorder:
     def fit(self, job, *, reset):
         self.resets.append(reset)
         return []
+
+    def memory_gb(self):
+        return self.memory[len(self.resets) - 1] if self.memory else None
 
 
 def _serve_in_thread(tmp_path, fitter, **kw):
@@ -342,6 +395,44 @@ def test_only_the_starting_jobs_nonce_skips_the_reset(tmp_path, first_nonce, res
     assert "restart" in _ask(sock, engine_key="k2")
     t.join(10)
     assert f.resets == resets and out["why"] == "restart"
+
+
+def test_a_set_whose_memory_grows_past_its_limit_answers_the_job_then_stops(tmp_path):
+    """On the H200 each warm job left ≈ 0.5 GB per trained engine allocated (docs/gpu.md, 2026-12-05): a set
+    compares its workers' memory after each job with that after its first, answers the job that crossed
+    ``max_growth_gb`` (its update is sound) and then stops, so the next job starts a fresh set."""
+    f = _Recorder(memory=[1.0, 1.5, 2.5])
+    sock, t, out = _serve_in_thread(tmp_path, f, nonce="n1", max_growth_gb=1.0)
+    answers = [_ask(sock, nonce="n1") for _ in range(3)]
+    assert [a["ok"] for a in answers] == [True, True, True]
+    assert [a["memory_gb"] for a in answers] == [1.0, 1.5, 2.5]
+    assert [a["memory_growth_gb"] for a in answers] == [0.0, 0.5, 1.5]
+    t.join(10)
+    assert out["why"] == "memory" and not sock.exists()
+    assert "fedagent: engine set retires: its training workers hold 1.50 GB more" in (tmp_path / "server.log").read_text()
+
+
+def test_without_a_memory_reading_a_set_never_retires_for_memory(tmp_path):
+    sock, t, out = _serve_in_thread(tmp_path, _Recorder(), nonce="n1", max_growth_gb=0.001, idle_s=1)
+    assert [_ask(sock, nonce="n1")["memory_growth_gb"] for _ in range(3)] == [None, None, None]
+    t.join(10)
+    assert out["why"] == "idle"
+
+
+def test_a_sets_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
+    """A job that finds the socket's path can connect: with a slow ``listen`` (a loaded machine; seen as a
+    ConnectionRefusedError in this file's tests) the path must not exist before it."""
+    import socket
+
+    class SlowListen(socket.socket):
+        def listen(self, *a):
+            time.sleep(0.5)
+            return super().listen(*a)
+
+    monkeypatch.setattr(serve.socket, "socket", SlowListen)
+    sock, t, out = _serve_in_thread(tmp_path, _Recorder(), nonce="n1", idle_s=1)
+    assert _ask(sock, nonce="n1")["ok"]
+    t.join(10)
 
 
 def test_an_idle_set_unlinks_its_socket_and_stops(tmp_path):

@@ -128,7 +128,7 @@ def verl_settings(text: str):
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
     if (s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1 or s.vllm_executor not in ("mp", "uni")
             or s.reward_workers < 1 or s.storage_units < 1 or s.engines not in ("job", "run")
-            or s.engine_sets < 1 or not s.engines_idle_s > 0):
+            or s.engine_sets < 1 or not s.engines_idle_s > 0 or not s.engines_max_growth_gb > 0):
         raise ValueError(f"bad train.verl settings: {s}")
     if s.engines == "run" and s.warm_refit:
         raise ValueError("train.verl.engines: run and train.verl.warm_refit: the probe refits inside one job, the "

@@ -51,6 +51,15 @@ node_env() {
   export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$FA/vllm-cache}
 }
 
+# One `run` or `same` per run name at a time (a lock under results/): `same` moves a finished job's output
+# aside, which a `run` of the same name still verifying its rounds would read as a dropped client (seen on
+# the H200, 2026-12-05).
+lock_run() {
+  mkdir -p results
+  exec 9> "results/.verl-round-$RUN.lock"
+  flock -n 9 || { echo "verl-round.sh $cmd: a verl-round.sh run or same of RUN=$RUN is still running (results/.verl-round-$RUN.lock)" >&2; exit 2; }
+}
+
 # The run's config file, from the knobs (one file per run name: two runs, e.g. GRPO and PPO, may go at
 # once on one node).
 write_cfg() {
@@ -97,6 +106,7 @@ run)
   node_env
   OUT=${2:-${OUT:-/tmp/fa-gpu-out}}
   RUN=${RUN:-gpu-verl}
+  lock_run
   mkdir -p "$OUT"
   write_cfg
   res=()
@@ -160,12 +170,14 @@ same)
   # early (a trap); the cold ones stay in results/$RUN/same/. scripts/gpu/verl-same.py compares them
   # (identical turn texts, seeds, the update's relative difference): OUT/same-$RUN-r<round>c<client>.md and
   # .json. COLD=2 runs the cold job twice: its second row (cold vs cold) is the GPU's own noise floor for
-  # the first. LIMIT is per cold job.
+  # the first. LIMIT is per cold job (default 900 s: a cold job took > 420 s on a busy node, docs/gpu.md):
+  # run it in the background and poll, as `run`.
   node_env
   spec=${2:?usage: verl-round.sh same ROUND:CLIENT [OUT]}
   [[ $spec =~ ^[0-9]+:[0-9]+$ ]] || { echo "verl-round.sh same: ROUND:CLIENT, e.g. 2:0 (got $spec)" >&2; exit 2; }
   OUT=${3:-${OUT:-/tmp/fa-gpu-out}}
   RUN=${RUN:-gpu-verl}
+  lock_run
   R=results/$RUN
   r=$(printf %03d "$(( 10#${spec%%:*} ))"); c=${spec##*:}
   d=$R/round_$r/clients/$c
@@ -203,7 +215,7 @@ same)
     cold=$S/${name}_cold$([ "$k" = 1 ] || echo "$k")
     set +e
     # mtime only: the knob changed the train jobs' params, and nothing else may re-run
-    timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
+    timeout --signal=INT --kill-after=30 "${LIMIT:-900}" \
       snakemake "$d" --profile profiles/local --cores "$(nproc)" --jobs 1 --configfile "$cfgfile" \
       ${EXTRA:+--config "$EXTRA"} --rerun-triggers mtime 2>&1 | tee "$OUT/same-snakemake-$k.log"
     rc=${PIPESTATUS[0]}                  # (the target first: --rerun-triggers takes several values)

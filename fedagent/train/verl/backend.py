@@ -243,7 +243,8 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                                                           "ref_model": None if ref_dir is None else str(ref_dir),
                                                           **({"engine_set": {k: reply[k] for k in
                                                                              ("set", "warm", "jobs_before", "fit_s",
-                                                                              "slot_wait_s")}}
+                                                                              "slot_wait_s", "memory_gb",
+                                                                              "memory_growth_gb")}}
                                                              if reply is not None else {})},
                 "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
                               **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
@@ -290,7 +291,8 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     try:
         reply = engines_client.run_job(sets_dir=engines_dir(out_dir), n_sets=settings.engine_sets, preferred=client,
                                        overrides=overrides, agent_loop_yaml=yaml_path, request=request, log=job.log,
-                                       env=launch.job_environ(job), idle_s=settings.engines_idle_s)
+                                       env=launch.job_environ(job), idle_s=settings.engines_idle_s,
+                                       max_growth_gb=settings.engines_max_growth_gb)
     finally:
         _echo(job.log)             # into the rule's log (stdout), before the work dir goes
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)

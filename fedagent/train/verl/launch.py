@@ -160,6 +160,10 @@ class VerlSettings:
     engines: str = "job"
     engine_sets: int = 2            # slots per run: concurrent verl jobs on warm engines
     engines_idle_s: float = 900.0   # a set with no job for this long stops
+    # a set whose training workers hold this many GB more device memory after a job than after its first
+    # stops after that job (the next starts a fresh set): on the H200 each warm job left ≈ 0.5 GB per
+    # trained 135M engine allocated (docs/gpu.md, 2026-12-05)
+    engines_max_growth_gb: float = 4.0
     extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
 
 

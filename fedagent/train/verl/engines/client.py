@@ -33,6 +33,9 @@ SERVER_ENV = "FEDAGENT_VERL_ENGINES_SERVER"       # tests: another module in its
 SOCKET_ENV = "FEDAGENT_VERL_ENGINES_SOCKET"
 KEY_ENV = "FEDAGENT_VERL_ENGINES_KEY"
 IDLE_ENV = "FEDAGENT_VERL_ENGINES_IDLE_S"
+# train.verl.engines_max_growth_gb: a set whose training workers hold this much more device memory after a
+# job than after its first stops after that job (serve.serve; the next job starts a fresh set)
+GROWTH_ENV = "FEDAGENT_VERL_ENGINES_MAX_GROWTH_GB"
 NONCE_ENV = "FEDAGENT_VERL_ENGINES_NONCE"
 SLOT_ENV = "FEDAGENT_VERL_ENGINES_SLOT"
 SUN_PATH_MAX = 107
@@ -156,10 +159,10 @@ def stop_set_detached(d: Path) -> None:
 
 
 def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str, idle_s: float, key: str,
-                  nonce: str) -> list[str]:
+                  nonce: str, max_growth_gb: float | None = None) -> list[str]:
     """The job's overrides as the set's: its Ray temp dir, tag and agent-loop YAML in the slot, and the
-    socket, key, start nonce, idle time and slot for the set's TaskRunner (Ray's env vars are strings:
-    quoted), and the refit's worker methods armed (the reset)."""
+    socket, key, start nonce, idle time, memory-growth limit and slot for the set's TaskRunner (Ray's env
+    vars are strings: quoted), and the refit's worker methods armed (the reset)."""
     from fedagent.train.verl.refit import REFIT_ENV
 
     out = keys.replace(overrides, {
@@ -171,7 +174,8 @@ def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str,
     if not any(o.startswith(f"{prefix}{REFIT_ENV}=") for o in out):
         out.append(f"{prefix}{REFIT_ENV}='1'")
     return out + [f"{prefix}{SOCKET_ENV}='{socket_path(d)}'", f"{prefix}{KEY_ENV}='{key}'",
-                  f"{prefix}{NONCE_ENV}='{nonce}'", f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"]
+                  f"{prefix}{NONCE_ENV}='{nonce}'", f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"] + (
+        [] if max_growth_gb is None else [f"{prefix}{GROWTH_ENV}='{float(max_growth_gb)}'"])
 
 
 def _short_tmp() -> Path:
@@ -186,7 +190,7 @@ def _short_tmp() -> Path:
 
 
 def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dict, *, key: str, idle_s: float,
-              python: str | None = None) -> tuple[subprocess.Popen, str]:
+              max_growth_gb: float | None = None, python: str | None = None) -> tuple[subprocess.Popen, str]:
     """Start a set in slot ``d`` for the job whose overrides and agent-loop YAML these are (its YAML's
     ``job_file`` becomes the slot's ``job.json``, rewritten per job by the set), after the slot's previous
     set, if any, is gone entirely. Returns the process and the start nonce only this job's request carries."""
@@ -202,7 +206,8 @@ def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dic
     (ray_tmp / "t").mkdir()
     tag = f"fa-eng-{d.name}-{os.getpid()}-{os.urandom(4).hex()}"
     nonce = os.urandom(8).hex()
-    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s, key=key, nonce=nonce)
+    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s, key=key, nonce=nonce,
+                       max_growth_gb=max_growth_gb)
     env = {**env, "TMPDIR": str(ray_tmp / "t"), "RAY_TMPDIR": str(ray_tmp), keys.TAG_ENV: tag}
     module = os.environ.get(SERVER_ENV, SERVER_MODULE)
     with open(d / "server.log", "wb") as log:
@@ -261,10 +266,11 @@ def _clear_attempt(request: dict) -> None:
 
 
 def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[str], agent_loop_yaml: Path,
-            request: dict, log: Path, env: dict, idle_s: float, start_timeout_s: float = 1800.0) -> dict:
+            request: dict, log: Path, env: dict, idle_s: float, max_growth_gb: float | None = None,
+            start_timeout_s: float = 1800.0) -> dict:
     """Run one job on a slot's engine set (started for it when none is live, or when the live one answers
     ``restart``: another key, or stopping for idleness); append its part of the set's log to ``log``; return
-    the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``t_request``: when the request went, epoch
+    the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``memory_gb``, ``memory_growth_gb``, ``t_request``: when the request went, epoch
     seconds; ``t_slot``: when the job had its slot)."""
     import yaml
 
@@ -279,7 +285,8 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
             conn = _connect(socket_path(d))
             nonce = None
             if conn is None:
-                proc, nonce = start_set(d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s)
+                proc, nonce = start_set(d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s,
+                                        max_growth_gb=max_growth_gb)
                 conn = _wait_listening(d, proc, start_timeout_s)
             try:
                 with conn:

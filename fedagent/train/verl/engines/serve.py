@@ -9,7 +9,8 @@ part of it is the byte range the answer names, which the job copies into its own
 The set serves only while its job is connected: a watchdog polls the connection during the fit and, when
 the job is gone (killed: its socket closes), calls ``stop`` (the server stops its whole process tree), so
 a killed job never leaves a fit running that a rerun would race. With no request for ``idle_s`` the loop
-returns and the set ends.
+returns and the set ends; so does a set whose training workers hold more than ``max_growth_gb`` more device
+memory after a job than after its first (after answering that job: the next job starts a fresh set).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ JOB_BEGINS = "fedagent: engine set job begins: "
 JOB_ENDS = "fedagent: engine set job ends: "
 # The lines of a set's start-up that a later job's checks need (the armed patches): copied into its log.
 STARTUP_MARK = "fedagent: "
+RETIRES = "fedagent: engine set retires: "
 
 
 class Fitter(Protocol):
@@ -43,6 +45,9 @@ class Fitter(Protocol):
 
     def fit(self, job: dict, *, reset: bool) -> list[dict]:
         """Reset to the job's start (when ``reset``), fit, return verl's step records as its Tracking got them."""
+
+    def memory_gb(self) -> float | None:
+        """Device memory (GB) the set's training workers hold now, after a fit (None: not measurable here)."""
 
 
 def send(conn: socket.socket, obj: dict) -> None:
@@ -136,7 +141,8 @@ def _wait_for_line(log: Path, start: int, line: str, limit_s: float) -> None:
 
 def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Path, idle_s: float,
           stop: Callable[[], None], settle_s: float = 1.0, set_tag: str = "", nonce: str = "",
-          forward_limit_s: float = 60.0, say: Callable[[str], None] | None = None) -> str:
+          forward_limit_s: float = 60.0, say: Callable[[str], None] | None = None,
+          max_growth_gb: float | None = None) -> str:
     """Answer jobs on ``sock_path`` until idle for ``idle_s``, a job of another key, a failed fit or a
     vanished job. ``job_file``: the set's agent-loop job file, rewritten (atomically) with each job's env
     address, record file and start model before its fit. ``nonce``: the one the starting job got; only a
@@ -144,31 +150,31 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
     files). A job's log range ends once the fit's end line has reached the log (Ray forwards the
     TaskRunner's output a moment later; at most ``forward_limit_s``) plus ``settle_s`` for the workers'
     lines. ``say``: how the loop's own lines reach the set's log (default: this process's stdout, which
-    is the log, or reaches it through Ray). Returns why it stopped."""
+    is the log, or reaches it through Ray). ``max_growth_gb``: after each job the fitter's
+    :meth:`Fitter.memory_gb` is compared with its value after the set's first job (both go into the answer);
+    past this growth the set stops once it has answered (None: never). Returns why it stopped."""
     say = say or sys_print
     sock_path = Path(sock_path)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(sock_path))
+    # the socket appears at its path only once it listens: a job that finds it can connect
+    fresh = sock_path.with_name(sock_path.name + ".new")
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    srv.bind(str(fresh))
     srv.listen(4)
+    os.replace(fresh, sock_path)
     jobs = 0
     first_end = 0
+    first_memory = None
     try:
         while True:
             srv.settimeout(idle_s)
             try:
                 conn, _ = srv.accept()
             except socket.timeout:
-                # no new connection can reach a stopping set; one that raced the timeout is sent elsewhere
-                with contextlib.suppress(FileNotFoundError):
-                    sock_path.unlink()
-                srv.settimeout(0.2)
-                with contextlib.suppress(OSError):
-                    while True:
-                        late, _ = srv.accept()
-                        with late:
-                            send(late, {"restart": "the set stopped for idleness"})
+                _turn_away(srv, sock_path, "the set stopped for idleness")
                 return "idle"
             with conn:
                 try:
@@ -204,20 +210,40 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                     return "failed"
                 time.sleep(settle_s)
                 end = os.path.getsize(log)
+                memory = fitter.memory_gb()
                 if not jobs:
-                    first_end = end
+                    first_end, first_memory = end, memory
+                growth = None if memory is None or first_memory is None else round(memory - first_memory, 3)
                 reply = {"ok": True, "warm": warm, "jobs_before": jobs, "set": set_tag, "fit_s": round(fit_s, 3),
-                         "log_range": [start, end], "steps": steps,
+                         "log_range": [start, end], "steps": steps, "memory_gb": memory, "memory_growth_gb": growth,
                          "startup_lines": startup_lines(log, first_end) if jobs else []}
                 jobs += 1
                 try:
                     send(conn, reply)
                 except OSError:        # the job vanished right after its fit: nothing of it is committed
                     return "job gone"
+                if growth is not None and max_growth_gb is not None and growth > max_growth_gb:
+                    why = (f"its training workers hold {growth:.2f} GB more device memory than after its first job "
+                           f"(train.verl.engines_max_growth_gb: {max_growth_gb:g})")
+                    say(f"{RETIRES}{why}")
+                    _turn_away(srv, sock_path, f"the set retired: {why}")
+                    return "memory"
     finally:
         srv.close()
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
+
+
+def _turn_away(srv: socket.socket, sock_path: Path, why: str) -> None:
+    """A stopping set: no new connection can reach it (its socket goes); one already queued is told to
+    start another set."""
+    _unlink(sock_path)
+    srv.settimeout(0.2)
+    with contextlib.suppress(OSError):
+        while True:
+            late, _ = srv.accept()
+            with late:
+                send(late, {"restart": why})
 
 
 def _unlink(path: Path) -> None:

@@ -65,6 +65,22 @@ class VerlFitter:
             if tracking is not None:
                 tracking.finish(exit_code=0)
 
+    def memory_gb(self) -> float | None:
+        """The most device memory any training worker (actor + reference; the critic's, in PPO) holds now."""
+        from fedagent.train.verl import refit
+
+        groups = [self.trainer.actor_rollout_wg] + ([self.trainer.critic_wg] if self.trainer.use_critic else [])
+        got = [g for wg in groups for g in getattr(wg, refit.MEMORY_METHOD)() if g is not None]
+        return max(got) if got else None
+
+
+def max_growth_gb() -> float | None:
+    """The set's ``train.verl.engines_max_growth_gb`` (its Ray env var; None when the job set none)."""
+    from fedagent.train.verl.engines.client import GROWTH_ENV
+
+    value = os.environ.get(GROWTH_ENV)
+    return None if value is None else float(value)
+
 
 def stop_own_set() -> None:
     """From inside the set (the watchdog): stop the whole set as its client would, from a process of its
@@ -107,7 +123,8 @@ def runner_class():
                                   fitter=VerlFitter(self.trainer, config, self.agent_loop_manager),
                                   log=slot / "server.log", job_file=slot / "job.json",
                                   idle_s=float(_env(client.IDLE_ENV)), stop=stop_own_set,
-                                  set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""), nonce=_env(client.NONCE_ENV))
+                                  set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""), nonce=_env(client.NONCE_ENV),
+                                  max_growth_gb=max_growth_gb())
                 print(f"fedagent: engine set stops: {why}", flush=True)
             finally:
                 tq.close()
