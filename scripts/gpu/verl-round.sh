@@ -34,7 +34,8 @@
 # run-scoped engines' probe, fedagent.train.verl.refit), ENGINES (job | run, default job: run = train.verl.engines,
 # each slot's engine set started by its first job and reset for the later ones, fedagent.train.verl.engines;
 # ENGINE_SETS slots, default JOBS), KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
-# ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
+# CENSUS (true: with ENGINES=run, each set prints its workers' largest live device tensors and what holds
+# them after every job, fedagent.train.verl.memory), ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT] | same ROUND:CLIENT [OUT]}
@@ -80,7 +81,8 @@ $( [ -n "${KL:-}" ] && echo "  kl_coef: $KL" )
   verl: {gpus: 1, gpu_memory_utilization: ${MEM_UTIL:-0.3}, enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4},
          cudagraph_capture_sizes: ${CG_SIZES:-null}, vllm_executor: ${VLLM_EXECUTOR:-uni},
          reward_workers: ${REWARD_WORKERS:-1}, storage_units: ${STORAGE_UNITS:-1}, warm_refit: ${REFIT:-false},
-         engines: ${ENGINES:-job}, engine_sets: ${ENGINE_SETS:-${JOBS:-2}}}
+         engines: ${ENGINES:-job}, engine_sets: ${ENGINE_SETS:-${JOBS:-2}},
+         extra_overrides: [$( [ "${CENSUS:-false}" = true ] && echo "\"+ray_kwargs.ray_init.runtime_env.env_vars.FEDAGENT_VERL_MEMORY_CENSUS='1'\"" )]}
 eval: {backend: ${EVAL_BACKEND:-local}, vllm: {enforce_eager: ${EAGER:-false}, kv_cache_gb: ${KV_GB:-4}}}
 YAML
 }

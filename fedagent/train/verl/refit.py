@@ -43,7 +43,8 @@ TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
 CRITIC_CLASS = "TrainingWorker"
 PATH_METHOD = "fedagent_set_model_path"
-MEMORY_METHOD = "fedagent_allocated_gb"    # both classes: allocated_gb
+MEMORY_METHOD = "fedagent_allocated_gb"    # both classes: fedagent.train.verl.memory.allocated_gb
+CENSUS_METHOD = "fedagent_device_tensors"  # both classes: fedagent.train.verl.memory.device_tensors
 TQ_PARTITION = "train"
 CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
 FIRST_FIT_TOKEN_PREFIX = "fedagent: the first fit's first token at "
@@ -130,27 +131,14 @@ def set_model_path(self, model_dir: str) -> str:
     return str(model_dir)
 
 
-def allocated_gb(self) -> float | None:
-    """A worker method of verl's ``ActorRolloutRefWorker`` and ``TrainingWorker`` (ONE_TO_ALL, added by
-    :func:`arm`): the device memory this worker process's tensors hold after a garbage collection, in GB
-    (None without a device). An engine set compares it across its jobs (``train.verl.engines_max_growth_gb``)."""
-    import gc
-
-    from verl.utils.device import get_torch_device
-
-    gc.collect()
-    device = get_torch_device()
-    if not device.is_available():
-        return None
-    device.synchronize()
-    return round(device.memory_allocated() / 2**30, 3)
-
-
 def _patch(module) -> None:
     from verl.single_controller.base.decorator import Dispatch, register
 
+    from fedagent.train.verl.memory import allocated_gb, device_tensors
+
     for cls_name, name, fn in ((TARGET_CLASS, METHOD, reset_engines), (CRITIC_CLASS, PATH_METHOD, set_model_path),
-                               (TARGET_CLASS, MEMORY_METHOD, allocated_gb), (CRITIC_CLASS, MEMORY_METHOD, allocated_gb)):
+                               *((c, MEMORY_METHOD, allocated_gb) for c in (TARGET_CLASS, CRITIC_CLASS)),
+                               *((c, CENSUS_METHOD, device_tensors) for c in (TARGET_CLASS, CRITIC_CLASS))):
         owner = getattr(module, cls_name, None)
         if owner is None:
             raise RuntimeError(f"{TARGET_MODULE}.{cls_name} is missing: cannot add the warm refit's {name}")
@@ -160,7 +148,7 @@ def _patch(module) -> None:
 
 def arm() -> None:
     """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method and its ``TrainingWorker``
-    (the critic's) :func:`set_model_path`, both :func:`allocated_gb`, in this process (now or when verl's module is imported); both
+    (the critic's) :func:`set_model_path`, both the memory readings of :mod:`fedagent.train.verl.memory`, in this process (now or when verl's module is imported); both
     the TaskRunner (which binds worker-group methods from the class) and the workers (which run them)
     need them."""
     from fedagent.train.verl.post_import import patch_on_import
