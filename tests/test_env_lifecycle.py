@@ -14,7 +14,7 @@ import pytest
 
 from env_fixtures import tw_games_dir
 from fedagent.envs.client import EnvClient, EnvServiceError
-from fedagent.envs.lifecycle import EnvServiceStartError, env_service
+from fedagent.envs.lifecycle import EnvServiceStartError, env_service, job_env_service
 
 pytestmark = pytest.mark.slow
 GOOD = "<think>t</think><action>{}</action>"
@@ -102,6 +102,29 @@ def test_long_workdir_falls_back_to_short_socket(tmp_path):
     with env_service(d, "val", ["tw-val-0000"], deep, mode="index", pool_size=1, max_turns=5) as c:
         assert c.health()["ok"]
         assert (deep / next(p.name for p in deep.glob("*.log"))).exists()
+
+
+def test_a_killed_attempts_short_socket_dir_goes_with_its_workdir(tmp_path):
+    """A workdir too deep for a socket path gets a socket dir under the temp root, recorded in the workdir;
+    a SIGKILLed attempt leaves both, and the job's next attempt removes the dir its record names (only a
+    dir directly under the temp root), then its own goes when it ends."""
+    import tempfile
+
+    d = tw_games_dir()
+    out = tmp_path / ("x" * 60) / ("y" * 60) / "clients" / "0"
+    workdir = out.parent / f".env-{out.name}"
+    workdir.mkdir(parents=True)
+    left = Path(tempfile.mkdtemp(prefix="fa-"))
+    (left / "env.sock").write_text("")
+    (workdir / "env-train-1-abc.short").write_text(str(left))
+    elsewhere = tmp_path / "fa-keep"
+    elsewhere.mkdir()
+    (workdir / "env-train-2-abc.short").write_text(str(elsewhere))      # not under the temp root
+    with job_env_service(d, "val", ["tw-val-0000"], out, mode="index", pool_size=1, max_turns=5) as c:
+        assert c.health()["ok"]
+        mine = [Path(p.read_text()) for p in workdir.glob("env-*.short")]
+        assert len(mine) == 1 and mine[0].is_dir() and mine[0].parent.resolve() == Path(tempfile.gettempdir()).resolve()
+    assert not left.exists() and elsewhere.exists() and not mine[0].exists() and not workdir.exists()
 
 
 def test_startup_failure_is_clear(tmp_path):

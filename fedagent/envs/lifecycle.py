@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from fedagent.core.atomic import atomic_write_json
+from fedagent.core.atomic import atomic_write_json, atomic_write_text
 from fedagent.envs.client import EnvClient
 from fedagent.envs.serve import NO_ACCELERATOR_ENV, TOKEN_ENV
 
 UDS_MAX = 100          # AF_UNIX sun_path is 108 bytes on Linux (104 on macOS); keep a margin
+SHORT_PREFIX = "fa-"   # a socket dir under the temp root, for a workdir too deep for a socket path
 STOP_GRACE_S = 5.0
 
 
@@ -127,8 +128,10 @@ def env_service(
     else:
         uds = workdir / f"env-{tag}.sock"
         if len(str(uds)) > UDS_MAX:
-            short_dir = Path(tempfile.mkdtemp(prefix="fa-"))
+            short_dir = Path(tempfile.mkdtemp(prefix=SHORT_PREFIX))
             uds = short_dir / "env.sock"
+            # recorded in the workdir: a SIGKILLed job's next attempt removes it (job_env_service)
+            atomic_write_text(workdir / f"env-{tag}.short", str(short_dir))
         cmd += ["--uds", str(uds)]
     if token:
         env[TOKEN_ENV] = token                        # not on argv: argv is world-readable
@@ -146,6 +149,7 @@ def env_service(
             path.unlink(missing_ok=True)
         if short_dir is not None:
             shutil.rmtree(short_dir, ignore_errors=True)
+            (workdir / f"env-{tag}.short").unlink(missing_ok=True)
 
 
 class PendingEnv:
@@ -201,6 +205,20 @@ class PendingEnv:
         return client
 
 
+def remove_short_dirs(workdir: Path) -> None:
+    """A killed attempt's socket dirs (:data:`SHORT_PREFIX` dirs its workdir's ``env-*.short`` records name):
+    only a real dir directly under this machine's temp root is removed, whatever a record says."""
+    root = Path(tempfile.gettempdir()).resolve()
+    for record in sorted(Path(workdir).glob("env-*.short")):
+        try:
+            d = Path(record.read_text().strip())
+        except OSError:
+            continue
+        if (d.is_absolute() and d.name.startswith(SHORT_PREFIX) and not d.is_symlink() and d.is_dir()
+                and d.parent.resolve() == root):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def job_env_service(games_dir: Path, split: str, task_ids: Sequence[str], out: Path, **kwargs) -> Iterator[EnvClient]:
     """:func:`env_service` in a fresh ``.env-<name>`` workdir beside a job's output ``out``.
@@ -211,6 +229,7 @@ def job_env_service(games_dir: Path, split: str, task_ids: Sequence[str], out: P
     """
     workdir = Path(out).parent / f".env-{Path(out).name}"
     if workdir.exists():
+        remove_short_dirs(workdir)
         shutil.rmtree(workdir)
     try:
         with env_service(games_dir, split, task_ids, workdir, **kwargs) as env:

@@ -148,9 +148,9 @@ def _patch(module) -> None:
 
 def arm() -> None:
     """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method and its ``TrainingWorker``
-    (the critic's) :func:`set_model_path`, both the memory readings of :mod:`fedagent.train.verl.memory`, in this process (now or when verl's module is imported); both
-    the TaskRunner (which binds worker-group methods from the class) and the workers (which run them)
-    need them."""
+    (the critic's) :func:`set_model_path`, both the memory readings of :mod:`fedagent.train.verl.memory`,
+    in this process (now or when verl's module is imported); both the TaskRunner (which binds
+    worker-group methods from the class) and the workers (which run them) need them."""
     from fedagent.train.verl.post_import import patch_on_import
 
     patch_on_import(TARGET_MODULE, _patch, "add the warm refit's engine reset", key="warm_refit")
