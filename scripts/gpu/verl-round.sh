@@ -35,7 +35,8 @@
 # each slot's engine set started by its first job and reset for the later ones, fedagent.train.verl.engines;
 # ENGINE_SETS slots, default JOBS), KL (train.kl_coef, default the config's 0.01; 0: verl builds no reference engine),
 # CENSUS (true: with ENGINES=run, each set prints its workers' largest live device tensors and what holds
-# them after every job, fedagent.train.verl.memory), ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
+# them after every job, fedagent.train.verl.memory), SAME (R:C, with ENGINES=run: after the run and its verify, `same R:C`
+# into the same OUT), ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
 cmd=${1:?usage: verl-round.sh check | run [OUT] | same ROUND:CLIENT [OUT]}
@@ -163,7 +164,13 @@ run)
   done
   nvidia-smi > "$B/nvidia-smi.txt" 2>&1 || true
   tar -czf "$OUT/$RUN.tgz" -C "$OUT" "$RUN" && rm -rf "$B"
-  [ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ]
+  [ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ] || exit 1
+  # SAME=R:C: then that job again on fresh engines (`same`, after every round verified): one background
+  # command for the whole comparison
+  if [ -n "${SAME:-}" ]; then
+    exec 9>&-                              # the lock passes to `same`
+    "$0" same "$SAME" "$OUT"
+  fi
   ;;
 same)
   # After `run` with ENGINES=run: the same job again on fresh engines (train.verl.engines: job), beside the
