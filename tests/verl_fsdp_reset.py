@@ -9,7 +9,8 @@ optimizer steps on actor and critic, then calls our :func:`fedagent.train.verl.r
 worker whose ``actor``/``ref`` are stand-ins for verl's ``TrainingWorker`` with verl's own
 ``TrainingWorker.reset`` (= ``engine.initialize()``), and ``set_model_path`` + ``reset`` on the critic's,
 naming a later round's start model (and its critic) and another reference. It writes ``result.json``:
-whether the old module/optimizer were freed (a leak would hold a second model's GPU memory per job),
+whether the old module/optimizer were freed after what a fit also does to the engines (the weight sync's
+read-out, a checkpoint save, an offload round trip; a leak would hold a second model's GPU memory per job),
 the optimizer state and scheduler step after the reset, whether the weights the rollout sync reads
 (``get_per_tensor_param``) and the reference's are the new dirs', and whether a step after the reset is
 bit-equal to the same step on a fresh engine built from the new start model.
@@ -193,6 +194,15 @@ def main(workdir: Path) -> None:
     for e in (worker.actor.engine, critic.engine):
         step(e, 1)
         step(e, 2)
+    # what a fit does to the engines besides its steps, before the next job's reset (the H200 showed ≈ 0.5 GB
+    # per trained engine still allocated after each warm job, docs/gpu.md 2026-12-05): the weight sync's
+    # read-out, the checkpoint save, an offload round trip — none may keep the old module alive
+    for e in (worker.actor.engine, critic.engine):
+        params, _peft = e.get_per_tensor_param()
+        for _name, _tensor in params:
+            pass
+        e.save_checkpoint(local_path=str(workdir / f"ckpt-{e.model_config.model_type}"), global_step=1)
+        e.to("cpu", model=True, optimizer=True, grad=True)
     old = [weakref.ref(worker.actor.engine.module), weakref.ref(worker.actor.engine.optimizer),
            weakref.ref(worker.ref.engine.module), weakref.ref(critic.engine.module),
            weakref.ref(critic.engine.optimizer)]
