@@ -457,6 +457,20 @@ def test_without_a_memory_reading_a_set_never_retires_for_memory(tmp_path):
     assert out["why"] == "idle"
 
 
+def test_a_failing_memory_reading_never_fails_the_job(tmp_path):
+    """The reading comes after the job's fit (sound): if the workers cannot answer it, the job still gets
+    its answer, without a reading, and the log says why."""
+    class Broken(_Recorder):
+        def memory_gb(self):
+            raise RuntimeError("worker group gone")
+
+    sock, t, out = _serve_in_thread(tmp_path, Broken(), nonce="n1", max_growth_gb=1.0, idle_s=1)
+    a = _ask(sock, nonce="n1")
+    assert a["ok"] and a["memory_gb"] is None
+    t.join(10)
+    assert out["why"] == "idle" and "worker group gone" in (tmp_path / "server.log").read_text()
+
+
 def test_a_sets_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
     """A job that finds the socket's path can connect: with a slow ``listen`` (a loaded machine; seen as a
     ConnectionRefusedError in this file's tests) the path must not exist before it."""

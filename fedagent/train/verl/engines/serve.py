@@ -210,7 +210,11 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                     return "failed"
                 time.sleep(settle_s)
                 end = os.path.getsize(log)
-                memory = fitter.memory_gb()
+                try:
+                    memory = fitter.memory_gb()
+                except Exception:      # noqa: BLE001 - a reading that fails never fails the job's sound fit
+                    say(f"fedagent: engine set: no memory reading after {req['tag']}:\n{traceback.format_exc(limit=4)}")
+                    memory = None
                 if not jobs:
                     first_end, first_memory = end, memory
                 growth = None if memory is None or first_memory is None else round(memory - first_memory, 3)
