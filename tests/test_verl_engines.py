@@ -34,7 +34,7 @@ from test_verl_launch import REPO, assert_ray_env_vars_are_strings, ppo_train_pa
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl import refit  # noqa: E402
 from fedagent.core import procs  # noqa: E402
-from fedagent.train.verl import leftovers  # noqa: E402
+from fedagent.train.verl import leftovers, memory  # noqa: E402
 from fedagent.train.verl.engines import client, keys, serve  # noqa: E402
 from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
 
@@ -110,7 +110,7 @@ def test_a_sets_ray_workers_bind_the_reset_methods_in_verls_colocated_worker_gro
         got = json.loads((j.workdir / "probe.json").read_text())["colocated"]
     assert got == {f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL", f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL",
                    **{f"{role}_{m}": "ONE_TO_ALL" for role in ("actor_rollout", "critic")
-                      for m in (refit.MEMORY_METHOD, refit.CENSUS_METHOD)}}, got
+                      for m in (memory.MEMORY_METHOD, memory.CENSUS_METHOD)}}, got
 
 
 def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
@@ -158,7 +158,7 @@ def test_the_sets_memory_reading_is_its_fullest_training_worker(tmp_path):
     from fedagent.train.verl.engines.server import VerlFitter
 
     def group(*values):
-        return SimpleNamespace(**{refit.MEMORY_METHOD: lambda: list(values)})
+        return SimpleNamespace(**{memory.MEMORY_METHOD: lambda: list(values)})
 
     f = VerlFitter.__new__(VerlFitter)
     f.trainer = SimpleNamespace(use_critic=True, actor_rollout_wg=group(1.5, 2.0), critic_wg=group(2.5))
@@ -167,9 +167,7 @@ def test_the_sets_memory_reading_is_its_fullest_training_worker(tmp_path):
     assert f.memory_gb() == 2.0
     f.trainer = SimpleNamespace(use_critic=False, actor_rollout_wg=group(None))
     assert f.memory_gb() is None
-    from fedagent.train.verl.memory import allocated_gb
-
-    assert allocated_gb(None) is None          # this machine has no device: the worker method says so
+    assert memory.allocated_gb(None) is None          # this machine has no device: the worker method says so
 
 
 def test_the_census_switch_reaches_the_sets_ray_env_as_a_string(tmp_path):
@@ -177,16 +175,14 @@ def test_the_census_switch_reaches_the_sets_ray_env_as_a_string(tmp_path):
     through the set's overrides into Ray's runtime env as the string the set's fitter reads."""
     from verl_helpers import compose_ppo
 
-    from fedagent.train.verl.memory import CENSUS_ENV
-
-    extra = (f"+ray_kwargs.ray_init.runtime_env.env_vars.{CENSUS_ENV}='1'",)
+    extra = (f"+ray_kwargs.ray_init.runtime_env.env_vars.{memory.CENSUS_ENV}='1'",)
     ov = client.set_overrides(_overrides(tmp_path, extra_overrides=extra), tmp_path / "slot-0",
                               ray_tmp=Path("/tmp/fa-ray-x"), tag="t", idle_s=30, key="k" * 64, nonce="n",
                               max_growth_gb=4.0)
     cfg = compose_ppo(ov)
     assert_ray_env_vars_are_strings(cfg)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env[CENSUS_ENV] == "1" and env[client.GROWTH_ENV] == "4.0"
+    assert env[memory.CENSUS_ENV] == "1" and env[client.GROWTH_ENV] == "4.0"
 
 
 def test_the_memory_census_names_the_largest_storages_and_what_holds_them():
@@ -194,15 +190,13 @@ def test_the_memory_census_names_the_largest_storages_and_what_holds_them():
     of one storage count once, the largest first, each with the types that hold it."""
     import torch
 
-    from fedagent.train.verl.memory import census
-
     class Keeper:                         # e.g. a leftover optimizer state or a closure's cell
         def __init__(self, t):
             self.t = t
 
     big, small = torch.zeros(1000), torch.zeros(10)
     keeper = Keeper(big)
-    rows = census([big, big[:5], small, torch.zeros(3, dtype=torch.int8)], lambda t: t.dtype == torch.float32, top=5)
+    rows = memory.census([big, big[:5], small, torch.zeros(3, dtype=torch.int8)], lambda t: t.dtype == torch.float32, top=5)
     assert [(r["bytes"], r["tensors"], r["shape"]) for r in rows] == [(4000, 2, [1000]), (40, 1, [10])]
     assert "dict" in rows[0]["held_by"] or "Keeper" in rows[0]["held_by"]
     assert keeper.t is big

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from fedagent.core import tempdirs
 from fedagent.core.atomic import atomic_write_json, atomic_write_text
 from fedagent.envs.client import EnvClient
 from fedagent.envs.serve import NO_ACCELERATOR_ENV, TOKEN_ENV
@@ -208,15 +209,9 @@ class PendingEnv:
 def remove_short_dirs(workdir: Path) -> None:
     """A killed attempt's socket dirs (:data:`SHORT_PREFIX` dirs its workdir's ``env-*.short`` records name):
     only a real dir directly under this machine's temp root is removed, whatever a record says."""
-    root = Path(tempfile.gettempdir()).resolve()
     for record in sorted(Path(workdir).glob("env-*.short")):
-        try:
-            d = Path(record.read_text().strip())
-        except OSError:
-            continue
-        if (d.is_absolute() and d.name.startswith(SHORT_PREFIX) and not d.is_symlink() and d.is_dir()
-                and d.parent.resolve() == root):
-            shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            tempdirs.remove_own(record.read_text().strip(), SHORT_PREFIX)
 
 
 @contextlib.contextmanager

@@ -14,9 +14,9 @@ import glob
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
+
+from fedagent.core import tempdirs
 
 LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
 IPC_SOCKET_GLOB = "/tmp/rl-colocate-zmq-*{tag}*"    # verl's weight-transfer sockets, salted by the job tag
@@ -54,10 +54,8 @@ def remove(workdir: Path, tmp_root: Path | None, *, grace_s: float) -> None:
         from fedagent.core import procs
 
         procs.stop_group(int(rec["pgid"]), str(rec["start"]), grace_s)
-    root = Path(tmp_root or tempfile.gettempdir()).resolve()
-    own = Path(str(rec.get("ray_tmp") or ""))
-    if own.name.startswith("fa-ray-") and own.parent == root and own.is_dir() and not own.is_symlink():
-        shutil.rmtree(own, ignore_errors=True)
+    if rec.get("ray_tmp"):
+        tempdirs.remove_own(rec["ray_tmp"], "fa-ray-", tmp_root)
     tag = str(rec.get("tag") or "")
     if re.fullmatch(TAG_PATTERN, tag):
         remove_ipc_sockets(tag)

@@ -17,6 +17,8 @@ import gc
 from typing import Callable, Iterable
 
 CENSUS_ENV = "FEDAGENT_VERL_MEMORY_CENSUS"
+MEMORY_METHOD = "fedagent_allocated_gb"    # the worker-method names of allocated_gb and device_tensors
+CENSUS_METHOD = "fedagent_device_tensors"
 CENSUS_LINE = "fedagent: device tensor: "
 
 

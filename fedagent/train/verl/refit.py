@@ -43,8 +43,6 @@ TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
 CRITIC_CLASS = "TrainingWorker"
 PATH_METHOD = "fedagent_set_model_path"
-MEMORY_METHOD = "fedagent_allocated_gb"    # both classes: fedagent.train.verl.memory.allocated_gb
-CENSUS_METHOD = "fedagent_device_tensors"  # both classes: fedagent.train.verl.memory.device_tensors
 TQ_PARTITION = "train"
 CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
 FIRST_FIT_TOKEN_PREFIX = "fedagent: the first fit's first token at "
@@ -134,7 +132,7 @@ def set_model_path(self, model_dir: str) -> str:
 def _patch(module) -> None:
     from verl.single_controller.base.decorator import Dispatch, register
 
-    from fedagent.train.verl.memory import allocated_gb, device_tensors
+    from fedagent.train.verl.memory import CENSUS_METHOD, MEMORY_METHOD, allocated_gb, device_tensors
 
     for cls_name, name, fn in ((TARGET_CLASS, METHOD, reset_engines), (CRITIC_CLASS, PATH_METHOD, set_model_path),
                                *((c, MEMORY_METHOD, allocated_gb) for c in (TARGET_CLASS, CRITIC_CLASS)),

@@ -155,13 +155,11 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
     past this growth the set stops once it has answered (None: never). Returns why it stopped."""
     say = say or sys_print
     sock_path = Path(sock_path)
-    with contextlib.suppress(FileNotFoundError):
-        sock_path.unlink()
+    _unlink(sock_path)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # the socket appears at its path only once it listens: a job that finds it can connect
     fresh = sock_path.with_name(sock_path.name + ".new")
-    with contextlib.suppress(FileNotFoundError):
-        fresh.unlink()
+    _unlink(fresh)
     srv.bind(str(fresh))
     srv.listen(4)
     os.replace(fresh, sock_path)
@@ -234,8 +232,7 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                     return "memory"
     finally:
         srv.close()
-        with contextlib.suppress(FileNotFoundError):
-            sock_path.unlink()
+        _unlink(sock_path)
 
 
 def _turn_away(srv: socket.socket, sock_path: Path, why: str) -> None:

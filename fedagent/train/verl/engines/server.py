@@ -67,14 +67,12 @@ class VerlFitter:
 
     def memory_gb(self) -> float | None:
         """The most device memory any training worker (actor + reference; the critic's, in PPO) holds now."""
-        from fedagent.train.verl import refit
-
-        from fedagent.train.verl.memory import CENSUS_ENV
+        from fedagent.train.verl import memory
 
         groups = [self.trainer.actor_rollout_wg] + ([self.trainer.critic_wg] if self.trainer.use_critic else [])
-        if os.environ.get(CENSUS_ENV) == "1":      # the largest live device tensors into the set's log
-            getattr(self.trainer.actor_rollout_wg, refit.CENSUS_METHOD)()   # (colocated: one process for all roles)
-        got = [g for wg in groups for g in getattr(wg, refit.MEMORY_METHOD)() if g is not None]
+        if os.environ.get(memory.CENSUS_ENV) == "1":      # the largest live device tensors into the set's log
+            getattr(self.trainer.actor_rollout_wg, memory.CENSUS_METHOD)()   # (colocated: one process for all roles)
+        got = [g for wg in groups for g in getattr(wg, memory.MEMORY_METHOD)() if g is not None]
         return max(got) if got else None
 
 
