@@ -25,7 +25,8 @@ from fedagent.envs.service import build_app
 from fedagent.train.local import TrainParams
 from fedagent.train.verl.backend import train_client_verl
 from fedagent.core.procs import alive as _alive  # one /proc reading for the verl tests and the sets
-from fedagent.train.verl.launch import IPC_SOCKET_GLOB, VerlSettings
+from fedagent.train.verl.launch import VerlSettings
+from fedagent.train.verl.leftovers import IPC_SOCKET_GLOB
 
 TESTS = Path(__file__).resolve().parent
 HOLD_S = 3.0

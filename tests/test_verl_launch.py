@@ -319,7 +319,7 @@ def _leftovers_case(tmp_path, root):
     with launch.isolated_job(work, round=1, client=0, tmp_root=root) as job:
         orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
         leftovers.record(job.workdir, pgid=orphan.pid, start=procs.proc_start(orphan.pid))
-        sock = Path(launch.IPC_SOCKET_GLOB.format(tag=job.tag).replace("*", "x", 1).replace("*", ""))
+        sock = Path(leftovers.IPC_SOCKET_GLOB.format(tag=job.tag).replace("*", "x", 1).replace("*", ""))
         sock.write_text("")
         rec = json.loads((job.workdir / leftovers.LEFTOVERS).read_text())
         kept = Path(rec["ray_tmp"])

@@ -37,7 +37,6 @@ from typing import Iterator, Sequence
 
 from fedagent.model.memory import kv_cache_bytes
 from fedagent.train.verl import leftovers
-from fedagent.train.verl.leftovers import IPC_SOCKET_GLOB  # noqa: F401 - the tests read it here
 
 AGENT_NAME = "fedagent_windowed"
 AGENT_LOOP_TARGET = "fedagent.train.verl.agent_loop.WindowedAgentLoop"
