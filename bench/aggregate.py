@@ -65,7 +65,6 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
     shapes = layout(size_gb)
     specs = [(n, "F32", s) for n, s in sorted(shapes.items())]
     g = torch_generator(0, "bench-aggregate")
-    noise = {}
 
     def prev_tensor(name):
         return torch.randn(shapes[name], generator=g) * 0.02
@@ -79,6 +78,7 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
 
     idx = tensor_index(prev_dir)
     for i in range(m_max):
+
         def client_tensor(name, i=i):
             with TensorReader() as r:
                 p = r.read(idx[name])
@@ -96,6 +96,7 @@ def build_inputs(work: Path, size_gb: float, m_max: int) -> tuple[Path, list[Pat
 
 
 # ---------------------------------------------------------------- variants (run in children)
+
 
 def _files(prev_dir: Path, client_dirs: list[Path]) -> list[Path]:
     from fedagent.model.hf_dir import weight_files
@@ -198,11 +199,12 @@ def child(variant: str, mode: str, prev_dir: str, clients: list[str], out: str) 
     dt = time.perf_counter() - t0
     # VmHWM, not ru_maxrss: ru_maxrss survives exec and would report the parent's peak.
     status = Path("/proc/self/status").read_text()
-    rss = int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
+    rss = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
     print(json.dumps({"seconds": dt, "peak_rss": rss}))
 
 
 # ---------------------------------------------------------------- driver
+
 
 def mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -238,11 +240,18 @@ def main() -> int:
     ap.add_argument("--size-gb", type=float, default=1.0, help="fp32 size of each model")
     ap.add_argument("--ms", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--workdir", type=Path, default=REPO.parent, help="parent of the temporary dir (disk under test)")
-    ap.add_argument("--flwr-python", default="/tmp/flwr-venv/bin/python",
-                    help="interpreter with flwr + safetensors installed ('' to skip)")
+    ap.add_argument(
+        "--flwr-python",
+        default="/tmp/flwr-venv/bin/python",
+        help="interpreter with flwr + safetensors installed ('' to skip)",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    ap.add_argument("--modes", nargs="+", default=["durable", "nosync"],
-                    help="durable: outputs fsync'ed (as fedagent does); nosync: fsync disabled in every variant")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["durable", "nosync"],
+        help="durable: outputs fsync'ed (as fedagent does); nosync: fsync disabled in every variant",
+    )
     ap.add_argument("--reps", type=int, default=1, help="runs per cell: min time, max peak RSS")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic inputs")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -262,9 +271,11 @@ def main() -> int:
         t0 = time.perf_counter()
         prev_dir, all_clients = build_inputs(work, a.size_gb, max(a.ms))
         size = sum(f.stat().st_size for f in _files(prev_dir, []))
-        print(f"# synthetic model: {len(layout(a.size_gb))} tensors, {size / 1e9:.2f} GB fp32 per client "
-              f"(built in {time.perf_counter() - t0:.0f} s); hot page cache; {os.cpu_count()} CPUs; "
-              f"{a.reps} run(s) per cell; load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"# synthetic model: {len(layout(a.size_gb))} tensors, {size / 1e9:.2f} GB fp32 per client "
+            f"(built in {time.perf_counter() - t0:.0f} s); hot page cache; {os.cpu_count()} CPUs; "
+            f"{a.reps} run(s) per cell; load average {os.getloadavg()[0]:.1f}"
+        )
         flwr_ok = bool(a.flwr_python) and Path(a.flwr_python).exists()
         variants = [v for v in a.variants if v != "flwr" or flwr_ok]
         for mode in a.modes:
@@ -275,19 +286,28 @@ def main() -> int:
                     # load-all holds M+2 models; Flower's helper M weighted copies as well (2M+2).
                     need = {"loadall": (m + 3) * size, "flwr": (2 * m + 3) * size}.get(v, 0)
                     if need and need > 0.8 * mem_available():
-                        print(f"  {mode} M={m} {v}: skipped (needs ~{need / 1e9:.0f} GB, "
-                              f"{mem_available() / 1e9:.0f} GB available)", file=sys.stderr)
+                        print(
+                            f"  {mode} M={m} {v}: skipped (needs ~{need / 1e9:.0f} GB, "
+                            f"{mem_available() / 1e9:.0f} GB available)",
+                            file=sys.stderr,
+                        )
                         continue
                     python = a.flwr_python if v == "flwr" else sys.executable
                     runs = [measure(v, mode, python, prev_dir, clients, work / "out") for _ in range(a.reps)]
                     runs = [x for x in runs if x]
                     # min time (the machine may be shared: noise only ever adds), max peak RSS
-                    r = {"seconds": min(x["seconds"] for x in runs),
-                         "peak_rss": max(x["peak_rss"] for x in runs)} if runs else None
+                    r = (
+                        {"seconds": min(x["seconds"] for x in runs), "peak_rss": max(x["peak_rss"] for x in runs)}
+                        if runs
+                        else None
+                    )
                     if r:
                         rows[(m, v)] = r
-                        print(f"  {mode} M={m} {v}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
-                              file=sys.stderr, flush=True)
+                        print(
+                            f"  {mode} M={m} {v}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             print(f"\n## mode: {mode}")
             print_table(rows, a.ms, variants)
     finally:
@@ -301,19 +321,25 @@ def print_table(rows, ms, variants) -> None:
         r = rows.get((m, v))
         return fmt(r[key]) if r else "skipped"
 
-    print("\n| M | " + " | ".join(f"{v} s" for v in variants) + " | stream/floor | full/floor | loadall/stream "
-          "| " + " | ".join(f"{v} RSS MiB" for v in variants) + " | loadall RSS/stream RSS |")
+    print(
+        "\n| M | " + " | ".join(f"{v} s" for v in variants) + " | stream/floor | full/floor | loadall/stream "
+        "| " + " | ".join(f"{v} RSS MiB" for v in variants) + " | loadall RSS/stream RSS |"
+    )
     print("|" + "---|" * (2 * len(variants) + 5))
     for m in ms:
+
         def ratio(a, b, key):
             ra, rb = rows.get((m, a)), rows.get((m, b))
             return f"{ra[key] / rb[key]:.2f}×" if ra and rb else "–"
 
-        print(f"| {m} | " + " | ".join(cell(m, v, "seconds", lambda x: f"{x:.2f}") for v in variants)
-              + f" | {ratio('stream', 'floor', 'seconds')} | {ratio('full', 'floor', 'seconds')} "
-              f"| {ratio('loadall', 'stream', 'seconds')} | "
-              + " | ".join(cell(m, v, "peak_rss", lambda x: f"{x / 2**20:.0f}") for v in variants)
-              + f" | {ratio('loadall', 'stream', 'peak_rss')} |")
+        print(
+            f"| {m} | "
+            + " | ".join(cell(m, v, "seconds", lambda x: f"{x:.2f}") for v in variants)
+            + f" | {ratio('stream', 'floor', 'seconds')} | {ratio('full', 'floor', 'seconds')} "
+            f"| {ratio('loadall', 'stream', 'seconds')} | "
+            + " | ".join(cell(m, v, "peak_rss", lambda x: f"{x / 2**20:.0f}") for v in variants)
+            + f" | {ratio('loadall', 'stream', 'peak_rss')} |"
+        )
     lo, hi = rows.get((min(ms), "stream")), rows.get((max(ms), "stream"))
     if lo and hi:
         print(f"\nstream peak RSS M={max(ms)} vs M={min(ms)}: {hi['peak_rss'] / lo['peak_rss'] - 1:+.1%}")

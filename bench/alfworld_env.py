@@ -74,10 +74,14 @@ def measure(games: Path, n_tasks: int, n_steps: int, seed: int) -> dict:
                 break
     expert.close()
     mean = {k: statistics.mean(v) for k, v in costs.items()}
-    return {"tasks": len(tasks), "mean_cpu_s": {k: round(v, 4) for k, v in mean.items()},
-            "median_cpu_s": {k: round(statistics.median(v), 4) for k, v in costs.items()},
-            "max_cpu_s": {k: round(max(v), 4) for k, v in costs.items()},
-            "calls": {k: len(v) for k, v in costs.items()}, "plan_len_mean": statistics.mean(plan_lens)}
+    return {
+        "tasks": len(tasks),
+        "mean_cpu_s": {k: round(v, 4) for k, v in mean.items()},
+        "median_cpu_s": {k: round(statistics.median(v), 4) for k, v in costs.items()},
+        "max_cpu_s": {k: round(max(v), 4) for k, v in costs.items()},
+        "calls": {k: len(v) for k, v in costs.items()},
+        "plan_len_mean": statistics.mean(plan_lens),
+    }
 
 
 def project(cfg: dict, med: dict, plan_len: float, cores: int) -> dict:
@@ -90,21 +94,29 @@ def project(cfg: dict, med: dict, plan_len: float, cores: int) -> dict:
     train_eps = tr["epochs"] * tr["groups_per_epoch"] * tr["group_size"]
     train_cpu = train_eps * episode
     eval_cpu = ev["n"] * (med["load_reset"] + ev["max_turns"] * med["step"])
-    demo_cpu = (ws.get("demos", 0) * (med["expert_load_reset"] + plan_len * med["expert_step"])
-                if ws.get("enabled") else 0.0)
+    demo_cpu = (
+        ws.get("demos", 0) * (med["expert_load_reset"] + plan_len * med["expert_step"]) if ws.get("enabled") else 0.0
+    )
     per_round = cfg["clients"]["per_round"]
     # a round: per_round train jobs side by side (each over `procs` workers, all over `cores`), then an eval
     par_train = min(procs * per_round, cores)
     round_wall = train_cpu * per_round / par_train + eval_cpu / min(procs, cores)
     evals = cfg["rounds"] + 1 + (1 if ws.get("enabled") else 0)
-    demo_par = min(procs, cores) if env.get("procs") else 1      # expert service: in process without env.procs
+    demo_par = min(procs, cores) if env.get("procs") else 1  # expert service: in process without env.procs
     return {
-        "train_job_episodes": train_eps, "train_job_cpu_s": round(train_cpu, 1),
-        "eval_cpu_s": round(eval_cpu, 1), "warm_start_demos_cpu_s": round(demo_cpu, 1),
+        "train_job_episodes": train_eps,
+        "train_job_cpu_s": round(train_cpu, 1),
+        "eval_cpu_s": round(eval_cpu, 1),
+        "warm_start_demos_cpu_s": round(demo_cpu, 1),
         "round_env_wall_s_on_cores": round(round_wall, 1),
-        "run_env_wall_s_on_cores": round(cfg["rounds"] * (train_cpu * per_round / par_train)
-                                         + evals * eval_cpu / min(procs, cores) + demo_cpu / demo_par, 1),
-        "cores": cores, "procs_per_service": procs,
+        "run_env_wall_s_on_cores": round(
+            cfg["rounds"] * (train_cpu * per_round / par_train)
+            + evals * eval_cpu / min(procs, cores)
+            + demo_cpu / demo_par,
+            1,
+        ),
+        "cores": cores,
+        "procs_per_service": procs,
     }
 
 

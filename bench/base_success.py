@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     model, tok = load_policy(args.model, args.threads, device=args.device)
     if args.device == "cuda":
         model = model.to(torch.bfloat16)
-    seeds = [i for i in range(len(tasks)) for _ in range(args.group_size)]   # index mode: seed i → task i
+    seeds = [i for i in range(len(tasks)) for _ in range(args.group_size)]  # index mode: seed i → task i
     batch = min(len(seeds), 128)
     rows = []
     for spec in args.variants:
@@ -58,23 +58,52 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             from fedagent.model.static_sampler import StaticSampler
 
-            sampler = StaticSampler(model, tok, batch_size=batch, max_prompt_tokens=args.max_prompt_tokens,
-                                    max_new_tokens=ntok, mode="eager")
+            sampler = StaticSampler(
+                model,
+                tok,
+                batch_size=batch,
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_new_tokens=ntok,
+                mode="eager",
+            )
         t0 = time.time()
-        with env_service(args.games, "train", tasks, Path(tempfile.mkdtemp()), mode="index", pool_size=batch,
-                         max_turns=args.max_turns, answer_format=fmt) as env:
+        with env_service(
+            args.games,
+            "train",
+            tasks,
+            Path(tempfile.mkdtemp()),
+            mode="index",
+            pool_size=batch,
+            max_turns=args.max_turns,
+            answer_format=fmt,
+        ) as env:
             trajs = run_episodes_batched(
-                model, tok, env, seeds, batch_size=batch, session_prefix=f"probe-{fmt}", max_turns=args.max_turns,
-                max_new_tokens=ntok, temperature=temp, generator=torch_generator(args.seed, "probe"),
-                max_prompt_tokens=args.max_prompt_tokens, answer_format=fmt, sampler=sampler)
+                model,
+                tok,
+                env,
+                seeds,
+                batch_size=batch,
+                session_prefix=f"probe-{fmt}",
+                max_turns=args.max_turns,
+                max_new_tokens=ntok,
+                temperature=temp,
+                generator=torch_generator(args.seed, "probe"),
+                max_prompt_tokens=args.max_prompt_tokens,
+                answer_format=fmt,
+                sampler=sampler,
+            )
         wins = [t.won for t in trajs]
         turns = [x for t in trajs for x in t.turns]
-        groups = [wins[k:k + args.group_size] for k in range(0, len(wins), args.group_size)]
-        row = {"variant": spec, "episodes": len(trajs), "success": sum(wins) / len(wins),
-               "invalid": sum(not x.valid for x in turns) / max(1, len(turns)),
-               "groups_with_signal": sum(0 < sum(g) < len(g) for g in groups) / len(groups),
-               "seconds": round(time.time() - t0, 1),
-               "top_actions": _top([x.action for x in turns])}
+        groups = [wins[k : k + args.group_size] for k in range(0, len(wins), args.group_size)]
+        row = {
+            "variant": spec,
+            "episodes": len(trajs),
+            "success": sum(wins) / len(wins),
+            "invalid": sum(not x.valid for x in turns) / max(1, len(turns)),
+            "groups_with_signal": sum(0 < sum(g) < len(g) for g in groups) / len(groups),
+            "seconds": round(time.time() - t0, 1),
+            "top_actions": _top([x.action for x in turns]),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{'variant':24} {'success':>8} {'invalid':>8} {'signal':>8}  (tasks {len(tasks)} x {args.group_size})")

@@ -64,21 +64,34 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
         roll = copy.deepcopy(model).to(torch.bfloat16)
         roll.requires_grad_(False)
         return ref, roll
+
     ref, roll = timed("copies", copies)
-    sampler = timed("sampler_init", lambda: StaticSampler(roll, tok, batch_size=POOL, max_prompt_tokens=WIDTH,
-                                                          max_new_tokens=NEW,
-                                                          mode="graph" if device.type == "cuda" else "eager"))
+    sampler = timed(
+        "sampler_init",
+        lambda: StaticSampler(
+            roll,
+            tok,
+            batch_size=POOL,
+            max_prompt_tokens=WIDTH,
+            max_new_tokens=NEW,
+            mode="graph" if device.type == "cuda" else "eager",
+        ),
+    )
     timed("sampler_warmup", lambda: sampler.warmup(1.0))
     g = torch.Generator().manual_seed(rng_seed)
     vocab = model.config.vocab_size
-    prompts = [torch.randint(100, vocab - 100, (int(n),), generator=g).tolist()
-               for n in torch.randint(250, 400, (POOL,), generator=g)]
+    prompts = [
+        torch.randint(100, vocab - 100, (int(n),), generator=g).tolist()
+        for n in torch.randint(250, 400, (POOL,), generator=g)
+    ]
     t = time.time()
     sampler.first_token_time = None
     gens = timed("first_call", lambda: sampler(roll, tok, prompts, NEW, 1.0, torch.Generator().manual_seed(1)))
     parts["first_call_to_first_token"] = round(sampler.first_token_time - t, 4)
-    samples = [grpo.Sample(prompt_ids=gn.prompt_ids, response_ids=gn.response_ids or [1], reward=float(i % 2),
-                           group=i // 8) for i, gn in enumerate(gens[:MICRO])]
+    samples = [
+        grpo.Sample(prompt_ids=gn.prompt_ids, response_ids=gn.response_ids or [1], reward=float(i % 2), group=i // 8)
+        for i, gn in enumerate(gens[:MICRO])
+    ]
     for s, a in zip(samples, grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])):
         s.advantage = a
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, fused=device.type == "cuda")
@@ -89,8 +102,22 @@ def _job(model, tok, parts: dict, rng_seed: int = 0):
     adv = grpo.token_advantages(samples).to(device)
     slices = token_slices(samples)
     for k in (1, 2):
-        timed(f"train_step_{k}", lambda: update_step(model, opt, samples, list(range(len(samples))), old, old, adv,
-                                                     slices, p, params, deferred=deferred_steps(opt)))
+        timed(
+            f"train_step_{k}",
+            lambda: update_step(
+                model,
+                opt,
+                samples,
+                list(range(len(samples))),
+                old,
+                old,
+                adv,
+                slices,
+                p,
+                params,
+                deferred=deferred_steps(opt),
+            ),
+        )
 
 
 def child(model_dir: Path, variant: str) -> dict:
@@ -100,19 +127,26 @@ def child(model_dir: Path, variant: str) -> dict:
 
     from fedagent.warm.preload import parse_groups, preload
 
-    preload(parse_groups("train,eval"))     # what a warm server has imported before forking a job
+    preload(parse_groups("train,eval"))  # what a warm server has imported before forking a job
     parts: dict = {"variant": variant}
     t0 = time.perf_counter()
     if variant in ("cuda", "arch", "full"):
         from fedagent.warm import standby
 
-        standby.prepare("cuda")              # what a --standby process does before its job
+        standby.prepare("cuda")  # what a --standby process does before its job
     if variant == "arch":
         from fedagent.warm.gpu_warmup import Shapes, warm_up
 
-        parts["warmup_parts"] = {k: round(v, 3) for k, v in warm_up(Shapes(
-            model_dir, {"pool": POOL, "width": WIDTH, "new_tokens": NEW, "micro": MICRO, "sampler": "graph"},
-            {"batch": POOL, "width": WIDTH, "new_tokens": NEW, "sampler": "graph"})).items()}
+        parts["warmup_parts"] = {
+            k: round(v, 3)
+            for k, v in warm_up(
+                Shapes(
+                    model_dir,
+                    {"pool": POOL, "width": WIDTH, "new_tokens": NEW, "micro": MICRO, "sampler": "graph"},
+                    {"batch": POOL, "width": WIDTH, "new_tokens": NEW, "sampler": "graph"},
+                )
+            ).items()
+        }
     if variant == "full":
         m, tok = load_policy(model_dir, 4, verify=False, device="cuda")
         _job(m, tok, {})
@@ -129,8 +163,11 @@ def child(model_dir: Path, variant: str) -> dict:
     torch.cuda.synchronize()
     parts["load_policy"] = round(time.perf_counter() - t, 4)
     _job(model, tok, parts)
-    parts["to_first_token"] = round(sum(parts[k] for k in ("cuda_start", "load_policy", "copies", "sampler_init",
-                                                            "sampler_warmup")) + parts["first_call_to_first_token"], 3)
+    parts["to_first_token"] = round(
+        sum(parts[k] for k in ("cuda_start", "load_policy", "copies", "sampler_init", "sampler_warmup"))
+        + parts["first_call_to_first_token"],
+        3,
+    )
     parts["job_s"] = round(time.perf_counter() - t_job, 3)
     return parts
 
@@ -149,21 +186,29 @@ def main(argv=None) -> int:
     rows = []
     for _ in range(args.repeat):
         for v in args.variants:
-            proc = subprocess.run([sys.executable, __file__, "--model", str(args.model), "--child", v],
-                                  capture_output=True, text=True, env=dict(os.environ))
+            proc = subprocess.run(
+                [sys.executable, __file__, "--model", str(args.model), "--child", v],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ),
+            )
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PARTS ")), None)
             if line is None:
-                raise RuntimeError(f"variant {v} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+                raise RuntimeError(
+                    f"variant {v} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+                )
             rows.append(json.loads(line[6:]))
             print(json.dumps(rows[-1]), flush=True)
     base = [r for r in rows if r["variant"] == "none"]
     if base:
         ref = sum(r["to_first_token"] for r in base) / len(base)
         for r in rows:
-            print(f"{r['variant']:5s} to first token {r['to_first_token']:.2f} s ({r['to_first_token'] / ref:.2f}x none)"
-                  f"  cuda {r['cuda_start']:.2f}  load {r['load_policy']:.2f}  copies {r['copies']:.2f}"
-                  f"  sampler {r['sampler_init']:.2f}+{r['sampler_warmup']:.2f}  first call {r['first_call_to_first_token']:.2f}"
-                  f"  steps {r['train_step_1']:.2f}/{r['train_step_2']:.2f}  (before the job {r['before_job_s']:.1f} s)")
+            print(
+                f"{r['variant']:5s} to first token {r['to_first_token']:.2f} s ({r['to_first_token'] / ref:.2f}x none)"
+                f"  cuda {r['cuda_start']:.2f}  load {r['load_policy']:.2f}  copies {r['copies']:.2f}"
+                f"  sampler {r['sampler_init']:.2f}+{r['sampler_warmup']:.2f}  first call {r['first_call_to_first_token']:.2f}"
+                f"  steps {r['train_step_1']:.2f}/{r['train_step_2']:.2f}  (before the job {r['before_job_s']:.1f} s)"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

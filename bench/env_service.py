@@ -50,7 +50,7 @@ def run_inprocess(source, tasks, conc, episodes, steps, max_turns) -> float:
                 n += 1
         return n
 
-    for i in range(conc):                          # warm the per-instance game caches
+    for i in range(conc):  # warm the per-instance game caches
         for t in tasks:
             envs[i].reset(t)
     t0 = time.perf_counter()
@@ -65,7 +65,7 @@ def run_inprocess(source, tasks, conc, episodes, steps, max_turns) -> float:
 def run_inprocess_lockstep(source, tasks, conc, episodes, steps, max_turns) -> float:
     """Steps/s with ``conc`` envs stepped in lockstep from ``conc`` threads (one map per step)."""
     envs = [source.make_env(max_turns) for _ in range(conc)]
-    for env in envs:                               # warm the per-instance game caches
+    for env in envs:  # warm the per-instance game caches
         for t in tasks:
             env.reset(t)
     total = 0
@@ -97,8 +97,16 @@ def run_service(client, tasks, conc, episodes, steps) -> float:
 
     # warm: every pool env loads every game once (as the in-process variant does)
     with ThreadPoolExecutor(conc) as ex:
-        list(ex.map(lambda i: [client.create(f"w{i}"), *[client.reset(f"w{i}", s) for s in range(len(tasks))],
-                               client.close(f"w{i}")], range(conc)))
+        list(
+            ex.map(
+                lambda i: [
+                    client.create(f"w{i}"),
+                    *[client.reset(f"w{i}", s) for s in range(len(tasks))],
+                    client.close(f"w{i}"),
+                ],
+                range(conc),
+            )
+        )
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as ex:
         total = sum(ex.map(session, range(conc)))
@@ -142,22 +150,33 @@ def main() -> None:
     source = TextWorldTaskSource(games)
     tasks = source.task_ids("train")
     print(f"games {games} ({len(tasks)} tasks), episodes/session {args.episodes}, steps/episode {args.steps}")
-    print(f"{'sessions':>8} {'in-process steps/s':>19} {'service steps/s':>16} {'ratio':>6}"
-          f" {'batched steps/s':>16} {'ratio':>6} {'in-proc lockstep':>17} {'batched/lockstep':>17}")
+    print(
+        f"{'sessions':>8} {'in-process steps/s':>19} {'service steps/s':>16} {'ratio':>6}"
+        f" {'batched steps/s':>16} {'ratio':>6} {'in-proc lockstep':>17} {'batched/lockstep':>17}"
+    )
     for conc in args.concurrency:
         inproc, served, batched, lockstep = [], [], [], []
-        with env_service(games, "train", tasks, work / f"svc{conc}", mode="index", pool_size=conc,
-                         max_turns=args.max_turns, env_threads=bool(args.env_threads),
-                         env_procs=args.env_procs) as client:
-            for _ in range(args.repeats):              # alternate so machine load hits both
+        with env_service(
+            games,
+            "train",
+            tasks,
+            work / f"svc{conc}",
+            mode="index",
+            pool_size=conc,
+            max_turns=args.max_turns,
+            env_threads=bool(args.env_threads),
+            env_procs=args.env_procs,
+        ) as client:
+            for _ in range(args.repeats):  # alternate so machine load hits both
                 inproc.append(run_inprocess(source, tasks, conc, args.episodes, args.steps, args.max_turns))
                 served.append(run_service(client, tasks, conc, args.episodes, args.steps))
                 batched.append(run_service_batched(client, tasks, conc, args.episodes, args.steps))
-                lockstep.append(run_inprocess_lockstep(source, tasks, conc, args.episodes, args.steps,
-                                                       args.max_turns))
+                lockstep.append(run_inprocess_lockstep(source, tasks, conc, args.episodes, args.steps, args.max_turns))
         a, b, c, d = (statistics.median(x) for x in (inproc, served, batched, lockstep))
-        print(f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f} {c:>16.1f} {c / a:>6.2f} {d:>17.1f} {c / d:>17.2f}",
-              flush=True)
+        print(
+            f"{conc:>8} {a:>19.1f} {b:>16.1f} {b / a:>6.2f} {c:>16.1f} {c / a:>6.2f} {d:>17.1f} {c / d:>17.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,19 @@ def one_start(games: Path, tasks: list[str], batch: int, groups: int, procs: int
 
     seeds = [g for g in range(groups) for _ in range(batch // groups)]
     t0 = time.time()
-    with job_env_service(games, "train", tasks, work, mode="draw", pool_size=batch, max_turns=3, client_id="0",
-                         answer_format="action", wait=False, env_procs=procs) as pending:
+    with job_env_service(
+        games,
+        "train",
+        tasks,
+        work,
+        mode="draw",
+        pool_size=batch,
+        max_turns=3,
+        client_id="0",
+        answer_format="action",
+        wait=False,
+        env_procs=procs,
+    ) as pending:
         pre = PrefetchedEnv(pending, *first_batch(seeds, batch, "r1-c0-e0"))
         pre.ready()
     return pre.service_up_at - t0, pre.reset_at - t0
@@ -51,7 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     index = json.loads((args.games / "games.json").read_text())
-    tasks = list(index["train"])[:args.tasks]
+    tasks = list(index["train"])[: args.tasks]
     rows = []
     with tempfile.TemporaryDirectory(prefix="fa-envstart-") as tmp:
         for conc in args.concurrent:
@@ -61,8 +72,14 @@ def main(argv=None) -> int:
                     out: list = [None] * conc
 
                     def run(k, rep=rep, procs=procs):
-                        out[k] = one_start(args.games, tasks, args.batch, args.groups, procs,
-                                           Path(tmp) / f"c{conc}-p{procs}-r{rep}-{k}" / "job")
+                        out[k] = one_start(
+                            args.games,
+                            tasks,
+                            args.batch,
+                            args.groups,
+                            procs,
+                            Path(tmp) / f"c{conc}-p{procs}-r{rep}-{k}" / "job",
+                        )
 
                     threads = [threading.Thread(target=run, args=(k,)) for k in range(conc)]
                     for t in threads:
@@ -71,14 +88,21 @@ def main(argv=None) -> int:
                         t.join()
                     ups += [o[0] for o in out]
                     resets += [o[1] for o in out]
-                row = {"concurrent": conc, "env_procs": procs, "service_up_s": statistics.median(ups),
-                       "first_batch_reset_s": statistics.median(resets), "max_reset_s": max(resets)}
+                row = {
+                    "concurrent": conc,
+                    "env_procs": procs,
+                    "service_up_s": statistics.median(ups),
+                    "first_batch_reset_s": statistics.median(resets),
+                    "max_reset_s": max(resets),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(f"\n{'concurrent':>10} {'env_procs':>9} {'service up':>11} {'batch reset':>12} {'worst':>7}")
     for r in rows:
-        print(f"{r['concurrent']:>10} {r['env_procs']:>9} {r['service_up_s']:>10.3f}s {r['first_batch_reset_s']:>11.3f}s "
-              f"{r['max_reset_s']:>6.3f}s")
+        print(
+            f"{r['concurrent']:>10} {r['env_procs']:>9} {r['service_up_s']:>10.3f}s {r['first_batch_reset_s']:>11.3f}s "
+            f"{r['max_reset_s']:>6.3f}s"
+        )
     return 0
 
 

@@ -76,8 +76,10 @@ def _peak() -> dict:
     import torch
 
     torch.cuda.synchronize()
-    return {"peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20),
-            "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20)}
+    return {
+        "peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20),
+        "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20),
+    }
 
 
 def bench_hf(model, prompts, reps):
@@ -88,8 +90,17 @@ def bench_hf(model, prompts, reps):
 
     def call():
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
-                                  do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+            )
+
     return _timed(call, reps)
 
 
@@ -117,8 +128,9 @@ LOCAL_BASES = ("compile", "graph", "compile_graph")
 # every local mode: a sampler mode, then optionally "_prefill" (the prefill compiled too,
 # StaticSampler(compile_prefill=True)), "_fused" (merged projections, StaticSampler(fused=True)) and
 # "_mea" (no cuDNN attention), in that order
-LOCAL_MODES = [b + p + f + a for b in LOCAL_BASES for p in ("", "_prefill") for f in ("", "_fused")
-               for a in ("", "_mea")]
+LOCAL_MODES = [
+    b + p + f + a for b in LOCAL_BASES for p in ("", "_prefill") for f in ("", "_fused") for a in ("", "_mea")
+]
 
 
 def parse_local_mode(mode: str) -> tuple[str, bool, bool, bool]:
@@ -137,9 +149,18 @@ def _bench_local(model, tok, prompts, reps, mode, base, prefill, fused, profile,
     from fedagent.model.static_sampler import StaticSampler
 
     # fused: merges the model's projections in place (kept for the modes after it: they run last)
-    s = StaticSampler(model, tok, batch_size=B, max_prompt_tokens=PROMPT, max_new_tokens=NEW,
-                      mode=base, sync_every=NEW + 1, compile_prefill=prefill, fused=fused)
-    s.stops = torch.tensor([-1], device="cuda")          # exactly NEW tokens per row, like the others
+    s = StaticSampler(
+        model,
+        tok,
+        batch_size=B,
+        max_prompt_tokens=PROMPT,
+        max_new_tokens=NEW,
+        mode=base,
+        sync_every=NEW + 1,
+        compile_prefill=prefill,
+        fused=fused,
+    )
+    s.stops = torch.tensor([-1], device="cuda")  # exactly NEW tokens per row, like the others
     gen = torch.Generator().manual_seed(1)
     t0 = time.time()
     s(model, tok, prompts, NEW, 1.0, gen)
@@ -151,10 +172,12 @@ def _bench_local(model, tok, prompts, reps, mode, base, prefill, fused, profile,
     prefill = _timed(lambda: s(model, tok, prompts, 1, 1.0, gen), reps)
     split = {"prefill_s": prefill, "decode_step_ms": (full - prefill) / max(NEW - 1, 1) * 1e3}
     if profile:
-        split["kernel_ms_per_call"] = _profiled(lambda: s(model, tok, prompts, NEW, 1.0, gen), f"local_{mode}",
-                                                profile_dir)
-        split["prefill_kernel_ms"] = _profiled(lambda: s(model, tok, prompts, 1, 1.0, gen), f"local_{mode}_prefill",
-                                               profile_dir)
+        split["kernel_ms_per_call"] = _profiled(
+            lambda: s(model, tok, prompts, NEW, 1.0, gen), f"local_{mode}", profile_dir
+        )
+        split["prefill_kernel_ms"] = _profiled(
+            lambda: s(model, tok, prompts, 1, 1.0, gen), f"local_{mode}_prefill", profile_dir
+        )
     return full, first, split
 
 
@@ -225,16 +248,22 @@ def bench_vllm(model_dir, prompts, reps, pythonpath, workdir, fresh=()):
     """vLLM's column: ``fresh`` (2 × reps prompt sets, none sharing a prefix with another) for the
     timed calls; ``prompts`` for the warm-up and for the prefix-cached figure (see VLLM_CHILD)."""
     script = Path(workdir) / "vllm_child.py"
-    script.write_text(VLLM_CHILD % (NEW, NEW))   # NEW: --new, set in main()
+    script.write_text(VLLM_CHILD % (NEW, NEW))  # NEW: --new, set in main()
     pfile = Path(workdir) / "prompts.json"
     pfile.write_text(json.dumps({"main": prompts, "fresh": list(fresh)}))
-    env = dict(os.environ, PYTHONPATH=f"{pythonpath}:{os.environ.get('PYTHONPATH', '')}",
-               VLLM_USE_FLASHINFER_SAMPLER="0")
-    proc = subprocess.run([sys.executable, str(script), str(model_dir), str(reps), str(pfile)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ, PYTHONPATH=f"{pythonpath}:{os.environ.get('PYTHONPATH', '')}", VLLM_USE_FLASHINFER_SAMPLER="0"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), str(model_dir), str(reps), str(pfile)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("VLLM_RESULT "):
-            return json.loads(line[len("VLLM_RESULT "):])
+            return json.loads(line[len("VLLM_RESULT ") :])
     raise RuntimeError(f"vLLM child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
@@ -266,9 +295,11 @@ def _kernel_breakdown(trace_path, steps, out_csv=None):
         b[0] += 1
         b[1] += dur
     total = sum(cats.values())
-    print(f"--- GPU time per step by category (ms): total {total / 1e3:.2f}, "
-          + ", ".join(f"{c} {t / 1e3:.2f} ({t / total:.0%})" for c, t in sorted(cats.items(), key=lambda x: -x[1])),
-          flush=True)
+    print(
+        f"--- GPU time per step by category (ms): total {total / 1e3:.2f}, "
+        + ", ".join(f"{c} {t / 1e3:.2f} ({t / total:.0%})" for c, t in sorted(cats.items(), key=lambda x: -x[1])),
+        flush=True,
+    )
     rows = sorted(by.items(), key=lambda x: -x[1][1])
     for (cat, name, grid), (n, t) in rows[:40]:
         print(f"  {t / 1e3:7.3f} ms {n / steps:6.0f}x {cat:9s} {str(grid):16s} {name[:110]}", flush=True)
@@ -290,16 +321,19 @@ def _graph_breaks(model, samples):
     from fedagent.train import grpo
     from fedagent.train.actor import autocast
 
-    shape = grpo.static_pad_shape(len(samples), max(len(s.prompt_ids) + len(s.response_ids) for s in samples),
-                                  rows_to=len(samples))
+    shape = grpo.static_pad_shape(
+        len(samples), max(len(s.prompt_ids) + len(s.response_ids) for s in samples), rows_to=len(samples)
+    )
     dev = next(model.parameters()).device
     ids, pos, rows, cols, targets = grpo._right_padded(samples, shape, dev)
     with autocast(model):
         ex = torch._dynamo.explain(grpo.forward_logprobs)(model, ids, None, pos, rows, cols, targets, 1.0, True)
     torch._dynamo.reset()
     reasons = [f"{b.reason} @ {b.user_stack[-1] if b.user_stack else '?'}" for b in ex.break_reasons[:3]]
-    print(f"dynamo: {ex.graph_count} graph(s), {ex.graph_break_count} break(s)" + "".join(f"\n  {r}" for r in reasons),
-          flush=True)
+    print(
+        f"dynamo: {ex.graph_count} graph(s), {ex.graph_break_count} break(s)" + "".join(f"\n  {r}" for r in reasons),
+        flush=True,
+    )
     return ex.graph_count, reasons
 
 
@@ -330,15 +364,22 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     from fedagent.model.policy import load_policy
     from fedagent.train import grpo
     from fedagent.train.local import TrainParams
-    from fedagent.train.actor import (autocast, checkpoint_activations, compile_for_training, deferred_steps,
-                                      logprobs_nograd, token_slices, update_step)
+    from fedagent.train.actor import (
+        autocast,
+        checkpoint_activations,
+        compile_for_training,
+        deferred_steps,
+        logprobs_nograd,
+        token_slices,
+        update_step,
+    )
 
     micro = int(micro or B)
     _reset_peak()
     model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
     if mode.endswith("_ckpt"):
         checkpoint_activations(model)
-        base_mode = mode[:-len("_ckpt")]
+        base_mode = mode[: -len("_ckpt")]
     else:
         base_mode = mode
     model.train()
@@ -347,16 +388,18 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     emb = model.get_input_embeddings().weight.numel()
     g = torch.Generator().manual_seed(2)
     rows = torch.randint(100, cfg.vocab_size - 100, (B, seq), generator=g).tolist()
-    samples = [grpo.Sample(prompt_ids=r[:seq - resp], response_ids=r[seq - resp:], reward=0.0, group=0,
-                           advantage=1.0) for r in rows]
+    samples = [
+        grpo.Sample(prompt_ids=r[: seq - resp], response_ids=r[seq - resp :], reward=0.0, group=0, advantage=1.0)
+        for r in rows
+    ]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
     if base_mode == "compiled":
         compile_for_training(model)
-    elif mode == "compiled_tunepw":      # + inductor's autotuning of its pointwise/reduction kernels
+    elif mode == "compiled_tunepw":  # + inductor's autotuning of its pointwise/reduction kernels
         from fedagent.train.actor import COMPILE_TRAIN_OPTIONS
 
         compile_for_training(model, {**COMPILE_TRAIN_OPTIONS, "max_autotune_pointwise": True})
-    elif mode in ("compiled_bf16res", "eager_bf16res"):   # + train.residual_dtype: bfloat16
+    elif mode in ("compiled_bf16res", "eager_bf16res"):  # + train.residual_dtype: bfloat16
         grpo.set_residual_dtype(model, "bfloat16")
         if mode == "compiled_bf16res":
             compile_for_training(model)
@@ -369,7 +412,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     slices, mb, deferred = token_slices(samples), list(range(B)), deferred_steps(opt)
 
     def step():
-        if mode == "eager_leftpad":      # the step before right padding and update_step (kept as the baseline)
+        if mode == "eager_leftpad":  # the step before right padding and update_step (kept as the baseline)
             opt.zero_grad(set_to_none=True)
             with autocast(model):
                 logp, _ = grpo.response_logprobs(model, samples, temperature=1.0)
@@ -380,6 +423,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             return
         # The backend's own optimizer step (what grpo_epoch runs per mini-batch).
         update_step(model, opt, samples, mb, old, None, adv, slices, p, params, deferred=deferred)
+
     t0 = time.time()
     step()
     _sync()
@@ -403,7 +447,7 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
             for _ in range(2):
                 step()
             _sync()
-        trace = Path(tempfile.mkdtemp(prefix="fa-trace-")) / f"trace_{mode}.json"   # tens of MB: not kept
+        trace = Path(tempfile.mkdtemp(prefix="fa-trace-")) / f"trace_{mode}.json"  # tens of MB: not kept
         prof.export_chrome_trace(str(trace))
         kernel_ms = _kernel_breakdown(trace, 2, Path(profile_dir) / f"kernels_{mode}.csv" if profile_dir else None)
         trace.unlink()
@@ -420,23 +464,38 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # - causal attention, QK^T and AV over half the square: 6 · L · d · seq per token.
     # The embedding lookup is a gather (no FLOPs). Counting the LM head on every token, as a
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
-    flops = (6 * (n_params - emb) * tokens + 6 * emb * B * resp
-             + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens)
+    flops = (
+        6 * (n_params - emb) * tokens + 6 * emb * B * resp + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
+    )
     # Checkpointing recomputes each layer's forward in the backward pass: hardware FLOPs, not model FLOPs.
-    recompute = (2 * (n_params - emb) * tokens + 2 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
-                 if mode.endswith("_ckpt") else 0)
+    recompute = (
+        2 * (n_params - emb) * tokens + 2 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
+        if mode.endswith("_ckpt")
+        else 0
+    )
     peak = _peak()
-    del model, opt
-    return {"mode": mode, "step_s": t_back, **({"kernel_ms_per_step": kernel_ms} if profile else {}),
-            "micro_batch_rows": micro, "seq": seq, **peak,
-            "hfu": (flops + recompute) / t_back / (peak_tflops * 1e12),
-            **({"graphs": breaks[0], "graph_breaks": breaks[1]} if breaks else {}),
-            "first_step_s": first, "tokens_per_s": tokens / t_back,
-            "tflops": flops / t_back / 1e12, "mfu": flops / t_back / (peak_tflops * 1e12),
-            "back_to_back_steps": n_back,
-            "step_s_synced": t, "tokens_per_s_synced": tokens / t, "mfu_synced": flops / t / (peak_tflops * 1e12),
-            "params": n_params, "flops_per_step": flops,
-            "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12)}
+    model = opt = None  # free them before the next mode (the closure above reads both)
+    return {
+        "mode": mode,
+        "step_s": t_back,
+        **({"kernel_ms_per_step": kernel_ms} if profile else {}),
+        "micro_batch_rows": micro,
+        "seq": seq,
+        **peak,
+        "hfu": (flops + recompute) / t_back / (peak_tflops * 1e12),
+        **({"graphs": breaks[0], "graph_breaks": breaks[1]} if breaks else {}),
+        "first_step_s": first,
+        "tokens_per_s": tokens / t_back,
+        "tflops": flops / t_back / 1e12,
+        "mfu": flops / t_back / (peak_tflops * 1e12),
+        "back_to_back_steps": n_back,
+        "step_s_synced": t,
+        "tokens_per_s_synced": tokens / t,
+        "mfu_synced": flops / t / (peak_tflops * 1e12),
+        "params": n_params,
+        "flops_per_step": flops,
+        "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12),
+    }
 
 
 def random_weight_model(source: str, out: Path, seed: int = 0) -> Path:
@@ -485,16 +544,32 @@ def generation(args, out) -> None:
             v = bench_vllm(args.model, prompts, args.reps, args.vllm_pythonpath, tmp, fresh)
             out["vllm_tok_s"] = gen_tokens / v["median_s"]
             out["vllm_engine_start_s"] = v["engine_start_s"]
-            out["vllm_split"] = {"prefill_s": v["prefill_s"],
-                                 "decode_step_ms": (v["median_s"] - v["prefill_s"]) / max(NEW - 1, 1) * 1e3}
+            out["vllm_split"] = {
+                "prefill_s": v["prefill_s"],
+                "decode_step_ms": (v["median_s"] - v["prefill_s"]) / max(NEW - 1, 1) * 1e3,
+            }
             out["vllm_prefix_cached_tok_s"] = gen_tokens / v["cached_median_s"]
             out["vllm_prefix_cached_split"] = {
                 "prefill_s": v["cached_prefill_s"],
-                "decode_step_ms": (v["cached_median_s"] - v["cached_prefill_s"]) / max(NEW - 1, 1) * 1e3}
+                "decode_step_ms": (v["cached_median_s"] - v["cached_prefill_s"]) / max(NEW - 1, 1) * 1e3,
+            }
             _save(args, out)
-            print("VLLM " + json.dumps({k: out[k] for k in ("vllm_tok_s", "vllm_engine_start_s", "vllm_split",
-                                                            "vllm_prefix_cached_tok_s", "vllm_prefix_cached_split")}),
-                  flush=True)
+            print(
+                "VLLM "
+                + json.dumps(
+                    {
+                        k: out[k]
+                        for k in (
+                            "vllm_tok_s",
+                            "vllm_engine_start_s",
+                            "vllm_split",
+                            "vllm_prefix_cached_tok_s",
+                            "vllm_prefix_cached_split",
+                        )
+                    }
+                ),
+                flush=True,
+            )
     t_hf = bench_hf(model, prompts, args.reps)
     out["hf_eager_tok_s"] = gen_tokens / t_hf
     out["hf_eager_peak"] = _peak()
@@ -504,20 +579,23 @@ def generation(args, out) -> None:
         _reset_peak()
         try:
             t_local, first, split = bench_local(model, tok, prompts, args.reps, mode, args.profile, args.profile_dir)
-        except Exception as e:        # a mode that fails is a row, not the end of the run
+        except Exception as e:  # a mode that fails is a row, not the end of the run
             out[f"local_{mode}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"LOCAL {mode}: {out[f'local_{mode}_error']}", flush=True)
             _save(args, out)
             continue
         out[f"local_{mode}_split"] = split
-        out[f"local_{mode}_peak"] = _peak()   # the bf16 weights + its static KV cache and graphs
+        out[f"local_{mode}_peak"] = _peak()  # the bf16 weights + its static KV cache and graphs
         # "local_tok_s" is the first listed mode's row; every mode has its own key.
         out[f"local_{mode}_tok_s"] = gen_tokens / t_local
         out[f"local_{mode}_first_call_s"] = first
         if "vllm_tok_s" in out:
             out[f"local_{mode}_over_vllm"] = out[f"local_{mode}_tok_s"] / out["vllm_tok_s"]
-        print(f"LOCAL {mode}: " + json.dumps({k[len(f'local_{mode}_'):]: v for k, v in out.items()
-                                              if k.startswith(f"local_{mode}_")}), flush=True)
+        print(
+            f"LOCAL {mode}: "
+            + json.dumps({k[len(f"local_{mode}_") :]: v for k, v in out.items() if k.startswith(f"local_{mode}_")}),
+            flush=True,
+        )
         _save(args, out)
     ok = [m for m in args.local_modes if f"local_{m}_tok_s" in out]
     if ok:
@@ -534,41 +612,77 @@ def generation(args, out) -> None:
 
 
 def main(argv=None) -> int:
-    global B, PROMPT, NEW     # --batch / --prompt / --new set the module's shapes
+    global B, PROMPT, NEW  # --batch / --prompt / --new set the module's shapes
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="HF model dir (fp32 safetensors)")
-    ap.add_argument("--source", default=None, metavar="random:NAME",
-                    help="instead of --model: write a random-weight model of this named architecture first "
-                         "(e.g. random:smollm2-1.7b, random:qwen2.5-1.5b; fedagent/core/architectures.py)")
+    ap.add_argument(
+        "--source",
+        default=None,
+        metavar="random:NAME",
+        help="instead of --model: write a random-weight model of this named architecture first "
+        "(e.g. random:smollm2-1.7b, random:qwen2.5-1.5b; fedagent/core/architectures.py)",
+    )
     ap.add_argument("--batch", type=int, default=B, help="generation rows and training rows (B)")
     ap.add_argument("--prompt", type=int, default=PROMPT, help="generation prompt tokens")
     ap.add_argument("--new", type=int, default=NEW, help="generated tokens per row")
     ap.add_argument("--train-seq", type=int, default=512, help="training tokens per row")
-    ap.add_argument("--train-micro", type=int, nargs="+", default=None,
-                    help="training rows per forward/backward (gradients accumulated over the batch; default: all); several: each train mode at each (an OOM is reported as that row's error)")
+    ap.add_argument(
+        "--train-micro",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training rows per forward/backward (gradients accumulated over the batch; default: all); several: each train mode at each (an OOM is reported as that row's error)",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--vllm-pythonpath", default=None, help="site dir holding vLLM (column skipped if unset)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--train-modes", nargs="*", default=["eager_leftpad", "eager", "compiled"],
-                    choices=["eager_leftpad", "eager", "eager_bf16res", "compiled", "compiled_bf16res", "compiled_tunepw",
-                             "eager_ckpt", "compiled_ckpt"],
-                    help="training step variants to time (see bench_train; none given: generation only)")
+    ap.add_argument(
+        "--train-modes",
+        nargs="*",
+        default=["eager_leftpad", "eager", "compiled"],
+        choices=[
+            "eager_leftpad",
+            "eager",
+            "eager_bf16res",
+            "compiled",
+            "compiled_bf16res",
+            "compiled_tunepw",
+            "eager_ckpt",
+            "compiled_ckpt",
+        ],
+        help="training step variants to time (see bench_train; none given: generation only)",
+    )
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
-    ap.add_argument("--local-modes", nargs="+", default=["compile", "graph"],
-                    choices=LOCAL_MODES, metavar="MODE",
-                    help="StaticSampler modes to time: compile, graph or compile_graph, then optionally _prefill "
-                         "(the prefill compiled too), _fused (merged projections), _mea (no cuDNN attention); "
-                         "the first that runs is reported as local_tok_s")
-    ap.add_argument("--profile", action="store_true",
-                    help="after timing each training mode and local sampler mode, print its top CUDA kernels "
-                         "(torch.profiler; a sampler mode: one full call and one prefill-only call)")
-    ap.add_argument("--profile-dir", type=Path, default=None,
-                    help="with --profile: write each mode's per-kernel table (CSV: kernel, grid, calls and µs per step) here")
-    ap.add_argument("--random-weights", action="store_true",
-                    help="--model holds only config.json and the tokenizer files: time a model of that "
-                         "config with seeded random weights (the same shapes and kernels; throughput does not "
-                         "depend on the values), e.g. on a bare GPU node without the converted base model")
+    ap.add_argument(
+        "--local-modes",
+        nargs="+",
+        default=["compile", "graph"],
+        choices=LOCAL_MODES,
+        metavar="MODE",
+        help="StaticSampler modes to time: compile, graph or compile_graph, then optionally _prefill "
+        "(the prefill compiled too), _fused (merged projections), _mea (no cuDNN attention); "
+        "the first that runs is reported as local_tok_s",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing each training mode and local sampler mode, print its top CUDA kernels "
+        "(torch.profiler; a sampler mode: one full call and one prefill-only call)",
+    )
+    ap.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        help="with --profile: write each mode's per-kernel table (CSV: kernel, grid, calls and µs per step) here",
+    )
+    ap.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="--model holds only config.json and the tokenizer files: time a model of that "
+        "config with seeded random weights (the same shapes and kernels; throughput does not "
+        "depend on the values), e.g. on a bare GPU node without the converted base model",
+    )
     args = ap.parse_args(argv)
     B, PROMPT, NEW = args.batch, args.prompt, args.new
     if (args.model is None) == (args.source is None):
@@ -588,8 +702,14 @@ def main(argv=None) -> int:
         args.model = random_weight_model(f"random:{args.model}", Path(keep.name) / "model")
 
     assert torch.cuda.is_available(), "this bench needs a GPU"
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": B, "prompt": PROMPT,
-           "new_tokens": NEW, **({"source": args.source, "weights": "random"} if args.source else {})}
+    out = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "batch": B,
+        "prompt": PROMPT,
+        "new_tokens": NEW,
+        **({"source": args.source, "weights": "random"} if args.source else {}),
+    }
     if not args.skip_generation:
         generation(args, out)
     out["train"] = {}
@@ -598,12 +718,24 @@ def main(argv=None) -> int:
         for micro in micros:
             key = m if len(micros) == 1 else f"{m}_micro{micro}"
             try:
-                out["train"][key] = bench_train(args.model, args.reps, args.peak_tflops, m, seq=args.train_seq,
-                                                profile=args.profile, profile_dir=args.profile_dir, micro=micro)
-            except torch.OutOfMemoryError as e:      # a variant that does not fit is a row, not the end of the run
+                out["train"][key] = bench_train(
+                    args.model,
+                    args.reps,
+                    args.peak_tflops,
+                    m,
+                    seq=args.train_seq,
+                    profile=args.profile,
+                    profile_dir=args.profile_dir,
+                    micro=micro,
+                )
+            except torch.OutOfMemoryError as e:  # a variant that does not fit is a row, not the end of the run
                 out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"OOM: {str(e)[:200]}"}
-            except Exception as e:                   # so is one that fails (seen: compiled at micro 32 of 64, 2026-12-04)
-                out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            except Exception as e:  # so is one that fails (seen: compiled at micro 32 of 64, 2026-12-04)
+                out["train"][key] = {
+                    "mode": m,
+                    "micro_batch_rows": micro,
+                    "error": f"{type(e).__name__}: {str(e)[:300]}",
+                }
             print(f"TRAIN {key}: " + json.dumps(out["train"][key]), flush=True)
             _save(args, out)
             import gc
@@ -619,28 +751,39 @@ def main(argv=None) -> int:
                 print(f"  local {mode}: {out[f'local_{mode}_error']}")
                 continue
             tps = out[f"local_{mode}_tok_s"]
-            print(f"  local {mode:7s} {tps:8.0f} tok/s  ({tps / out['hf_eager_tok_s']:.2f}x hf_eager"
-                  + (f", {tps / out['vllm_tok_s']:.2f}x vllm" if "vllm_tok_s" in out else "")
-                  + f"; first call {out[f'local_{mode}_first_call_s']:.1f} s)")
+            print(
+                f"  local {mode:7s} {tps:8.0f} tok/s  ({tps / out['hf_eager_tok_s']:.2f}x hf_eager"
+                + (f", {tps / out['vllm_tok_s']:.2f}x vllm" if "vllm_tok_s" in out else "")
+                + f"; first call {out[f'local_{mode}_first_call_s']:.1f} s)"
+            )
         if "vllm_tok_s" in out:
-            print(f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (fresh prompts every call; engine start "
-                  f"{out['vllm_engine_start_s']:.0f} s)")
-            print(f"  vllm     {out['vllm_prefix_cached_tok_s']:10.0f} tok/s  (the same prompts every call: "
-                  f"prefill from its prefix cache)")
+            print(
+                f"  vllm     {out['vllm_tok_s']:10.0f} tok/s  (fresh prompts every call; engine start "
+                f"{out['vllm_engine_start_s']:.0f} s)"
+            )
+            print(
+                f"  vllm     {out['vllm_prefix_cached_tok_s']:10.0f} tok/s  (the same prompts every call: "
+                f"prefill from its prefix cache)"
+            )
         for key in [f"local_{m}_split" for m in args.local_modes if f"local_{m}_split" in out] + (
-                ["vllm_split", "vllm_prefix_cached_split"] if "vllm_split" in out else []):
+            ["vllm_split", "vllm_prefix_cached_split"] if "vllm_split" in out else []
+        ):
             sp = out[key]
-            print(f"  {key[:-6]:14s} prefill {sp['prefill_s'] * 1e3:7.1f} ms, decode {sp['decode_step_ms']:6.2f} ms/step")
+            print(
+                f"  {key[:-6]:14s} prefill {sp['prefill_s'] * 1e3:7.1f} ms, decode {sp['decode_step_ms']:6.2f} ms/step"
+            )
     for tr in out["train"].values():
         if "error" in tr:
             print(f"training {tr['mode']} micro {tr['micro_batch_rows']}: {tr['error']}")
             continue
-        print(f"training B{B}x{tr['seq']} (micro {tr['micro_batch_rows']}) {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, "
-              f"{tr['tflops']:.1f} TFLOP/s, "
-              f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "
-              f"(synced after every step: {tr['tokens_per_s_synced']:.0f} tok/s, MFU {tr['mfu_synced']:.3f}; "
-              f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f}; HFU {tr['hfu']:.3f}); "
-              f"peak GPU memory {tr['peak_reserved_mib']} MiB reserved, {tr['peak_allocated_mib']} allocated")
+        print(
+            f"training B{B}x{tr['seq']} (micro {tr['micro_batch_rows']}) {tr['mode']:13s}: {tr['tokens_per_s']:.0f} tok/s, "
+            f"{tr['tflops']:.1f} TFLOP/s, "
+            f"MFU {tr['mfu']:.3f} of {args.peak_tflops:.0f} over {tr['back_to_back_steps']} steps back to back "
+            f"(synced after every step: {tr['tokens_per_s_synced']:.0f} tok/s, MFU {tr['mfu_synced']:.3f}; "
+            f"first step {tr['first_step_s']:.1f} s; naive 6NT {tr['naive_6NT_mfu']:.3f}; HFU {tr['hfu']:.3f}); "
+            f"peak GPU memory {tr['peak_reserved_mib']} MiB reserved, {tr['peak_allocated_mib']} allocated"
+        )
     if not args.skip_generation:
         for key in ["hf_eager_peak"] + [f"local_{m}_peak" for m in args.local_modes if f"local_{m}_peak" in out]:
             print(f"  generation {key[:-5]}: peak GPU memory {out[key]['peak_reserved_mib']} MiB reserved")

@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "profiles", "envs", "config")
 
-BARE_SNAKEFILE = r'''
+BARE_SNAKEFILE = r"""
 # Bare graph of the fedagent workflow's shape: same rules per round, trivial jobs.
 config.setdefault("rounds", 2)
 config.setdefault("clients", 2)
@@ -124,11 +124,11 @@ rule report:
         summary=f"{RUN}/round_{{round}}/summary.csv",
         curves=f"{RUN}/round_{{round}}/curves.png",
     shell: "touch {output}"
-'''
+"""
 
 # Stands in for the `fedagent` CLI when making the workflow's finished run: creates the
 # job's outputs (a file for .json/.csv/.png paths, else a directory) and nothing else.
-FAKE_FEDAGENT = r'''#!{python}
+FAKE_FEDAGENT = r"""#!{python}
 import sys
 from pathlib import Path
 args = sys.argv[1:]
@@ -141,7 +141,7 @@ for flag in ("--out", "--summary", "--curves", "--timings"):
         else:
             p.mkdir(parents=True, exist_ok=True)
             (p / "done").write_text("")
-'''
+"""
 
 
 def snakemake_exe() -> str:
@@ -214,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None:
             tmp.cleanup()
 
-    print(f"planning cost, {args.reps} reps interleaved (min / median seconds), "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"planning cost, {args.reps} reps interleaved (min / median seconds), "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'case':<28} {'bare':>14} {'workflow':>14} {'ratio (min)':>12} {'ratio (median)':>15}")
     worst = 0.0
     for case in cases:
@@ -223,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{case} (rounds={args.rounds})" if case == "dry-run" else f"{case} (finished default)"
         r_min, r_med = min(w) / min(b), statistics.median(w) / statistics.median(b)
         worst = max(worst, r_min)
-        print(f"{label:<28} {min(b):6.2f} / {statistics.median(b):5.2f} {min(w):6.2f} / {statistics.median(w):5.2f}"
-              f" {r_min:11.2f}x {r_med:14.2f}x")
+        print(
+            f"{label:<28} {min(b):6.2f} / {statistics.median(b):5.2f} {min(w):6.2f} / {statistics.median(w):5.2f}"
+            f" {r_min:11.2f}x {r_med:14.2f}x"
+        )
     print(f"goal: each ratio <= 1.5x: {'met' if worst <= 1.5 else 'NOT met'}")
     return 0
 

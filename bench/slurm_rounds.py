@@ -54,6 +54,7 @@ def small_node(profile: Path) -> list[str]:
             entries.append(f"{rule}:{key}={value}")
     return SMALL_DEFAULTS + (["--set-resources", *entries] if entries else [])
 
+
 _TS = re.compile(r"^\s*\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
 _RULE = re.compile(r"^\s*(?:local)?rule (\w+):$")
 _JOBID = re.compile(r"^\s+jobid: (\d+)$")
@@ -122,11 +123,21 @@ def load() -> str:
 
 def run_variant(name: str, src: Path, root: Path, rounds: int, profile: str) -> dict:
     work = make_workdir(src, root / name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(HERE), "PYTHONHASHSEED": "0"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(HERE),
+        "PYTHONHASHSEED": "0",
+    }
     extra = small_node(work / "profiles" / "slurm" / "config.yaml") if profile == "slurm" else []
-    cmd = [str(Path(sys.executable).parent / "snakemake"), "--profile", f"profiles/{profile}", *extra,
-           "--config", f"rounds={rounds}"]
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        f"profiles/{profile}",
+        *extra,
+        "--config",
+        f"rounds={rounds}",
+    ]
     load_before, t0 = load(), time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     wall, load_after = time.monotonic() - t0, load()
@@ -135,8 +146,14 @@ def run_variant(name: str, src: Path, root: Path, rounds: int, profile: str) -> 
     if proc.returncode != 0:
         sys.exit(f"{name}: snakemake failed ({proc.returncode}), log in {root / f'{name}.log'}")
     jobs = parse_log(log)
-    return {"name": name, "work": work, "wall": wall, "load": (load_before, load_after),
-            "submissions": len(_SUBMITTED.findall(log)), "rounds": rounds_table(work, jobs) if profile == "slurm" else []}
+    return {
+        "name": name,
+        "work": work,
+        "wall": wall,
+        "load": (load_before, load_after),
+        "submissions": len(_SUBMITTED.findall(log)),
+        "rounds": rounds_table(work, jobs) if profile == "slurm" else [],
+    }
 
 
 def main() -> None:
@@ -158,11 +175,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for res in results:
         for row in res["rounds"]:
-            print(f"| {res['name']} | {row['round']} | {row['wall']:.0f} | {row['compute']:.1f} | {row['overhead']:.1f} |")
+            print(
+                f"| {res['name']} | {row['round']} | {row['wall']:.0f} | {row['compute']:.1f} | {row['overhead']:.1f} |"
+            )
     print()
     for res in results:
-        print(f"{res['name']}: whole run {res['wall']:.0f} s, {res['submissions']} sbatch submissions, "
-              f"load average before {res['load'][0]}, after {res['load'][1]}")
+        print(
+            f"{res['name']}: whole run {res['wall']:.0f} s, {res['submissions']} sbatch submissions, "
+            f"load average before {res['load'][0]}, after {res['load'][1]}"
+        )
     ref = digests(results[0]["work"])
     for res in results[1:]:
         same = digests(res["work"]) == ref

@@ -64,9 +64,16 @@ def record(preset: Path, wd: Path, rc, wall: float, started: str) -> dict:
     done = sorted(p.parent.name for p in run_dir.glob("round_*/eval.json"))
     summary = run_dir / "summary.csv"
     rows = summary.read_text().strip().splitlines() if summary.is_file() else []
-    return {"preset": preset.stem, "started": started, "rc": rc, "wall_s": round(wall, 1),
-            "rounds": cfg["rounds"], "rounds_done": max(len(done) - 1, 0),   # round_000 is the base model
-            "summary_header": rows[0] if rows else "", "summary_last": rows[-1] if len(rows) > 1 else ""}
+    return {
+        "preset": preset.stem,
+        "started": started,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "rounds": cfg["rounds"],
+        "rounds_done": max(len(done) - 1, 0),  # round_000 is the base model
+        "summary_header": rows[0] if rows else "",
+        "summary_last": rows[-1] if len(rows) > 1 else "",
+    }
 
 
 def run_preset(preset: Path, work: Path, timeout: int) -> dict:
@@ -81,8 +88,7 @@ def run_preset(preset: Path, work: Path, timeout: int) -> dict:
     t0 = time.monotonic()
     with open(wd / "snakemake.log", "w") as log:
         try:
-            rc = subprocess.run(cmd, cwd=wd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
+            rc = subprocess.run(cmd, cwd=wd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     return record(preset, wd, rc, time.monotonic() - t0, started)
@@ -95,8 +101,9 @@ def markdown(records: list[dict]) -> str:
     for name in sorted(last):
         r = last[name]
         m, s = divmod(int(round(r["wall_s"])), 60)
-        lines.append(f"| {name} | {r['rc']} | {m} min {s:02d} s | {r['rounds_done']}/{r['rounds']} "
-                     f"| `{r['summary_last']}` |")
+        lines.append(
+            f"| {name} | {r['rc']} | {m} min {s:02d} s | {r['rounds_done']}/{r['rounds']} | `{r['summary_last']}` |"
+        )
     total = sum(r["wall_s"] for r in last.values())
     lines.append(f"\n{len(last)} presets, {total / 60:.1f} min in all.")
     return "\n".join(lines)
@@ -109,16 +116,21 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedagent-presets"))
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--markdown", action="store_true", help="print the table of --out and exit")
-    ap.add_argument("--keep-models", action="store_true",
-                    help="keep each run's model weights (default: delete *.safetensors after the record)")
-    ap.add_argument("--collect", action="store_true",
-                    help="record runs already finished in <work>/<name> (wall time from Snakemake's log) instead of running")
+    ap.add_argument(
+        "--keep-models",
+        action="store_true",
+        help="keep each run's model weights (default: delete *.safetensors after the record)",
+    )
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="record runs already finished in <work>/<name> (wall time from Snakemake's log) instead of running",
+    )
     args = ap.parse_args(argv)
     if args.markdown:
         print(markdown([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
         return 0
-    presets = ([REPO / "config" / "experiments" / f"{n}.yaml" for n in args.names] if args.names
-               else small_presets())
+    presets = [REPO / "config" / "experiments" / f"{n}.yaml" for n in args.names] if args.names else small_presets()
     for p in presets:
         if not p.is_file():
             raise SystemExit(f"no preset {p}")
@@ -128,12 +140,18 @@ def main(argv=None) -> int:
         if args.collect:
             log = args.work / p.stem / "snakemake.log"
             wall = elapsed_from_log(log) if log.is_file() else None
-            rec = record(p, args.work / p.stem, 0 if wall is not None else "unfinished", wall or 0.0,
-                         datetime.fromtimestamp(log.stat().st_mtime - (wall or 0.0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-                         if log.is_file() else "")
+            rec = record(
+                p,
+                args.work / p.stem,
+                0 if wall is not None else "unfinished",
+                wall or 0.0,
+                datetime.fromtimestamp(log.stat().st_mtime - (wall or 0.0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                if log.is_file()
+                else "",
+            )
         else:
             rec = run_preset(p, args.work, args.timeout)
-            if not args.keep_models:     # ~2.6 GB of fp32 weights per run: 24 runs fill a disk
+            if not args.keep_models:  # ~2.6 GB of fp32 weights per run: 24 runs fill a disk
                 for f in (args.work / p.stem).rglob("*.safetensors"):
                     f.unlink()
         failed += rec["rc"] != 0

@@ -60,8 +60,9 @@ def bench_search(products, queries, repeats: int) -> None:
     for arm, pool in arms.POOLS.items():
         for k in range(len(pool)):
             if arm in ("lookalike", "rank_wrapper") or k < 4:
-                cases.append((f"{arm}[{k}]", arms.ArmSpec(arm=arm, variant=k, variant_n=len(pool),
-                                                          search_return_n=200)))
+                cases.append(
+                    (f"{arm}[{k}]", arms.ArmSpec(arm=arm, variant=k, variant_n=len(pool), search_return_n=200))
+                )
     cases.append(("catalog_split(0.7)", arms.ArmSpec(arm="catalog_split", env_div=0.7, search_return_n=200)))
     base = None
     for name, spec in cases:
@@ -95,7 +96,9 @@ def bench_steps(source, tasks, episodes: int, steps: int) -> None:
     print(f"\nin-process step latency ({episodes} episodes x {steps} steps)")
     for kind, ts in kinds.items():
         if ts:
-            print(f"  {kind:<7} n={len(ts):>5} median {statistics.median(ts) * 1e3:.3f} ms  p90 {pct(ts, 0.9) * 1e3:.3f} ms")
+            print(
+                f"  {kind:<7} n={len(ts):>5} median {statistics.median(ts) * 1e3:.3f} ms  p90 {pct(ts, 0.9) * 1e3:.3f} ms"
+            )
 
 
 def run_inprocess_lockstep(source, tasks, conc, episodes, steps) -> float:
@@ -125,8 +128,9 @@ def run_service_batched(client, conc, episodes, steps) -> float:
             rs = client.reset_many([(sid, i * episodes + e) for i, sid in enumerate(sids)])
             state = [(r["admissible_commands"], r["task"]) for r in rs]
             for k in range(steps):
-                outs = client.step_many([(sid, answer(choose(state[i][0], state[i][1], k)))
-                                         for i, sid in enumerate(sids)])
+                outs = client.step_many(
+                    [(sid, answer(choose(state[i][0], state[i][1], k))) for i, sid in enumerate(sids)]
+                )
                 state = [(o["admissible_commands"], state[i][1]) for i, o in enumerate(outs)]
                 total += conc
     finally:
@@ -152,18 +156,28 @@ def main() -> None:
     source = WebShopTaskSource(work / "games")
     t_source = time.perf_counter() - t0
     tasks = source.task_ids("train")
-    print(f"catalogue: {args.products} products, {len(source.goals)} goals; build {t_build:.2f} s, "
-          f"service source (load + index) {t_source:.2f} s")
-    queries = [source.goals[t]["instruction_text"] for t in tasks[:args.queries]]
+    print(
+        f"catalogue: {args.products} products, {len(source.goals)} goals; build {t_build:.2f} s, "
+        f"service source (load + index) {t_source:.2f} s"
+    )
+    queries = [source.goals[t]["instruction_text"] for t in tasks[: args.queries]]
     bench_search(list(source.view.products.values()), queries, args.repeats)
     bench_steps(source, tasks, 20, args.steps)
     print(f"\nservice vs in-process, lockstep, {args.episodes} episodes x {args.steps} steps per session")
     print(f"{'sessions':>8} {'in-process steps/s':>19} {'service batched steps/s':>24} {'ratio':>6}")
     for conc in args.concurrency:
         inproc, served = [], []
-        with env_service(work / "games", "train", tasks, work / f"svc{conc}", mode="index", pool_size=conc,
-                         max_turns=10_000, source="webshop") as client:
-            for _ in range(args.repeats):              # alternate so machine load hits both
+        with env_service(
+            work / "games",
+            "train",
+            tasks,
+            work / f"svc{conc}",
+            mode="index",
+            pool_size=conc,
+            max_turns=10_000,
+            source="webshop",
+        ) as client:
+            for _ in range(args.repeats):  # alternate so machine load hits both
                 inproc.append(run_inprocess_lockstep(source, tasks, conc, args.episodes, args.steps))
                 served.append(run_service_batched(client, conc, args.episodes, args.steps))
         a, b = statistics.median(inproc), statistics.median(served)

@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "labels": ("fedagent.evaluate.labels", "hardness labels: a reference policy plays every train task once"),
     "demo-pool": ("fedagent.plan.demo_pool", "set aside the warm start's demo tasks (train tasks no client owns)"),
     "warm-start": ("fedagent.train.warm_start", "fine-tune the base model on expert demonstrations (round 0's model)"),
-    "start-copy": ("fedagent.plan.start_copy", "round 0 taken from another run (config start): model and evals copied, manifests checked"),
+    "start-copy": (
+        "fedagent.plan.start_copy",
+        "round 0 taken from another run (config start): model and evals copied, manifests checked",
+    ),
     "partition": ("fedagent.partition", "assign train tasks to clients"),
     "val-set": ("fedagent.plan.val_set", "fix the validation tasks"),
     "select": ("fedagent.plan.selection", "choose the clients of one round"),
@@ -37,7 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedagent.report.summary", "summary.csv and curves.png"),
     "matrix-table": ("fedagent.report.matrix_table", "a matrix's comparison table and curves from its runs' summaries"),
     "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
-    "gpu-mem": ("fedagent.report.gpu_mem", "the GPU jobs' declared memory (gpu_mem_mb) term by term, and what fits the card"),
+    "gpu-mem": (
+        "fedagent.report.gpu_mem",
+        "the GPU jobs' declared memory (gpu_mem_mb) term by term, and what fits the card",
+    ),
     "serve-env": ("fedagent.envs.serve", "run one environment service by hand"),
     "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
 }
@@ -48,7 +54,9 @@ WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per command (modules imported lazily)."""
-    parser = argparse.ArgumentParser(prog="fedagent", description="The ``fedagent`` command line: what Snakemake rules call.")
+    parser = argparse.ArgumentParser(
+        prog="fedagent", description="The ``fedagent`` command line: what Snakemake rules call."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -32,8 +32,9 @@ def tw_games_dir(n_train: int = 2, n_val: int = 1, seed: int = 7) -> Path:
             if not _GAMES_ROOT:
                 _GAMES_ROOT.append(Path(tempfile.mkdtemp(prefix="fa-games-")))
             out = _GAMES_ROOT[0] / f"g-{seed}-{n_train}-{n_val}"
-            generate_games(out, base_seed=seed, n_train=n_train, n_val=n_val, jobs=2,
-                           quarantine_root=_GAMES_ROOT[0] / "_failed")
+            generate_games(
+                out, base_seed=seed, n_train=n_train, n_val=n_val, jobs=2, quarantine_root=_GAMES_ROOT[0] / "_failed"
+            )
             _GAMES_CACHE[key] = out
         return _GAMES_CACHE[key]
 
@@ -58,8 +59,14 @@ class FakeEnv:
         self.turns += 1
         self.steps += 1
         won = action == "win"
-        return StepResult(f"{self.task_id}: you said {action}", 10.0 if won else 0.0,
-                          won or self.turns >= self.max_turns, won, ["win", "look"], 1.0 if won else 0.0)
+        return StepResult(
+            f"{self.task_id}: you said {action}",
+            10.0 if won else 0.0,
+            won or self.turns >= self.max_turns,
+            won,
+            ["win", "look"],
+            1.0 if won else 0.0,
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -92,8 +99,9 @@ class FakeTaskSource:
 @contextlib.contextmanager
 def serve_in_thread(app, uds: Path):
     """Run ``app`` with real uvicorn on a Unix socket in a background thread."""
-    config = uvicorn.Config(app, uds=str(uds), log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, uds=str(uds), log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -169,8 +177,9 @@ class FlakyTransport(httpx.BaseTransport):
 
 def _child_serve(factory, uds: str) -> None:
     app = factory()
-    config = uvicorn.Config(app, uds=uds, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, uds=uds, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+    )
     uvicorn.Server(config).run()
 
 

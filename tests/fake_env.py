@@ -27,11 +27,18 @@ def default_tasks(n: int = 6) -> list[str]:
 class FakeEnv:
     """Deterministic text game with the env client's interface; records every call."""
 
-    def __init__(self, tasks: list[str] | None = None, *, mode: str = "index", max_turns: int = 5,
-                 pool_size: int = 64, win_if: Callable[[str], bool] | None = None,
-                 prompt_template: str = "textworld"):
+    def __init__(
+        self,
+        tasks: list[str] | None = None,
+        *,
+        mode: str = "index",
+        max_turns: int = 5,
+        pool_size: int = 64,
+        win_if: Callable[[str], bool] | None = None,
+        prompt_template: str = "textworld",
+    ):
         self.tasks = list(tasks or default_tasks())
-        self.prompt_template = prompt_template     # the prompt family this env names at reset
+        self.prompt_template = prompt_template  # the prompt family this env names at reset
         self.mode = mode
         self.max_turns = max_turns
         self.pool_size = pool_size
@@ -64,10 +71,14 @@ class FakeEnv:
         self.log.append(("reset", session_id, seed))
         task = self._task(seed)
         self.sessions[session_id] = {"task": task, "turns": 0, "done": False}
-        return {"observation": f"You are in room {task[-1]}. There is a chest here.",
-                "task": f"do the right thing in {task}", "admissible_commands": list(COMMANDS),
-                "task_id": task, "task_type": "even" if int(task[-1]) % 2 == 0 else "odd",
-                "prompt_template": self.prompt_template}
+        return {
+            "observation": f"You are in room {task[-1]}. There is a chest here.",
+            "task": f"do the right thing in {task}",
+            "admissible_commands": list(COMMANDS),
+            "task_id": task,
+            "task_type": "even" if int(task[-1]) % 2 == 0 else "odd",
+            "prompt_template": self.prompt_template,
+        }
 
     def step(self, session_id: str, text: str) -> dict:
         s = self.sessions[session_id]
@@ -83,11 +94,18 @@ class FakeEnv:
         done = won or s["turns"] >= self.max_turns
         s["done"] = done
         obs = "You won!" if won else ("Nothing happens." if parsed.valid else "Invalid format.")
-        return {"observation": obs, "reward": 10.0 if won else 0.0, "done": done, "won": won,
-                "is_action_valid": parsed.valid, "action": parsed.action,
-                "admissible_commands": list(COMMANDS), "task_id": s["task"],
-                "task_type": "even" if int(s["task"][-1]) % 2 == 0 else "odd",
-                "score": 1.0 if won else 0.0}
+        return {
+            "observation": obs,
+            "reward": 10.0 if won else 0.0,
+            "done": done,
+            "won": won,
+            "is_action_valid": parsed.valid,
+            "action": parsed.action,
+            "admissible_commands": list(COMMANDS),
+            "task_id": s["task"],
+            "task_type": "even" if int(s["task"][-1]) % 2 == 0 else "odd",
+            "score": 1.0 if won else 0.0,
+        }
 
     def close(self, session_id: str) -> dict:
         self.log.append(("close", session_id))

@@ -14,7 +14,7 @@ import verl_cpu_ref
 
 
 def main() -> int:
-    rc = fake_verl_trainer.main()            # runs ray_hook.setup() with the launch's env vars
+    rc = fake_verl_trainer.main()  # runs ray_hook.setup() with the launch's env vars
     if rc:
         return rc
     verl_cpu_ref.use_cpu_platform()

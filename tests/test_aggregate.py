@@ -74,7 +74,7 @@ def test_fedavg_equals_float64_mean_mixed_dtypes(tmp_path, weighting):
     for n, x in exact.items():
         assert delta[n].dtype == torch.float32
         # fp32 rounding of the terms (see fedagent.server.verify for the bound)
-        tol = 8 * 2.0 ** -24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, weights))
+        tol = 8 * 2.0**-24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, weights))
         assert ((delta[n].double() - x).abs() <= tol).all(), n
     assert json.loads((tmp_path / "agg" / "aggregate.json").read_text())["num_tensors"] == len(SPECS)
 
@@ -87,7 +87,7 @@ def test_fedavg_via_deltas_equals_direct_average(tmp_path):
         via_delta = prev[n].float() + delta[n]
         direct = sum(c[n].double() for c in clients) / 3
         # |prev + Δ̄ − mean| ≤ a few fp32 ulps of the weights themselves
-        assert ((via_delta.double() - direct).abs() <= 4 * 2.0 ** -24 * direct.abs().clamp_min(1e-30) + 1e-12).all(), n
+        assert ((via_delta.double() - direct).abs() <= 4 * 2.0**-24 * direct.abs().clamp_min(1e-30) + 1e-12).all(), n
 
 
 def test_bf16_inputs_not_truncated(tmp_path):
@@ -170,12 +170,12 @@ def test_inputs_hashed_beside_the_arithmetic_never_reach_the_output(tmp_path):
     a corrupt input still leaves no output dir, and its manifest error wins over what the corrupt
     bytes made the body raise (a header byte flipped: the body's own parse fails first)."""
     prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
-    _flip_byte(dirs[1] / "model.safetensors", -3)                  # data: the arithmetic runs to the end
+    _flip_byte(dirs[1] / "model.safetensors", -3)  # data: the arithmetic runs to the end
     with pytest.raises(ManifestError, match=r"client1.*sha256"):
         aggregate(prev_dir, dirs, tmp_path / "agg")
     assert not (tmp_path / "agg").exists()
-    _flip_byte(dirs[1] / "model.safetensors", -3)                  # restored
-    _flip_byte(dirs[1] / "model.safetensors", 10)                  # the header's JSON: unreadable
+    _flip_byte(dirs[1] / "model.safetensors", -3)  # restored
+    _flip_byte(dirs[1] / "model.safetensors", 10)  # the header's JSON: unreadable
     with pytest.raises(ManifestError, match=r"client1.*sha256"):
         aggregate(prev_dir, dirs, tmp_path / "agg")
     assert not (tmp_path / "agg").exists()
@@ -210,8 +210,22 @@ def test_aggregate_cli_refuses_by_name_and_succeeds(tmp_path):
     import sys
 
     prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
-    cmd = [sys.executable, "-m", "fedagent.cli", "aggregate", "--prev", str(prev_dir), "--clients", *map(str, dirs),
-           "--weighting", "tokens", "--out", str(tmp_path / "agg"), "--quarantine", str(tmp_path / "_failed")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedagent.cli",
+        "aggregate",
+        "--prev",
+        str(prev_dir),
+        "--clients",
+        *map(str, dirs),
+        "--weighting",
+        "tokens",
+        "--out",
+        str(tmp_path / "agg"),
+        "--quarantine",
+        str(tmp_path / "_failed"),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "agg" / "aggregate.json").read_text())["weighting"] == "tokens"
@@ -238,17 +252,20 @@ def test_streaming_reads_into_reused_buffers_whatever_m(tmp_path, monkeypatch):
         _, prev_dir, _, dirs = make_round(tmp_path / f"m{m}", m)
         agg.aggregate(prev_dir, dirs, tmp_path / f"agg{m}")
         assert calls and None not in calls
-        assert len(set(calls)) == 2                          # prev's buffer and the clients' one
+        assert len(set(calls)) == 2  # prev's buffer and the clients' one
 
 
 # ---- issue 31: the reference's weights list and an episodes weighting ----------------------------
+
 
 def test_episodes_weighting_counts_episodes_not_turns(tmp_path):
     """``episodes``: ∝ metrics.json num_episodes, so a client whose episodes run longer (more per-turn
     samples) does not weigh more, as it does under ``samples`` (seen failing on the old code: no
     such weighting)."""
-    mets = [{"num_samples": 30, "num_tokens": 300, "num_episodes": 8}, {"num_samples": 10, "num_tokens": 100,
-                                                                          "num_episodes": 8}]
+    mets = [
+        {"num_samples": 30, "num_tokens": 300, "num_episodes": 8},
+        {"num_samples": 10, "num_tokens": 100, "num_episodes": 8},
+    ]
     prev, prev_dir, clients, dirs = make_round(tmp_path, 2, metrics=mets)
     assert client_weights(dirs, "samples") == [0.75, 0.25]
     assert client_weights(dirs, "episodes") == [0.5, 0.5]
@@ -270,12 +287,18 @@ def test_given_weights_are_the_reference_list(tmp_path):
     delta = load_file(tmp_path / "agg" / "delta.safetensors")
     exact = float64_mean_delta(prev, clients, [0.5, 0.3, 0.2])
     for n, x in exact.items():
-        tol = 8 * 2.0 ** -24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, (0.5, 0.3, 0.2)))
+        tol = 8 * 2.0**-24 * sum(w * (c[n].double() - prev[n].double()).abs() for c, w in zip(clients, (0.5, 0.3, 0.2)))
         assert ((delta[n].double() - x).abs() <= tol).all(), n
     assert client_weights(dirs[:2], "weights", [0.5, 0.3]) == pytest.approx([0.625, 0.375])
     write_dropped(tmp_path / "gone", round_=1, client=1, attempts=1, exit_code=1)
-    s2 = aggregate(prev_dir, [dirs[0], tmp_path / "gone", dirs[2]], tmp_path / "agg2", weighting="weights",
-                   weights=[0.5, 0.3, 0.2], min_clients=2)
+    s2 = aggregate(
+        prev_dir,
+        [dirs[0], tmp_path / "gone", dirs[2]],
+        tmp_path / "agg2",
+        weighting="weights",
+        weights=[0.5, 0.3, 0.2],
+        min_clients=2,
+    )
     assert [c["weight"] for c in s2["clients"]] == pytest.approx([0.5 / 0.7, 0.2 / 0.7])
     with pytest.raises(AggregateError, match="needs the clients' weights"):
         client_weights(dirs, "weights")
@@ -287,13 +310,16 @@ def test_given_weights_are_the_reference_list(tmp_path):
         client_weights(dirs, "weights", [0.5, -0.3, 0.8])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"aggregate.weighting": "weights"}, "aggregate.weighting is 'weights' but no list is given"),
-    ({"aggregate.weights": [0.5, 0.5]}, "set, but aggregate.weighting is 'uniform'"),
-    ({"aggregate.weighting": "weights", "aggregate.weights": [1.0]}, "1 weights for clients.total=2"),
-    ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, 0.6]}, "the weights sum to 1.1"),
-    ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, -0.5]}, "aggregate.weights"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"aggregate.weighting": "weights"}, "aggregate.weighting is 'weights' but no list is given"),
+        ({"aggregate.weights": [0.5, 0.5]}, "set, but aggregate.weighting is 'uniform'"),
+        ({"aggregate.weighting": "weights", "aggregate.weights": [1.0]}, "1 weights for clients.total=2"),
+        ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, 0.6]}, "the weights sum to 1.1"),
+        ({"aggregate.weighting": "weights", "aggregate.weights": [0.5, -0.5]}, "aggregate.weights"),
+    ],
+)
 def test_weights_list_refused_at_plan_time_naming_the_key(overrides, message):
     from pathlib import Path
 
@@ -303,6 +329,7 @@ def test_weights_list_refused_at_plan_time_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match="config key 'aggregate.weights") as err:
         load_config(repo / "config" / "config.yaml", overrides)
     assert message in str(err.value)
-    ok = load_config(repo / "config" / "config.yaml", {"aggregate.weighting": "weights",
-                                                       "aggregate.weights": [0.7, 0.3 + 5e-7]})
+    ok = load_config(
+        repo / "config" / "config.yaml", {"aggregate.weighting": "weights", "aggregate.weights": [0.7, 0.3 + 5e-7]}
+    )
     assert ok["aggregate"]["weights"] == [0.7, 0.3 + 5e-7]

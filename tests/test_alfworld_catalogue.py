@@ -11,8 +11,10 @@ import pytest
 
 from fedagent.envs.alfworld import assets, data
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not assets.alfworld_available(),
-                                                   reason="alfworld not installed (scripts/install-alfworld.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not assets.alfworld_available(), reason="alfworld not installed (scripts/install-alfworld.sh)"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +35,10 @@ def test_real_data_catalogue_by_reference(real_root, tmp_path):
     rels = json.loads((real_root / "json_2.1.1/manifests/train.json").read_text())["games"]
     order42 = [data.task_id_for(r) for r in data.canonical_order(rels, 42)]
     assert a["train"] == order42[:4] and a["root"] == str((real_root / "json_2.1.1").resolve())
-    assert a["train"] != b["train"]                      # data_seed orders the pool
+    assert a["train"] != b["train"]  # data_seed orders the pool
     assert a["manifest_sha256"]["train"] == data.list_sha256(rels)
     assert set(a["task_types"].values()) <= set(data.TASK_TYPES.values())
-    assert not (tmp_path / "a" / "alfworld").exists()    # referenced, not copied
+    assert not (tmp_path / "a" / "alfworld").exists()  # referenced, not copied
     source, split = source_from_catalogue(tmp_path / "a", "val")
     assert split == "valid_seen" and set(a["val"]) <= set(source.task_ids("valid_seen"))
     with pytest.raises(ValueError, match="asked for"):

@@ -36,7 +36,8 @@ def _tree(root: Path, games, split="train", reverse=False, manifest=True):
 
 def test_task_ids_and_types():
     assert data.task_id_for(GAMES[0]) == (
-        "alfworld_pick_and_place_simple-Book-None-SideTable-329_trial_T20190908_050633_745514_game")
+        "alfworld_pick_and_place_simple-Book-None-SideTable-329_trial_T20190908_050633_745514_game"
+    )
     assert [data.task_type_for(g) for g in GAMES[:6]] == ["pick", "look", "clean", "heat", "cool", "pick_two"]
     with pytest.raises(ValueError):
         data.task_type_for("pick_and_place_with_movable_recep-X-Y-Z-1/trial_1/game.tw-pddl")
@@ -59,7 +60,7 @@ def test_manifest_missing_game_is_an_error_naming_count_and_paths(tmp_path):
 def test_manifest_ignores_extra_games_on_disk(tmp_path):
     root = _tree(tmp_path, GAMES[:5])
     expected = AlfworldTaskSource(root, splits=("train",)).task_ids("train")
-    _tree(tmp_path, GAMES[5:], manifest=False)             # extras, not in the manifest
+    _tree(tmp_path, GAMES[5:], manifest=False)  # extras, not in the manifest
     assert data.split_games(root, "train") == sorted(GAMES[:5])
     assert AlfworldTaskSource(root, splits=("train",)).task_ids("train") == expected
     # Without the manifest the walk sees them all.
@@ -79,11 +80,11 @@ def test_manifest_tampering_is_detected(tmp_path):
 @pytest.mark.parametrize("with_manifest", [True, False])
 def test_order_and_val_set_independent_of_walk_order(tmp_path, monkeypatch, with_manifest):
     a = _tree(tmp_path / "a", GAMES, manifest=with_manifest)
-    b = _tree(tmp_path / "b", GAMES, reverse=True, manifest=with_manifest)   # files created in reverse
+    b = _tree(tmp_path / "b", GAMES, reverse=True, manifest=with_manifest)  # files created in reverse
     src_a = AlfworldTaskSource(a, splits=("train",), base_seed=3)
     order = src_a.task_ids("train")
 
-    real_walk, real_listdir, real_scandir = os.walk, os.listdir, os.scandir
+    real_walk, real_listdir = os.walk, os.listdir
 
     def reversed_walk(top, *args, **kwargs):
         for dirpath, dirnames, filenames in real_walk(top, *args, **kwargs):

@@ -13,12 +13,13 @@ import pytest
 
 from fedagent.envs.alfworld import assets, data
 
-pytestmark = pytest.mark.skipif(not assets.alfworld_available(),
-                                reason="alfworld/fast_downward not installed (scripts/install-alfworld.sh)")
+pytestmark = pytest.mark.skipif(
+    not assets.alfworld_available(), reason="alfworld/fast_downward not installed (scripts/install-alfworld.sh)"
+)
 
 SEED = 11
-SPLITS = {"train": 6, "valid_seen": 1}     # train: one game of each of the six task types
-DISTRACTORS = (1, 2)                        # small rooms keep PDDL translation (and the test) fast
+SPLITS = {"train": 6, "valid_seen": 1}  # train: one game of each of the six task types
+DISTRACTORS = (1, 2)  # small rooms keep PDDL translation (and the test) fast
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_live_planner_plan_wins_and_turn_budget_ends_episode(games_root):
         results = [env.step("look") for _ in range(3)]
         assert [r.done for r in results] == [False, False, True]
         assert not results[-1].won and results[-1].reward == 0.0
-        assert env.step("look").reward == 0.0                      # after the end: repeated, no reward
+        assert env.step("look").reward == 0.0  # after the end: repeated, no reward
     finally:
         env.close()
 
@@ -164,11 +165,12 @@ def test_served_through_the_env_service(games_root, tmp_path):
 
     source = _source(games_root)
     ids = source.task_ids("train")
-    with env_service(games_root, "train", ids, tmp_path, mode="index", pool_size=1, max_turns=50,
-                     source="alfworld") as client:
+    with env_service(
+        games_root, "train", ids, tmp_path, mode="index", pool_size=1, max_turns=50, source="alfworld"
+    ) as client:
         assert client.health()["ok"]
         client.create("s")
-        reset = client.reset("s", 1)                       # index mode: seed 1 → ids[1]
+        reset = client.reset("s", 1)  # index mode: seed 1 → ids[1]
         assert reset["task_id"] == ids[1] and reset["task_type"] == source.task_type(ids[1])
         _check_alfworld_prompts(reset, client)
         step = None
@@ -192,17 +194,23 @@ def _check_alfworld_prompts(reset: dict, client) -> None:
     assert reset["task"] == obs.split("Your task is to: ", 1)[1].strip() and reset["task"]
     assert "help" not in reset["admissible_commands"]
     actions = "\n ".join(f"'{a}'" for a in reset["admissible_commands"])
-    think = ("Now it's your turn to take an action.\nYou should first reason step-by-step about the current "
-             "situation. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
-             "finished your reasoning, you should choose an admissible action for current step and present it "
-             "within <action> </action> tags.\n")
+    think = (
+        "Now it's your turn to take an action.\nYou should first reason step-by-step about the current "
+        "situation. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
+        "finished your reasoning, you should choose an admissible action for current step and present it "
+        "within <action> </action> tags.\n"
+    )
     first = windowed_prompt(reset["task"], obs, reset["admissible_commands"], [], template=template_of(reset))
-    assert first == ("\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
-                     f"Your current observation is: {obs}\n"
-                     f"Your admissible actions of the current situation are: [{actions}].\n\n" + think)
+    assert first == (
+        "\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
+        f"Your current observation is: {obs}\n"
+        f"Your admissible actions of the current situation are: [{actions}].\n\n" + think
+    )
     later = windowed_prompt(reset["task"], "Nothing happens.", ["look"], [(obs, "look")], template=template_of(reset))
-    assert later.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment. "
-                            f"Your task is to: {reset['task']}\nPrior to this step, you have already taken 1 step(s).")
+    assert later.startswith(
+        "\nYou are an expert agent operating in the ALFRED Embodied Environment. "
+        f"Your task is to: {reset['task']}\nPrior to this step, you have already taken 1 step(s)."
+    )
 
 
 def test_parallel_generation_writes_the_same_games(games_root, tmp_path):
@@ -226,8 +234,26 @@ def test_parallel_generation_from_a_script_without_a_main_guard(tmp_path):
     script = tmp_path / "fedagent-noguard"
     script.write_text("import sys\nfrom fedagent.cli import main\nsys.exit(main())\n")
     out = tmp_path / "games"
-    r = subprocess.run([sys.executable, str(script), "alfworld-games", "--out", str(out), "--seed", str(SEED),
-                        "--n-train", "3", "--n-val", "1", "--jobs", "2"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "alfworld-games",
+            "--out",
+            str(out),
+            "--seed",
+            str(SEED),
+            "--n-train",
+            "3",
+            "--n-val",
+            "1",
+            "--jobs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(data.read_manifest(out / data.MANIFEST_DIR / "train.json")["games"]) == 3
 
@@ -274,12 +300,34 @@ def test_planner_expert_plays_in_worker_processes(games_root, tmp_path):
 
     source = _source(games_root)
     ids = source.task_ids("train")
-    with env_service(games_root, "train", ids, tmp_path / "svc", mode="index", pool_size=len(ids), max_turns=12,
-                     source="alfworld", answer_format="action", expert=True, env_procs=2) as env:
+    with env_service(
+        games_root,
+        "train",
+        ids,
+        tmp_path / "svc",
+        mode="index",
+        pool_size=len(ids),
+        max_turns=12,
+        source="alfworld",
+        answer_format="action",
+        expert=True,
+        env_procs=2,
+    ) as env:
         assert env.health()["ok"]
-        trajs = run_episodes(None, build_tokenizer(), env, list(range(len(ids))), max_turns=12, max_new_tokens=0,
-                             temperature=1.0, generator=None, session_prefix="d", max_prompt_tokens=4096,
-                             answer_format="action", expert=True)
+        trajs = run_episodes(
+            None,
+            build_tokenizer(),
+            env,
+            list(range(len(ids))),
+            max_turns=12,
+            max_new_tokens=0,
+            temperature=1.0,
+            generator=None,
+            session_prefix="d",
+            max_prompt_tokens=4096,
+            answer_format="action",
+            expert=True,
+        )
     for tid, t in zip(ids, trajs):
         assert t.won, t.summary()
         assert [turn.action for turn in t.turns] == _walkthrough(source, tid)

@@ -69,6 +69,7 @@ def test_snakemake_directory_stamp_is_not_foreign(tmp_path):
 
 # ---- the three guarantees (issue 13), each seen failing on its mutant ----------------------
 
+
 def test_manifest_is_written_last(tmp_path, monkeypatch):
     """Every file the job writes, up to its last byte, is in the manifest; and the rename
     comes after the manifest, so a crash while writing it leaves nothing at the final path."""
@@ -86,6 +87,7 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
 
     def crash(directory):  # the process dies while hashing / writing the manifest
         raise KeyboardInterrupt("killed while writing the manifest")
+
     monkeypatch.setattr(atomic, "write_manifest", crash)
     final2 = tmp_path / "out2"
     with pytest.raises(KeyboardInterrupt):
@@ -163,8 +165,10 @@ def test_atomic_write_text_under_sigkill(tmp_path):
 
     path = tmp_path / "big.txt"
     versions = {f"{v}\n" * 400_000 for v in "ab"}  # 800 kB each: the write takes a while
-    code = ("import sys; from fedagent.core.atomic import atomic_write_text as w\n"
-            "i = 0\nwhile True:\n    w(sys.argv[1], ('ab'[i % 2] + '\\n') * 400_000); i += 1\n")
+    code = (
+        "import sys; from fedagent.core.atomic import atomic_write_text as w\n"
+        "i = 0\nwhile True:\n    w(sys.argv[1], ('ab'[i % 2] + '\\n') * 400_000); i += 1\n"
+    )
     rng = python_rng(13, "atomic_kill_test")
     for _ in range(5):
         proc = subprocess.Popen([sys.executable, "-c", code, str(path)])

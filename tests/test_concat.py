@@ -41,8 +41,16 @@ class Recorder:
 def _play(tiny, mode, **kw):
     model, tok = tiny
     rec = Recorder()
-    args = dict(max_turns=3, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(3),
-                session_prefix="t", max_prompt_tokens=2048, rollout_mode=mode, sampler=rec)
+    args = dict(
+        max_turns=3,
+        max_new_tokens=6,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(3),
+        session_prefix="t",
+        max_prompt_tokens=2048,
+        rollout_mode=mode,
+        sampler=rec,
+    )
     args.update(kw)
     trajs = run_episodes(model, tok, FakeEnv(max_turns=3), [0, 1], **args)
     return trajs, rec
@@ -61,13 +69,13 @@ def test_concat_loss_mask_covers_exactly_the_models_tokens(tiny):
         model_positions = set()
         for ctx, g in calls:
             # the context generated from is, token for token, the head of the trained sequence
-            assert seq[:len(ctx)] == ctx
-            assert seq[len(ctx):len(ctx) + len(g.response_ids)] == g.response_ids
+            assert seq[: len(ctx)] == ctx
+            assert seq[len(ctx) : len(ctx) + len(g.response_ids)] == g.response_ids
             model_positions |= set(range(len(ctx), len(ctx) + len(g.response_ids)))
         assert {i for i, m in enumerate(mask) if m} == model_positions
         assert s.trained_count() == sum(len(g.response_ids) for _, g in calls)
         # the masked-out glue holds the observations as user turns and the turn boundaries
-        glue = tok.decode([t for t, m in zip(seq, mask) if not m][len(s.prompt_ids):])
+        glue = tok.decode([t for t, m in zip(seq, mask) if not m][len(s.prompt_ids) :])
         assert glue.count("<|im_start|>user") == 2 and glue.count("<|im_start|>assistant") == 2
         assert "You are now at step 2" in glue and "You are now at step 3" in glue
         assert s.reward == pytest.approx(traj.episode_return - 0.1 * sum(not t.valid for t in traj.turns))
@@ -84,7 +92,7 @@ def test_concat_episode_ends_at_the_context_budget(tiny):
 def test_a_context_that_is_not_the_generated_one_is_refused():
     t0 = type("T", (), {})
     turns = []
-    for p, r in (([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 9, 7], [8])):   # 9 ≠ 5: not the sampled context
+    for p, r in (([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 9, 7], [8])):  # 9 ≠ 5: not the sampled context
         t = t0()
         t.prompt_ids, t.response_ids, t.valid = p, r, True
         turns.append(t)
@@ -109,8 +117,10 @@ def _glue_text(tok, template, contents, nxt):
     try:
         msgs = [{"role": "user", "content": "first"}]
         for i, c in enumerate(contents):
-            msgs += [{"role": "assistant", "content": c}, {"role": "user", "content": nxt if i == len(contents) - 1
-                                                           else f"obs {i}"}]
+            msgs += [
+                {"role": "assistant", "content": c},
+                {"role": "user", "content": nxt if i == len(contents) - 1 else f"obs {i}"},
+            ]
         return turn_glue(render_chat(tok, msgs), contents[-1], nxt)
     finally:
         tok.chat_template = old
@@ -139,12 +149,21 @@ def test_concat_rollout_under_a_rewriting_template_keeps_the_turn_boundaries(tin
         chat = ConcatChat.start(tok, "first", "think_action", 512)
         head = list(chat.ids)
         ans = tok.encode("a b</think><action>look</action>", add_special_tokens=False)
-        glue = chat.extend(tok, prefix="<think>", text="a b</think><action>look</action>", response_ids=ans,
-                           finished=False, next_user="You see a chest.", answer_format="think_action")
+        glue = chat.extend(
+            tok,
+            prefix="<think>",
+            text="a b</think><action>look</action>",
+            response_ids=ans,
+            finished=False,
+            next_user="You see a chest.",
+            answer_format="think_action",
+        )
     finally:
         tok.chat_template = old
     assert chat.ids == head + ans + glue
-    assert tok.decode(glue) == "<|im_end|>\n<|im_start|>user\nYou see a chest.<|im_end|>\n<|im_start|>assistant\n<think>"
+    assert (
+        tok.decode(glue) == "<|im_end|>\n<|im_start|>user\nYou see a chest.<|im_end|>\n<|im_start|>assistant\n<think>"
+    )
 
 
 def test_concat_glue_does_not_repeat_the_sampled_stop_token(tiny):
@@ -152,11 +171,18 @@ def test_concat_glue_does_not_repeat_the_sampled_stop_token(tiny):
     chat = ConcatChat.start(tok, "first", "action", 512)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     ans = tok.encode("look</action>", add_special_tokens=False) + [end]
-    glue = chat.extend(tok, prefix="<action>", text="look</action>", response_ids=ans, finished=True,
-                       next_user="obs", answer_format="action")
+    glue = chat.extend(
+        tok,
+        prefix="<action>",
+        text="look</action>",
+        response_ids=ans,
+        finished=True,
+        next_user="obs",
+        answer_format="action",
+    )
     assert tok.decode(glue).startswith("\n<|im_start|>user\nobs")
     text = tok.decode(chat.ids)
-    assert text.count("<|im_end|>") == 4 and "<|im_end|><|im_end|>" not in text   # system, user, answer, user
+    assert text.count("<|im_end|>") == 4 and "<|im_end|><|im_end|>" not in text  # system, user, answer, user
 
 
 def test_windowed_generation_prompt_is_the_stored_prompt_cut_to_the_budget(tiny):
@@ -169,14 +195,28 @@ def test_windowed_generation_prompt_is_the_stored_prompt_cut_to_the_budget(tiny)
     samples = grpo.turn_samples(trajs, [0, 0], 0.1)
     assert len(rec.calls) == len(samples) == sum(t.n_turns for t in trajs)
     generated = sorted((tuple(ctx), tuple(g.response_ids)) for ctx, g in rec.calls)
-    assert all(len(ctx) == budget for ctx, _ in generated)   # the prompts are longer than the budget: cut
+    assert all(len(ctx) == budget for ctx, _ in generated)  # the prompts are longer than the budget: cut
     # every training sample is (the exact ids generated from, the ids generated)
     assert sorted((tuple(s.prompt_ids), tuple(s.response_ids)) for s in samples) == generated
     # the cut keeps the end: the answer prefix and the assistant header the model continues from
-    full = tok.encode(render_chat(tok, [{"role": "user", "content": windowed_prompt(
-        "do the right thing in fake-000", "You are in room 0. There is a chest here.",
-        ["go north", "go south", "take key", "open chest", "look"], [], template="textworld")}]),
-        add_special_tokens=False)
+    full = tok.encode(
+        render_chat(
+            tok,
+            [
+                {
+                    "role": "user",
+                    "content": windowed_prompt(
+                        "do the right thing in fake-000",
+                        "You are in room 0. There is a chest here.",
+                        ["go north", "go south", "take key", "open chest", "look"],
+                        [],
+                        template="textworld",
+                    ),
+                }
+            ],
+        ),
+        add_special_tokens=False,
+    )
     assert rec.calls[0][0] == full[-budget:]
 
 
@@ -188,22 +228,38 @@ def test_the_env_names_the_prompt_family(tiny, mode):
     model, tok = tiny
     rec = Recorder()
     env = FakeEnv(max_turns=2, prompt_template="webshop")
-    trajs = run_episodes(model, tok, env, [0], max_turns=2, max_new_tokens=6, temperature=1.0,
-                         generator=torch.Generator().manual_seed(3), session_prefix="w", max_prompt_tokens=4096,
-                         rollout_mode=mode, sampler=rec)
+    trajs = run_episodes(
+        model,
+        tok,
+        env,
+        [0],
+        max_turns=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(3),
+        session_prefix="w",
+        max_prompt_tokens=4096,
+        rollout_mode=mode,
+        sampler=rec,
+    )
     probe = FakeEnv(prompt_template="webshop")
     probe.create("p")
     r = probe.reset("p", 0)
     first = windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [], template="webshop")
-    render = lambda msgs: tok.encode(render_chat(tok, msgs), add_special_tokens=False)   # noqa: E731
+    render = lambda msgs: tok.encode(render_chat(tok, msgs), add_special_tokens=False)  # noqa: E731
     assert rec.calls[0][0] == render([{"role": "user", "content": first}])
-    s2 = probe.step("p", "<think>" + trajs[0].turns[0].text)            # replay turn 1 (answer prefix + text)
+    s2 = probe.step("p", "<think>" + trajs[0].turns[0].text)  # replay turn 1 (answer prefix + text)
     if mode == "windowed":
-        second = windowed_prompt(r["task"], s2["observation"], s2["admissible_commands"],
-                                 [(r["observation"], s2["action"])], template="webshop")
+        second = windowed_prompt(
+            r["task"],
+            s2["observation"],
+            s2["admissible_commands"],
+            [(r["observation"], s2["action"])],
+            template="webshop",
+        )
         assert rec.calls[1][0] == render([{"role": "user", "content": second}])
     else:
         nxt = concat_turn_prompt(s2["observation"], s2["admissible_commands"], 2, template="webshop")
         assert nxt.startswith(f"You are now at step 2 and your current observation is: {s2['observation']}.\n")
-        assert rec.calls[1][0][:len(rec.calls[0][0])] == rec.calls[0][0]
+        assert rec.calls[1][0][: len(rec.calls[0][0])] == rec.calls[0][0]
         assert tok.decode(rec.calls[1][0]).endswith(nxt + "<|im_end|>\n<|im_start|>assistant\n<think>")

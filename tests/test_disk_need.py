@@ -38,15 +38,19 @@ def test_a_1p7b_round_that_keeps_everything_needs_five_model_dirs():
 
 
 def test_temporary_dirs_count_once_and_done_rounds_not_at_all():
-    cfg = _config(**{"keep": {"client_updates": False, "aggregates": False, "models_every": 0,
-                              "protect_models": False}, "rounds": 3})
+    cfg = _config(
+        **{
+            "keep": {"client_updates": False, "aggregates": False, "models_every": 0, "protect_models": False},
+            "rounds": 3,
+        }
+    )
     one = 4 * P17
     need = disk_need.run_need(cfg, "/r", kept_model_rounds=[3], exists=lambda p: False)
     # kept: base + round 3's model; at most at once: 2 updates + aggregate + a round's model + the previous one
     assert need.kept == 2 * one and need.transient == 5 * one
     done = {"/r/round_000/model", "/r/round_001/summary.csv", "/r/round_002/summary.csv"}
     need = disk_need.run_need(cfg, "/r", kept_model_rounds=[3], exists=done.__contains__)
-    assert need.kept == one and need.transient == 4 * one     # round 3 only; round 2's model is temp()
+    assert need.kept == one and need.transient == 4 * one  # round 3 only; round 2's model is temp()
 
 
 def test_ppo_critic_and_server_state_are_counted():
@@ -55,7 +59,7 @@ def test_ppo_critic_and_server_state_are_counted():
     ppo = disk_need.run_need(_config(**{"train.algorithm": "ppo"}), "/r", [1], exists=lambda p: False).kept
     adam = disk_need.run_need(_config(**{"server.optimizer": "fedadam"}), "/r", [1], exists=lambda p: False).kept
     assert ppo == 2 * base
-    assert adam == base + 2 * one    # m and v beside the round's global model
+    assert adam == base + 2 * one  # m and v beside the round's global model
 
 
 def test_shortfall_names_the_keys_and_the_numbers(tmp_path):
@@ -75,10 +79,21 @@ def _huge_model(tmp_path):
     """An architecture whose one model dir is ≈ 0.5 PB: no disk has that."""
     huge = tmp_path / "huge"
     huge.mkdir()
-    (huge / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 65536, "num_hidden_layers": 2000,
-        "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 65536, "vocab_size": 49152,
-        "tie_word_embeddings": True}))
+    (huge / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 65536,
+                "num_hidden_layers": 2000,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 64,
+                "intermediate_size": 65536,
+                "vocab_size": 49152,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     return huge
 
 
@@ -90,7 +105,7 @@ def test_the_workflow_refuses_before_any_job_and_still_plans(tmp_path):
     proc = run_snakemake(wd, "--cores", "1", "--config", cfg, check=False)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fedagent: not enough disk: the run still writes" in proc.stderr
-    assert not (wd / "results").exists() or not any((wd / "results").rglob("*.json"))   # no job ran
+    assert not (wd / "results").exists() or not any((wd / "results").rglob("*.json"))  # no job ran
 
 
 def test_a_matrix_adds_its_runs_and_its_shared_round_0s_but_not_its_catalogue(tmp_path):
@@ -99,21 +114,28 @@ def test_a_matrix_adds_its_runs_and_its_shared_round_0s_but_not_its_catalogue(tm
     wd = make_workdir(tmp_path / "wd")
     huge = _huge_model(tmp_path)
     (wd / "config" / "matrices").mkdir(parents=True, exist_ok=True)
-    (wd / "config" / "matrices" / "m.yaml").write_text(yaml.safe_dump(
-        {"seeds": [7], "reference": "a", "common": {"rounds": 2, "model": f"random:{huge}"},
-         "arms": {"a": {}, "b": {"train": {"lr": 2.0e-5}}}}))
+    (wd / "config" / "matrices" / "m.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "seeds": [7],
+                "reference": "a",
+                "common": {"rounds": 2, "model": f"random:{huge}"},
+                "arms": {"a": {}, "b": {"train": {"lr": 2.0e-5}}},
+            }
+        )
+    )
     proc = run_snakemake(wd, "--cores", "1", "--config", "matrix=m", check=False)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    msg = proc.stderr[proc.stderr.index("fedagent: not enough disk"):]
+    msg = proc.stderr[proc.stderr.index("fedagent: not enough disk") :]
     assert "results/m/a/seed_7: " in msg and "results/m/b/seed_7: " in msg
     (start,) = [part for part in msg.split("; ") if "results/m/_start/" in part]
-    assert "round 0: 1 model dir(s))" in start and "rounds" not in start     # its round 0 only
-    assert "_catalogue" not in msg                                         # builds no model
+    assert "round 0: 1 model dir(s))" in start and "rounds" not in start  # its round 0 only
+    assert "_catalogue" not in msg  # builds no model
 
 
 def test_the_check_can_be_switched_off(monkeypatch, tmp_path):
     monkeypatch.setattr(disk_need, "_REGISTERED", [])
-    disk_need.register(_config(**{"rounds": 999}), str(tmp_path / "x"), range(1, 1000))   # ≈ 27 TB
+    disk_need.register(_config(**{"rounds": 999}), str(tmp_path / "x"), range(1, 1000))  # ≈ 27 TB
     assert disk_need.check_registered(environ={}) is not None
     assert disk_need.check_registered(environ={"FEDAGENT_DISK_CHECK": "0"}) is None
 

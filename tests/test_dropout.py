@@ -17,8 +17,25 @@ from test_aggregate import make_round
 def _drop(tmp_path, out, attempt, drop_at):
     log = tmp_path / "train.log"
     log.write_text("loading\nRuntimeError: CUDA out of memory\n")
-    return cli_main(["drop-client", "--out", str(out), "--round", "3", "--client", "1", "--exit-code", "1",
-                     "--attempt", str(attempt), "--drop-at-attempt", str(drop_at), "--log", str(log)])
+    return cli_main(
+        [
+            "drop-client",
+            "--out",
+            str(out),
+            "--round",
+            "3",
+            "--client",
+            "1",
+            "--exit-code",
+            "1",
+            "--attempt",
+            str(attempt),
+            "--drop-at-attempt",
+            str(drop_at),
+            "--log",
+            str(log),
+        ]
+    )
 
 
 def test_drop_client_strict_or_attempts_left_fails_and_writes_nothing(tmp_path, capsys):
@@ -53,7 +70,7 @@ def test_aggregate_min_clients_averages_the_survivors(tmp_path):
     s = aggregate(prev_dir, [dirs[0], tmp_path / "client2", dirs[1]], tmp_path / "agg", min_clients=1)
     assert [c["dir"] for c in s["clients"]] == [str(dirs[0]), str(dirs[1])]
     assert s["dropped"][0]["dir"] == str(tmp_path / "client2")
-    ref = aggregate(prev_dir, dirs, tmp_path / "agg_ref")
+    aggregate(prev_dir, dirs, tmp_path / "agg_ref")
     a, b = load_file(tmp_path / "agg" / "delta.safetensors"), load_file(tmp_path / "agg_ref" / "delta.safetensors")
     assert all(torch.equal(a[n], b[n]) for n in a)  # the drop record changes nothing but the listing
     prov = json.loads((tmp_path / "agg" / "provenance.json").read_text())

@@ -73,7 +73,7 @@ def test_resent_batch_replays_without_stepping_again(tc):
     again = post(tc, "/step_batch", body)
     assert again == first
     assert counters(tc)["steps"] == steps and counters(tc)["replays"] == 2
-    assert post(tc, "/step", item("a", "look", 0)) == first["results"][0]     # replay across routes
+    assert post(tc, "/step", item("a", "look", 0)) == first["results"][0]  # replay across routes
     # the next id steps for real
     assert post(tc, "/step_batch", {"items": [item("a", "look", 1)]})["results"][0]["turns"] == 2
 
@@ -82,16 +82,16 @@ def test_mixed_good_and_bad_items_fail_only_themselves(tc):
     open_sessions(tc, ["a", "b"])
     open_sessions(tc, ["fresh"], reset=False)
     items = [
-        item("a", "look", 0),                                        # ok
-        item("nope", "look", 0),                                     # unknown session
-        item("b", "look", 5),                                        # out of order
-        item("fresh", "look", 0),                                    # step before reset
-        {"session_id": "b", "text": "x" * (MAX_TEXT_CHARS + 1), "step_id": 0},   # too long
-        {"session_id": "b", "text": "x", "step_id": "0"},            # wrong type (strict)
+        item("a", "look", 0),  # ok
+        item("nope", "look", 0),  # unknown session
+        item("b", "look", 5),  # out of order
+        item("fresh", "look", 0),  # step before reset
+        {"session_id": "b", "text": "x" * (MAX_TEXT_CHARS + 1), "step_id": 0},  # too long
+        {"session_id": "b", "text": "x", "step_id": "0"},  # wrong type (strict)
         {"session_id": "b", "text": "x", "step_id": 0, "extra": 1},  # unknown field
-        {"session_id": "a/b", "text": "x", "step_id": 0},            # bad id
-        {"text": "x", "step_id": 0},                                 # missing field
-        item("b", "win", 0),                                         # ok, after all the bad ones
+        {"session_id": "a/b", "text": "x", "step_id": 0},  # bad id
+        {"text": "x", "step_id": 0},  # missing field
+        item("b", "win", 0),  # ok, after all the bad ones
     ]
     res = post(tc, "/step_batch", {"items": items})["results"]
     statuses = [r["error"]["status"] if "error" in r else 200 for r in res]
@@ -139,8 +139,14 @@ def test_batch_limits_are_4xx():
         big = [{"session_id": "a", "text": "y" * 10_000, "step_id": i} for i in range(8)]
         res = post(tc, "/step_batch", {"items": big})["results"]
         assert [r["turns"] for r in res] == list(range(1, 9))
-        assert tc.post("/step", content=b'{"session_id": "a", "text": "' + b"y" * 70_000 + b'", "step_id": 8}',
-                       headers={"content-type": "application/json"}).status_code == 413
+        assert (
+            tc.post(
+                "/step",
+                content=b'{"session_id": "a", "text": "' + b"y" * 70_000 + b'", "step_id": 8}',
+                headers={"content-type": "application/json"},
+            ).status_code
+            == 413
+        )
         huge = {"items": [{"session_id": "a", "text": "y" * 16_000, "step_id": i} for i in range(13)]}
         assert tc.post("/step_batch", json=huge).status_code == 413
         assert tc.get("/health").json()["ok"]
@@ -154,7 +160,7 @@ def test_batch_items_step_concurrently():
             env.delay = 0.2
         t0 = time.monotonic()
         post(tc, "/step_batch", {"items": [item(s, "look", 0) for s in "abcd"]})
-        assert time.monotonic() - t0 < 0.6            # serial would be 0.8 s
+        assert time.monotonic() - t0 < 0.6  # serial would be 0.8 s
 
 
 def test_client_step_many_over_a_flaky_socket():
@@ -162,8 +168,9 @@ def test_client_step_many_over_a_flaky_socket():
     src, app = make(pool_size=4)
     uds = short_tmp() / "b.sock"
     with serve_in_thread(app, uds):
-        flaky = FlakyTransport(httpx.HTTPTransport(uds=str(uds)), random.Random(7), {"/step_batch"},
-                               before=0.2, after=0.3)
+        flaky = FlakyTransport(
+            httpx.HTTPTransport(uds=str(uds)), random.Random(7), {"/step_batch"}, before=0.2, after=0.3
+        )
         with EnvClient(transport=flaky, sleep=lambda s: None) as c:
             sids = ["a", "b", "c"]
             for i, sid in enumerate(sids):
@@ -185,7 +192,7 @@ def test_client_step_many_over_a_flaky_socket():
                 c.step_many([("a", GOOD.format("look")), ("ghost", GOOD.format("look"))])
             assert err.value.status == 404 and err.value.session_id == "ghost"
             assert [f[:3] for f in err.value.failures] == [(1, "ghost", 404)]
-            assert err.value.results[0]["turns"] == 5                 # a's step counted and advanced
+            assert err.value.results[0]["turns"] == 5  # a's step counted and advanced
             assert c.step_many([("a", GOOD.format("look"))])[0]["turns"] == 6
             for sid in sids:
                 c.close(sid)
@@ -197,20 +204,37 @@ def test_create_reset_close_batches_are_their_single_endpoints(tc):
     assert [r["created"] for r in res["results"]] == [True, True, False]
     h = tc.get("/health").json()
     assert (h["sessions"], h["pool_free"], h["counters"]["borrows"]) == (2, 2, 2)
-    res = post(tc, "/reset_batch", {"items": [
-        {"session_id": "a", "seed": 3},
-        {"session_id": "ghost", "seed": 0},          # unknown session
-        {"session_id": "b", "seed": -1},             # out of range
-        {"session_id": "b", "seed": "1"},            # wrong type (strict)
-        {"session_id": "b", "seed": 11},
-    ]})["results"]
+    res = post(
+        tc,
+        "/reset_batch",
+        {
+            "items": [
+                {"session_id": "a", "seed": 3},
+                {"session_id": "ghost", "seed": 0},  # unknown session
+                {"session_id": "b", "seed": -1},  # out of range
+                {"session_id": "b", "seed": "1"},  # wrong type (strict)
+                {"session_id": "b", "seed": 11},
+            ]
+        },
+    )["results"]
     assert [r["error"]["status"] if "error" in r else 200 for r in res] == [200, 404, 422, 422, 200]
-    assert (res[0]["task_id"], res[4]["task_id"]) == ("fake-003", "fake-001")     # seed % 10
+    assert (res[0]["task_id"], res[4]["task_id"]) == ("fake-003", "fake-001")  # seed % 10
     assert set(res[0]) == set(post(tc, "/reset", {"session_id": "a", "seed": 3}))
     assert post(tc, "/step_batch", {"items": [item("a", "look", 0), item("b", "look", 0)]})["results"][1]["turns"] == 1
     # close: idempotent per item (an unknown or repeated id is fine), every env back in the pool
-    res = post(tc, "/close_batch", {"items": [{"session_id": "a"}, {"session_id": "ghost"}, {"session_id": "b"},
-                                              {"session_id": "a"}, {"session_id": "a/b"}]})["results"]
+    res = post(
+        tc,
+        "/close_batch",
+        {
+            "items": [
+                {"session_id": "a"},
+                {"session_id": "ghost"},
+                {"session_id": "b"},
+                {"session_id": "a"},
+                {"session_id": "a/b"},
+            ]
+        },
+    )["results"]
     assert [r.get("existed") for r in res[:4]] == [True, False, True, False] and res[4]["error"]["status"] == 422
     h = tc.get("/health").json()
     assert (h["sessions"], h["pool_free"]) == (0, 4)
@@ -233,8 +257,9 @@ def test_create_batch_larger_than_the_pool_is_refused_whole():
         res = post(tc, "/create_batch", {"items": [{"session_id": s} for s in "aab"]})["results"]
         assert [r["created"] for r in res] == [False, False, True]
         # malformed ids are each item's own 422 (not counted as new sessions, never a 500)
-        res = post(tc, "/create_batch", {"items": [{"session_id": ["x"]}, {"session_id": {"y": 1}},
-                                                   {"session_id": 3}, {}]})["results"]
+        res = post(
+            tc, "/create_batch", {"items": [{"session_id": ["x"]}, {"session_id": {"y": 1}}, {"session_id": 3}, {}]}
+        )["results"]
         assert [r["error"]["status"] for r in res] == [422] * 4
 
 
@@ -254,8 +279,13 @@ def test_client_batch_lifecycle_over_a_flaky_socket():
     src, app = make(pool_size=4)
     uds = short_tmp() / "l.sock"
     with serve_in_thread(app, uds):
-        flaky = FlakyTransport(httpx.HTTPTransport(uds=str(uds)), random.Random(3),
-                               {"/create_batch", "/reset_batch", "/close_batch"}, before=0.3, after=0.3)
+        flaky = FlakyTransport(
+            httpx.HTTPTransport(uds=str(uds)),
+            random.Random(3),
+            {"/create_batch", "/reset_batch", "/close_batch"},
+            before=0.3,
+            after=0.3,
+        )
         with EnvClient(transport=flaky, sleep=lambda s: None) as c:
             for rnd in range(6):
                 sids = [f"r{rnd}-{i}" for i in range(4)]

@@ -5,8 +5,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fedagent.envs.client import (BACKOFF_CAP, JITTER, MAX_BATCH_ITEMS, MAX_RETRIES, EnvBatchError, EnvClient,
-                                  EnvServiceError)
+from fedagent.envs.client import (
+    BACKOFF_CAP,
+    JITTER,
+    MAX_BATCH_ITEMS,
+    MAX_RETRIES,
+    EnvBatchError,
+    EnvClient,
+    EnvServiceError,
+)
 
 
 class Scripted(httpx.BaseTransport):
@@ -61,10 +68,11 @@ def test_step_id_advances_only_on_success():
     c, t, _ = client([ok, (409, {"detail": "x"}), httpx.ReadError, ok, ok])
     c.reset("a", 3)
     with pytest.raises(EnvServiceError):
-        c.step("a", "t")                       # 409: not advanced
-    c.step("a", "t")                           # ReadError then ok: same id re-sent
+        c.step("a", "t")  # 409: not advanced
+    c.step("a", "t")  # ReadError then ok: same id re-sent
     c.step("a", "t")
     import json
+
     ids = [json.loads(b)["step_id"] for p, b in t.requests if p == "/step"]
     assert ids == [0, 0, 0, 1]
 
@@ -92,6 +100,7 @@ def test_needs_exactly_one_address():
 
 def _batch_bodies(t):
     import json
+
     return [json.loads(b)["items"] for p, b in t.requests if p == "/step_batch"]
 
 
@@ -107,7 +116,7 @@ def test_step_many_retries_transport_errors_and_advances_only_succeeded_items():
     assert e.value.status == 409 and e.value.session_id == "b" and e.value.results == [r, err]
     assert c.step_many([("a", "x2"), ("b", "y")]) == [r, r]
     bodies = _batch_bodies(t)
-    assert bodies[0] == bodies[1]                         # the retry re-sent the same ids
+    assert bodies[0] == bodies[1]  # the retry re-sent the same ids
     assert [(i["session_id"], i["step_id"]) for i in bodies[2]] == [("a", 1), ("b", 0)]
     assert c.retries == 1
 
@@ -131,6 +140,7 @@ def test_step_many_splits_at_the_item_limit():
 
         def handle_request(self, request):
             import json
+
             if request.url.path != "/step_batch":
                 return httpx.Response(200, json={"ok": True})
             items = json.loads(request.read())["items"]

@@ -35,16 +35,17 @@ def _pid_alive(pid: int) -> bool:
 def test_two_concurrent_jobs_never_collide(tmp_path):
     """Issue 3 must-show 3: two jobs (same workdir even) get separate services and pools."""
     d = tw_games_dir()
-    shared_workdir = tmp_path / "job"          # worst case: both jobs use one directory
+    shared_workdir = tmp_path / "job"  # worst case: both jobs use one directory
     seen = {}
     errors = []
     barrier = threading.Barrier(2)
 
     def job(name, split, tasks, client_id):
         try:
-            with env_service(d, split, tasks, shared_workdir, mode="index", pool_size=2, max_turns=8,
-                             client_id=client_id) as c:
-                barrier.wait(60)               # both services up at the same time
+            with env_service(
+                d, split, tasks, shared_workdir, mode="index", pool_size=2, max_turns=8, client_id=client_id
+            ) as c:
+                barrier.wait(60)  # both services up at the same time
                 h = c.health()
                 ids = []
                 for seed in range(4):
@@ -66,16 +67,15 @@ def test_two_concurrent_jobs_never_collide(tmp_path):
     assert (ha["split"], ha["client_id"], ha["num_tasks"]) == ("train", "0", 2)
     assert (hb["split"], hb["client_id"], hb["num_tasks"]) == ("val", "1", 1)
     assert ids_a == ["tw-train-0000", "tw-train-0001"] * 2 and ids_b == ["tw-val-0000"] * 4
-    assert enda["counters"]["creates"] == endb["counters"]["creates"] == 4   # nobody else's traffic
+    assert enda["counters"]["creates"] == endb["counters"]["creates"] == 4  # nobody else's traffic
     assert enda["pool_free"] == endb["pool_free"] == 2
-    assert not list(shared_workdir.glob("*.sock"))                          # sockets removed
+    assert not list(shared_workdir.glob("*.sock"))  # sockets removed
 
 
 def test_service_stops_in_finally_and_reports_tcp_port(tmp_path):
     d = tw_games_dir()
     with pytest.raises(RuntimeError, match="boom"):
-        with env_service(d, "val", ["tw-val-0000"], tmp_path, mode="index", pool_size=1,
-                         max_turns=5, tcp=True) as c:
+        with env_service(d, "val", ["tw-val-0000"], tmp_path, mode="index", pool_size=1, max_turns=5, tcp=True) as c:
             url = str(c._http.base_url)
             assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
             assert c.health()["ok"]
@@ -84,8 +84,10 @@ def test_service_stops_in_finally_and_reports_tcp_port(tmp_path):
                 with pytest.raises(EnvServiceError) as err:
                     anon.health()
                 assert err.value.status == 401
-            pid = int(next(tmp_path.glob("*-ready.json")).read_text() and
-                      json.loads(next(tmp_path.glob("*-ready.json")).read_text())["pid"])
+            pid = int(
+                next(tmp_path.glob("*-ready.json")).read_text()
+                and json.loads(next(tmp_path.glob("*-ready.json")).read_text())["pid"]
+            )
             raise RuntimeError("boom")
     deadline = time.monotonic() + 10
     while _pid_alive(pid) and time.monotonic() < deadline:
@@ -119,7 +121,7 @@ def test_a_killed_attempts_short_socket_dir_goes_with_its_workdir(tmp_path):
     (workdir / "env-train-1-abc.short").write_text(str(left))
     elsewhere = tmp_path / "fa-keep"
     elsewhere.mkdir()
-    (workdir / "env-train-2-abc.short").write_text(str(elsewhere))      # not under the temp root
+    (workdir / "env-train-2-abc.short").write_text(str(elsewhere))  # not under the temp root
     with job_env_service(d, "val", ["tw-val-0000"], out, mode="index", pool_size=1, max_turns=5) as c:
         assert c.health()["ok"]
         mine = [Path(p.read_text()) for p in workdir.glob("env-*.short")]
@@ -130,11 +132,12 @@ def test_a_killed_attempts_short_socket_dir_goes_with_its_workdir(tmp_path):
 def test_startup_failure_is_clear(tmp_path):
     d = tw_games_dir()
     with pytest.raises(EnvServiceStartError) as err:
-        with env_service(d, "train", ["no-such-task"], tmp_path, mode="index", pool_size=1, max_turns=5,
-                         startup_timeout=60):
+        with env_service(
+            d, "train", ["no-such-task"], tmp_path, mode="index", pool_size=1, max_turns=5, startup_timeout=60
+        ):
             pass
     msg = str(err.value)
-    assert "exited with code" in msg and "no-such-task" in msg      # the log tail names the cause
+    assert "exited with code" in msg and "no-such-task" in msg  # the log tail names the cause
 
 
 def test_orphaned_service_exits(tmp_path):
@@ -169,8 +172,9 @@ def test_deferred_wait_overlaps_start_up_and_gates_health(tmp_path):
     from fedagent.envs.lifecycle import PendingEnv
 
     d = tw_games_dir()
-    with env_service(d, "val", ["tw-val-0000"], tmp_path / "a", mode="index", pool_size=1, max_turns=5,
-                     wait=False) as pending:
+    with env_service(
+        d, "val", ["tw-val-0000"], tmp_path / "a", mode="index", pool_size=1, max_turns=5, wait=False
+    ) as pending:
         # Entered without a health check: no client yet (wait=True would have made one).
         assert isinstance(pending, PendingEnv) and pending.client is None
         pid = pending.proc.pid
@@ -178,8 +182,9 @@ def test_deferred_wait_overlaps_start_up_and_gates_health(tmp_path):
         assert c.health()["ok"] and pending.client is c and pending.ready() is c
     assert not _pid_alive(pid)
     with pytest.raises(EnvServiceStartError, match="exited with code"):
-        with env_service(d, "train", ["no-such-task"], tmp_path / "b", mode="index", pool_size=1, max_turns=5,
-                         wait=False) as pending:
+        with env_service(
+            d, "train", ["no-such-task"], tmp_path / "b", mode="index", pool_size=1, max_turns=5, wait=False
+        ) as pending:
             pending.ready()
 
 
@@ -193,15 +198,17 @@ def test_an_env_service_refuses_a_jax_imported_for_the_gpu(monkeypatch):
     for key in NO_ACCELERATOR_ENV:
         monkeypatch.delenv(key, raising=False)
     fake = types.ModuleType("jax")
-    fake.config = types.SimpleNamespace(jax_platforms=None)      # imported with no JAX_PLATFORMS: the GPU
+    fake.config = types.SimpleNamespace(jax_platforms=None)  # imported with no JAX_PLATFORMS: the GPU
     monkeypatch.setitem(sys.modules, "jax", fake)
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")                    # the job's environment says cpu: too late
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the job's environment says cpu: too late
     with pytest.raises(AcceleratorEnvError, match="jax was imported before"):
         hide_accelerators()
-    fake.config.jax_platforms = "cpu"                              # imported under JAX_PLATFORMS=cpu: fine
+    fake.config.jax_platforms = "cpu"  # imported under JAX_PLATFORMS=cpu: fine
     assert hide_accelerators() == NO_ACCELERATOR_ENV
     monkeypatch.delitem(sys.modules, "jax")
     assert hide_accelerators() == NO_ACCELERATOR_ENV
+
+
 def test_projection_reaches_the_service(tmp_path):
     """rollout.projection through serve-env: reference executes a <think>-less answer's action on a
     real TextWorld game (and survives tagless empty and NUL-carrying answers: seen failing, the service
@@ -209,13 +216,21 @@ def test_projection_reaches_the_service(tmp_path):
     d = tw_games_dir()
     seen = {}
     for projection in ("reference", "noop"):
-        with env_service(d, "val", ["tw-val-0000"], tmp_path / projection, mode="index", pool_size=1,
-                         max_turns=5, projection=projection) as c:
+        with env_service(
+            d,
+            "val",
+            ["tw-val-0000"],
+            tmp_path / projection,
+            mode="index",
+            pool_size=1,
+            max_turns=5,
+            projection=projection,
+        ) as c:
             c.create("s")
             obs0 = c.reset("s", 0)["observation"]
             r = c.step("s", "<action>inventory</action>")
             empty = c.step("s", "")
-            nul = c.step("s", "\x00 junk")   # a NUL used to end the Z-machine (and the service) under reference
+            nul = c.step("s", "\x00 junk")  # a NUL used to end the Z-machine (and the service) under reference
             assert r["is_action_valid"] is False and empty["is_action_valid"] is False and not nul["is_action_valid"]
             seen[projection] = (obs0, r["observation"], nul["turns"])
     assert seen["reference"][1] != seen["reference"][0] and "carrying" in seen["reference"][1].lower()

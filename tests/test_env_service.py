@@ -60,9 +60,9 @@ def test_seed_to_task_is_pure():
     draws = [task_for_seed(tasks, s, "draw") for s in range(50)]
     state = random.getstate()
     assert draws == [task_for_seed(tasks, s, "draw") for s in range(50)]
-    assert random.getstate() == state          # no global RNG touched
+    assert random.getstate() == state  # no global RNG touched
     assert draws == [tasks[random.Random(s).randrange(7)] for s in range(50)]
-    assert len(set(draws)) > 3                 # draws spread over the tasks
+    assert len(set(draws)) > 3  # draws spread over the tasks
 
 
 def test_reset_maps_seed_in_index_mode_and_zeroes_steps():
@@ -88,7 +88,7 @@ def test_reset_names_the_sources_prompt_family():
         post(tc, "/create", {"session_id": "a"})
         assert post(tc, "/reset", {"session_id": "a", "seed": 1})["prompt_template"] == "alfworld"
     src.prompt_template = "tw"
-    with pytest.raises(ValueError, match="prompt_template"):   # a source must name a known family
+    with pytest.raises(ValueError, match="prompt_template"):  # a source must name a known family
         build_app(src, "train", src.task_ids("train"))
 
 
@@ -98,7 +98,7 @@ def test_step_ids_replay_and_conflict(tc):
     first = post(tc, "/step", {"session_id": "a", "text": GOOD.format("look"), "step_id": 0})
     replay = post(tc, "/step", {"session_id": "a", "text": GOOD.format("look"), "step_id": 0})
     assert replay == first
-    assert health(tc)["counters"]["steps"] == 1   # the replay did not step the env again
+    assert health(tc)["counters"]["steps"] == 1  # the replay did not step the env again
     post(tc, "/step", {"session_id": "a", "text": GOOD.format("look"), "step_id": 0 + 5}, 409)
     post(tc, "/step", {"session_id": "a", "text": GOOD.format("win"), "step_id": 0}, 409)  # same id, other text
     second = post(tc, "/step", {"session_id": "a", "text": GOOD.format("win"), "step_id": 1})
@@ -125,7 +125,7 @@ def test_invalid_answer_is_a_noop_that_costs_budget(tc_noop):
     assert r["is_action_valid"] is False and r["action"] == "win" and r["done"] is True  # budget 5 used
     assert health(tc)["counters"]["steps"] == 5
     r = post(tc, "/step", {"session_id": "a", "text": GOOD.format("win"), "step_id": 5})
-    assert r["done"] and r["reward"] == 0.0 and not r["won"]   # nothing to earn after the end
+    assert r["done"] and r["reward"] == 0.0 and not r["won"]  # nothing to earn after the end
 
 
 def test_step_before_reset_and_unknown_session(tc):
@@ -168,7 +168,7 @@ def test_malformed_requests_are_4xx_and_service_stays_healthy():
         ("/step", b'{"session_id": "s", "text": "x", "step_id": -1}'),
         ("/step", b'{"session_id": "s", "text": "x"}'),
         ("/step", b'{"session_id": "s", "text": "' + b"a" * 20000 + b'", "step_id": 0}'),
-        ("/step", b'{"session_id": "s", "text": "x", "step_id": 7}'),       # out of order
+        ("/step", b'{"session_id": "s", "text": "x", "step_id": 7}'),  # out of order
         ("/step", b'{"session_id": "unknown", "text": "x", "step_id": 0}'),
         ("/step", b'{"session_id": "s", "text": "x", "step_id": 0}' + b" " * 70000),  # > 64 KiB
         ("/close", b'{"session_id": ["s"]}'),
@@ -196,11 +196,13 @@ def test_malformed_requests_are_4xx_and_service_stays_healthy():
 def test_chunked_body_over_limit_is_413():
     _src, app = make(max_body=1024)
     with TestClient(app) as tc:
+
         def chunks():
             yield b'{"session_id": "s", "text": "'
             for _ in range(10):
                 yield b"a" * 200
             yield b'", "step_id": 0}'
+
         r = tc.post("/step", content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413
         assert tc.get("/health").json()["ok"]
@@ -211,14 +213,14 @@ def test_concurrent_duplicate_create_waits_for_first_borrow():
     src, app = make(pool_size=1)
     uds = short_tmp() / "s.sock"
     with serve_in_thread(app, uds), EnvClient(uds=str(uds)) as c:
-        c.create("holder")                        # pool now empty
+        c.create("holder")  # pool now empty
         results = []
         threads = [threading.Thread(target=lambda: results.append(c.create("dup"))) for _ in range(5)]
         for t in threads:
             t.start()
         time.sleep(0.3)
         h = c.health()
-        assert h["sessions"] == 2 and h["pool_free"] == 0 and not results   # all waiting
+        assert h["sessions"] == 2 and h["pool_free"] == 0 and not results  # all waiting
         c.close("holder")
         for t in threads:
             t.join(10)
@@ -245,7 +247,7 @@ def test_close_while_create_waits_returns_env_to_pool():
         t = threading.Thread(target=waiter)
         t.start()
         time.sleep(0.2)
-        c.close("w")                               # closed before it ever got an env
+        c.close("w")  # closed before it ever got an env
         c.close("holder")
         t.join(10)
         assert errors == [409]
@@ -275,12 +277,12 @@ def test_client_aborted_mid_step_never_double_steps():
         c.create("a")
         c.reset("a", 0)
         for env in src.envs:
-            env.delay = 0.5                        # the step outlives the client's patience
+            env.delay = 0.5  # the step outlives the client's patience
         impatient = httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://x", timeout=0.1)
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/step", json={"session_id": "a", "text": GOOD.format("look"), "step_id": 0})
         impatient.close()
-        r = c.step("a", GOOD.format("look"))       # step_id 0 again: waits, then replays
+        r = c.step("a", GOOD.format("look"))  # step_id 0 again: waits, then replays
         assert r["step_id"] == 0 and r["turns"] == 1
         assert sum(e.steps for e in src.envs) == 1
         c.close("a")
@@ -303,7 +305,7 @@ def test_envs_in_worker_processes():
         for sid in ("a", "b", "c"):
             post(tc, "/close", {"session_id": sid})
         assert health(tc)["pool_free"] == 3
-    for p in procs:                                # workers stop with the service
+    for p in procs:  # workers stop with the service
         p.join(10)
         assert not p.is_alive()
 
@@ -317,7 +319,7 @@ def test_create_has_no_read_timeout():
         out = []
         t = threading.Thread(target=lambda: out.append(c.create("late")))
         t.start()
-        time.sleep(0.6)                            # three read timeouts' worth of waiting
+        time.sleep(0.6)  # three read timeouts' worth of waiting
         c.close("holder")
         t.join(10)
         assert out and out[0]["created"] is True
@@ -338,7 +340,7 @@ def test_action_answer_format_needs_no_think_block():
         post(client, "/reset", {"session_id": "b", "seed": 2})
         r = post(client, "/step", {"session_id": "b", "text": "win, no tags", "step_id": 0})
         assert r["is_action_valid"] is False and r["reward"] == 0.0
-        assert r["observation"].endswith("you said win, no tags")     # reference projection: the tail was sent
+        assert r["observation"].endswith("you said win, no tags")  # reference projection: the tail was sent
 
 
 def _step_texts(app, texts, seed=2):
@@ -354,15 +356,22 @@ def test_reference_projection_executes_a_format_error_and_sends_the_tail():
     without action tags sends its last 30 characters (TextWorld, ALFWorld) or 20 (WebShop). Seen
     failing on the old service, which made every invalid answer a no-op."""
     src, app = make()
-    r = _step_texts(app, ["<action>Look</action>", "<think>\u597d</think><action>look</action>",
-                          "I would now go to the kitchen and win", "<action>win</action>"])
+    r = _step_texts(
+        app,
+        [
+            "<action>Look</action>",
+            "<think>\u597d</think><action>look</action>",
+            "I would now go to the kitchen and win",
+            "<action>win</action>",
+        ],
+    )
     assert [x["is_action_valid"] for x in r] == [False] * 4
     task = r[0]["task_id"]
-    assert r[0]["observation"] == f"{task}: you said look" and r[0]["action"] == "look"    # no <think>: executed
-    assert r[1]["observation"] == f"{task}: you said look"                                # CJK: executed
+    assert r[0]["observation"] == f"{task}: you said look" and r[0]["action"] == "look"  # no <think>: executed
+    assert r[1]["observation"] == f"{task}: you said look"  # CJK: executed
     tail = "I would now go to the kitchen and win"[-30:].strip().lower()
     assert r[2]["action"] == tail and r[2]["observation"] == f"{task}: you said {tail}"
-    assert r[3]["won"] and r[3]["reward"] == 10.0 and r[3]["done"]      # a tagged action without <think> wins
+    assert r[3]["won"] and r[3]["reward"] == 10.0 and r[3]["done"]  # a tagged action without <think> wins
     src.prompt_template = "webshop"
     ws = build_app(src, "train", src.task_ids("train"), pool_size=1, max_turns=5)
     r = _step_texts(ws, ["please search for a red shoe then click[buy now]"])
@@ -395,7 +404,8 @@ def test_forked_env_workers_die_with_a_killed_service(tmp_path):
         "method = default_start_method()\n"
         "envs, workers = process_envs(FakeTaskSource(4), 5, 4, 3)\n"
         "print(method, *[w.proc.pid for w in workers], flush=True)\n"
-        "time.sleep(60)\n")
+        "time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         method, *pids = proc.stdout.readline().split()
@@ -406,7 +416,10 @@ def test_forked_env_workers_die_with_a_killed_service(tmp_path):
     deadline = time.monotonic() + 10
     alive = [int(p) for p in pids]
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if os.path.exists(f"/proc/{p}") and
-                 open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] != "Z"]
+        alive = [
+            p
+            for p in alive
+            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] != "Z"
+        ]
         time.sleep(0.05)
     assert not alive, f"env workers {alive} outlived their killed service"

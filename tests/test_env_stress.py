@@ -31,8 +31,9 @@ GOOD = "<think>t</think><action>{}</action>"
 def _raw(uds: str, path: str, body: dict, *, cut_body: bool) -> None:
     """Send a request over a raw socket and hang up without reading (optionally mid-body)."""
     payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(payload)}\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+    ).encode()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(uds)
@@ -45,10 +46,10 @@ def _session(i: int, uds: str, client: EnvClient) -> str:
     sid = f"s{i:04d}"
     kind = i % 6
     try:
-        if kind == 1:                       # duplicate sequential create (a retry)
+        if kind == 1:  # duplicate sequential create (a retry)
             client.create(sid)
             assert client.create(sid)["created"] is False
-        elif kind == 2:                     # duplicate concurrent creates
+        elif kind == 2:  # duplicate concurrent creates
             out = []
             ts = [threading.Thread(target=lambda: out.append(client.create(sid))) for _ in range(3)]
             for t in ts:
@@ -56,13 +57,13 @@ def _session(i: int, uds: str, client: EnvClient) -> str:
             for t in ts:
                 t.join()
             assert sorted(o["created"] for o in out) == [False, False, True], out
-        elif kind == 3:                     # aborted mid-body, then the real create
+        elif kind == 3:  # aborted mid-body, then the real create
             _raw(uds, "/create", {"session_id": sid}, cut_body=True)
             client.create(sid)
-        elif kind == 4:                     # request sent, socket dropped; then the retry
+        elif kind == 4:  # request sent, socket dropped; then the retry
             _raw(uds, "/create", {"session_id": sid}, cut_body=False)
             client.create(sid)
-        elif kind == 5:                     # impatient client times out while the pool is busy
+        elif kind == 5:  # impatient client times out while the pool is busy
             quick = httpx.Client(transport=httpx.HTTPTransport(uds=uds), base_url="http://x", timeout=0.005)
             try:
                 quick.post("/create", json={"session_id": sid})
@@ -79,7 +80,7 @@ def _session(i: int, uds: str, client: EnvClient) -> str:
             _raw(uds, "/step", {"session_id": sid, "text": "no tags at all", "step_id": 1}, cut_body=False)
         client.step(sid, "no tags at all")
     finally:
-        client.close(sid)                   # what EnvClient.session() does in its finally
+        client.close(sid)  # what EnvClient.session() does in its finally
     return sid
 
 
@@ -94,8 +95,7 @@ def test_thousand_sessions_pool_of_four_no_leak():
     # The service runs in its own process (as in production), so client and server
     # threads do not share one GIL.
     with serve_in_process(_make_app, uds):
-        flaky = FlakyTransport(httpx.HTTPTransport(uds=uds), random.Random(1234), {"/close"},
-                               before=0.15, after=0.15)
+        flaky = FlakyTransport(httpx.HTTPTransport(uds=uds), random.Random(1234), {"/close"}, before=0.15, after=0.15)
         # sleep=0: retry timing is not what is under test here
         client = EnvClient(transport=flaky, sleep=lambda s: None, max_retries=8)
         pool = ThreadPoolExecutor(max_workers=16)
@@ -115,8 +115,8 @@ def test_thousand_sessions_pool_of_four_no_leak():
             time.sleep(0.05)
         assert (h["pool_free"], h["pool_total"], h["sessions"]) == (POOL, POOL, 0), h
         c = h["counters"]
-        assert c["borrows"] == N_SESSIONS, c                        # one borrow per session id, ever
-        assert c["creates"] > c["borrows"]                          # duplicates never borrowed
+        assert c["borrows"] == N_SESSIONS, c  # one borrow per session id, ever
+        assert c["creates"] > c["borrows"]  # duplicates never borrowed
         assert flaky.injected > 50
         assert client.retries >= flaky.injected
         plain.shutdown()

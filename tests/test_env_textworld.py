@@ -10,9 +10,14 @@ import pytest
 
 from env_fixtures import tw_games_dir
 from fedagent.core.atomic import ManifestError
-from fedagent.envs.textworld_env import TextWorldEnv, clean_observation
+from fedagent.envs.textworld_env import clean_observation
 from fedagent.envs.textworld_games import (
-    VAL_INDEX_OFFSET, TextWorldTaskSource, fix_serial, game_seed, generate_games, id_list_sha256,
+    VAL_INDEX_OFFSET,
+    TextWorldTaskSource,
+    fix_serial,
+    game_seed,
+    generate_games,
+    id_list_sha256,
 )
 
 pytestmark = pytest.mark.slow
@@ -30,7 +35,7 @@ def test_games_json_layout():
     assert set(g["files"]) == set(g["train"]) | set(g["val"])
     assert g["seeds"]["tw-train-0001"] == game_seed(7, 1) or "tw-train-0001" in g["regenerated"]
     assert g["seeds"]["tw-val-0000"] == game_seed(7, VAL_INDEX_OFFSET) or "tw-val-0000" in g["regenerated"]
-    assert len(set(g["game_sha256"].values())) == 3            # three distinct games
+    assert len(set(g["game_sha256"].values())) == 3  # three distinct games
     assert g["knobs"]["base_seed"] == 7
     assert not list(d.rglob("*.ni"))
 
@@ -38,7 +43,7 @@ def test_games_json_layout():
 def test_same_seed_same_bytes_other_seed_differs(tmp_path, monkeypatch):
     """Same seed → byte-identical games.json and game files; another seed → other games."""
     d = tw_games_dir()
-    monkeypatch.delenv("FEDAGENT_TW_MAKE", raising=False)   # the real tw-make here, not the session's cache
+    monkeypatch.delenv("FEDAGENT_TW_MAKE", raising=False)  # the real tw-make here, not the session's cache
     again = tmp_path / "again"
     generate_games(again, base_seed=7, n_train=2, n_val=1, jobs=2, quarantine_root=tmp_path / "_f")
     assert (again / "games.json").read_bytes() == (d / "games.json").read_bytes()
@@ -54,7 +59,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path, monkeypatch):
 def test_serial_number_is_fixed(tmp_path):
     d = tw_games_dir()
     data = (d / "games" / "tw-train-0000.z8").read_bytes()
-    assert data[0x12:0x18] == b"000000"                        # not the compile date
+    assert data[0x12:0x18] == b"000000"  # not the compile date
     z = tmp_path / "x.z8"
     z.write_bytes(data[:0x12] + b"261129" + data[0x18:])
     fix_serial(z)
@@ -69,7 +74,7 @@ def test_task_source_verifies_manifest(tmp_path):
     shutil.copytree(d, broken)
     p = broken / "games" / "tw-train-0000.z8"
     data = bytearray(p.read_bytes())
-    data[1000] ^= 0xFF                                         # same size, other content
+    data[1000] ^= 0xFF  # same size, other content
     p.write_bytes(bytes(data))
     with pytest.raises(ManifestError):
         TextWorldTaskSource(broken)
@@ -80,7 +85,7 @@ def test_task_source_verifies_manifest(tmp_path):
     with pytest.raises(ManifestError, match="tw-train-0000.z8"):
         TextWorldTaskSource(broken, served=["tw-train-0000"])
     (broken / "games.json").write_text((broken / "games.json").read_text().replace('"', "'", 1)[:-1] + " ")
-    with pytest.raises(ManifestError, match="games.json"):   # not a game's file: always hashed
+    with pytest.raises(ManifestError, match="games.json"):  # not a game's file: always hashed
         TextWorldTaskSource(broken, served=served)
     (broken / "manifest.json").unlink()
     with pytest.raises(ManifestError):
@@ -90,7 +95,7 @@ def test_task_source_verifies_manifest(tmp_path):
 def test_env_wins_by_walkthrough_with_sparse_reward():
     d = tw_games_dir()
     env = TextWorldTaskSource(d).make_env(max_turns=20)
-    for tid in ["tw-train-0000", "tw-val-0000", "tw-train-0000"]:      # third: cached game
+    for tid in ["tw-train-0000", "tw-val-0000", "tw-train-0000"]:  # third: cached game
         r = env.reset(tid)
         assert r.task_id == tid and r.task_type == "textworld" and r.admissible_commands
         assert "$$" not in r.observation and r.observation.startswith(r.task)
@@ -160,7 +165,8 @@ def test_any_text_reaches_the_engine_without_ending_it():
     rng = random.Random(31)
     texts = ["\x00", "\x10", "\\q", "\\x"] + [
         "".join(chr(rng.choice([rng.randint(0, 127), rng.randint(128, 0x2FFF)])) for _ in range(rng.randint(1, 30)))
-        for _ in range(300)]
+        for _ in range(300)
+    ]
     for t in texts:
         r = env.step(t)
         assert isinstance(r.observation, str)

@@ -28,13 +28,14 @@ def test_lockstep_one_sample_call_per_turn(policy, monkeypatch):
 
     monkeypatch.setattr(episode, "sample", spy)
     env = FakeEnv(max_turns=10)
-    trajs = episode.run_episodes(model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"),
-                                 session_prefix="s", **KW)
-    assert calls == [4, 4, 4]                      # nobody wins: all 4 sessions, 3 turns
+    trajs = episode.run_episodes(
+        model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"), session_prefix="s", **KW
+    )
+    assert calls == [4, 4, 4]  # nobody wins: all 4 sessions, 3 turns
     assert [t.seed for t in trajs] == [0, 1, 2, 3]
     assert [t.task_id for t in trajs] == ["fake-000", "fake-001", "fake-002", "fake-003"]
     assert all(t.n_turns == 3 == len(t.turns) and not t.won for t in trajs)
-    assert env.sessions == {}                      # all closed
+    assert env.sessions == {}  # all closed
     assert sorted(e[1] for e in env.log if e[0] == "close") == ["s-0", "s-1", "s-2", "s-3"]
     turn = trajs[0].turns[0]
     assert turn.prompt_ids and turn.response_ids and isinstance(turn.text, str)
@@ -59,8 +60,9 @@ def test_done_sessions_leave_the_batch(policy, monkeypatch):
         return r
 
     env.step = step
-    trajs = episode.run_episodes(model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"),
-                                 session_prefix="s", **KW)
+    trajs = episode.run_episodes(
+        model, tok, env, [0, 1, 2, 3], generator=torch_generator(0, "t"), session_prefix="s", **KW
+    )
     assert calls == [4, 2, 2]
     assert [t.won for t in trajs] == [True, False, True, False]
     assert [t.episode_return for t in trajs] == [10.0, 0.0, 10.0, 0.0]
@@ -83,8 +85,9 @@ def test_sessions_closed_when_a_step_fails(policy):
 def test_batched_runner_chunks_to_pool(policy):
     model, tok = policy
     env = FakeEnv(pool_size=2)
-    trajs = episode.run_episodes_batched(model, tok, env, [0, 1, 2, 3, 4], batch_size=2,
-                                         generator=torch_generator(0, "t"), session_prefix="p", **KW)
+    trajs = episode.run_episodes_batched(
+        model, tok, env, [0, 1, 2, 3, 4], batch_size=2, generator=torch_generator(0, "t"), session_prefix="p", **KW
+    )
     assert [t.seed for t in trajs] == [0, 1, 2, 3, 4]
     assert env.sessions == {}
 
@@ -119,7 +122,7 @@ def _summaries(trajs):
 
 
 def _win_on_odd_length(text):
-    return len(text) % 2 == 1        # some sessions finish early, so the active set shrinks
+    return len(text) % 2 == 1  # some sessions finish early, so the active set shrinks
 
 
 def test_step_many_path_gives_identical_trajectories(policy, monkeypatch):
@@ -130,15 +133,17 @@ def test_step_many_path_gives_identical_trajectories(policy, monkeypatch):
     kw = dict(KW, max_turns=4)
     plain = FakeEnv(max_turns=10, win_if=_win_on_odd_length)
     batched = BatchFakeEnv(max_turns=10, win_if=_win_on_odd_length)
-    a = episode.run_episodes(model, tok, plain, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"),
-                             session_prefix="s", **kw)
+    a = episode.run_episodes(
+        model, tok, plain, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"), session_prefix="s", **kw
+    )
     per_turn = list(calls)
-    b = episode.run_episodes(model, tok, batched, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"),
-                             session_prefix="s", **kw)
+    b = episode.run_episodes(
+        model, tok, batched, [0, 1, 2, 3, 4, 5], generator=torch_generator(0, "t"), session_prefix="s", **kw
+    )
     assert _summaries(a) == _summaries(b)
-    assert batched.batches == per_turn                  # one step_many per turn, all active sessions
-    assert batched.phases == [("create", 6), ("reset", 6), ("close", 6)]   # one call per phase
-    assert plain.log == batched.log                     # same texts, same order
+    assert batched.batches == per_turn  # one step_many per turn, all active sessions
+    assert batched.phases == [("create", 6), ("reset", 6), ("close", 6)]  # one call per phase
+    assert plain.log == batched.log  # same texts, same order
     assert batched.sessions == {}
 
 
@@ -191,7 +196,8 @@ def test_service_batch_and_per_session_paths_agree(policy):
     uds = short_tmp() / "e.sock"
     with serve_in_thread(app, uds), EnvClient(uds=str(uds)) as client:
         run = lambda env, prefix: episode.run_episodes(  # noqa: E731
-            model, tok, env, [3, 1, 4, 1], generator=torch_generator(0, "svc"), session_prefix=prefix, **KW)
+            model, tok, env, [3, 1, 4, 1], generator=torch_generator(0, "svc"), session_prefix=prefix, **KW
+        )
         a = run(PerSession(client), "p")
         before = client.health()["counters"]
         b = run(client, "b")

@@ -42,7 +42,7 @@ def test_same_seeds_and_samples_every_round(tiny_dir):
         assert env.sessions == {}
     a, b = results
     assert a["round"] == 0 and b["round"] == 3
-    assert a["samples"] == b["samples"]          # same model + same generator → same episodes
+    assert a["samples"] == b["samples"]  # same model + same generator → same episodes
     assert [s["task_id"] for s in a["samples"]] == [f"fake-{i:03d}" for i in range(6)]
 
 
@@ -62,11 +62,32 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
     seen = {}
 
     @contextlib.contextmanager
-    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True,
-                     projection="unset"):
-        seen.update(env_procs=env_procs, split=split, tasks=list(task_ids), mode=mode, source=source, env_params=env_params,
-                    projection=projection)
+    def fake_service(
+        games_dir,
+        split,
+        task_ids,
+        workdir,
+        *,
+        mode,
+        pool_size,
+        max_turns,
+        client_id=None,
+        answer_format="think_action",
+        source="textworld",
+        env_params=None,
+        env_procs=0,
+        wait=True,
+        projection="unset",
+    ):
+        seen.update(
+            env_procs=env_procs,
+            split=split,
+            tasks=list(task_ids),
+            mode=mode,
+            source=source,
+            env_params=env_params,
+            projection=projection,
+        )
         env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
         yield env if wait else Pending(env)
 
@@ -77,13 +98,35 @@ def test_eval_cli_writes_eval_json(tiny_dir, tmp_path, monkeypatch):
     parser = argparse.ArgumentParser()
     ev.add_args(parser)
     out = tmp_path / "round_000" / "eval.json"
-    args = parser.parse_args(["--model", str(tiny_dir), "--games", str(tmp_path), "--val-set", str(vs),
-                              "--params", json.dumps({**PARAMS, "env_procs": 2}), "--round", "0", "--threads", "1", "--out", str(out)])
+    args = parser.parse_args(
+        [
+            "--model",
+            str(tiny_dir),
+            "--games",
+            str(tmp_path),
+            "--val-set",
+            str(vs),
+            "--params",
+            json.dumps({**PARAMS, "env_procs": 2}),
+            "--round",
+            "0",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert ev.run(args) == 0
     res = json.loads(out.read_text())
-    assert seen == {"split": "val", "tasks": ["fake-004", "fake-001", "fake-002"], "mode": "index",
-                    "source": "textworld", "env_params": None, "env_procs": 2,    # validation: never an env arm
-                    "projection": "reference"}    # rollout.projection reaches the eval's service
+    assert seen == {
+        "split": "val",
+        "tasks": ["fake-004", "fake-001", "fake-002"],
+        "mode": "index",
+        "source": "textworld",
+        "env_params": None,
+        "env_procs": 2,  # validation: never an env arm
+        "projection": "reference",
+    }  # rollout.projection reaches the eval's service
     assert res["n"] == 4 and [s["task_id"] for s in res["samples"]] == ["fake-004", "fake-001", "fake-002", "fake-004"]
     for key in ("round", "success_rate", "score_mean", "return_mean", "ci95", "per_task_type", "samples"):
         assert key in res

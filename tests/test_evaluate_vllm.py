@@ -59,17 +59,23 @@ def test_vllm_sampler_prompts_seeds_stops(tiny):
     env.create("s")
     r = env.reset("s", 0)
     assert prompts[0]["prompt_token_ids"] == encode_prompt(
-        tok, windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [],
-                             template=r["prompt_template"]), p_max := 1024)
+        tok,
+        windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [], template=r["prompt_template"]),
+        p_max := 1024,
+    )
     assert p_max == EvalParams().max_prompt_tokens
-    assert [q.kw["seed"] for q in params] == [derive_seed(5, "eval_sampling", epoch=0, index=i) % 2**31 for i in range(6)]
-    assert all(q.kw["stop_token_ids"] == stops and q.kw["max_tokens"] == 30 and q.kw["temperature"] == 0.4 for q in params)
+    assert [q.kw["seed"] for q in params] == [
+        derive_seed(5, "eval_sampling", epoch=0, index=i) % 2**31 for i in range(6)
+    ]
+    assert all(
+        q.kw["stop_token_ids"] == stops and q.kw["max_tokens"] == 30 and q.kw["temperature"] == 0.4 for q in params
+    )
     assert tok.convert_tokens_to_ids("<|im_end|>") in stops
     # fake-002 (seed 2) wins with "take key" on turn 1; the others play 2 turns and lose.
     won = {s["seed"]: s["won"] for s in out["samples"]}
     assert won[2] and not won[0] and out["n"] == 6
     assert [s["actions"][0] for s in out["samples"]] == ["take key"] * 6
-    again, llm2, _ = run_eval(tiny, 7)                # another round: the same request seeds
+    again, llm2, _ = run_eval(tiny, 7)  # another round: the same request seeds
     assert [q.kw["seed"] for q in llm2.requests[0][1]] == [q.kw["seed"] for q in params]
     assert again["samples"] == out["samples"]
 

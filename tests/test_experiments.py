@@ -19,8 +19,11 @@ PLAN_TARGETS = (f"{RUN}/plan/partition.json", f"{RUN}/plan/val_set.json")
 def plan_bytes(workdir: Path) -> dict[str, str]:
     """sha256 of every file under the run's plan/ folder."""
     root = workdir / RUN / "plan"
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.workflow
@@ -33,8 +36,8 @@ def test_seed_leaves_plan_byte_identical_and_data_seed_changes_it(tmp_path):
     other_data = make_workdir(tmp_path / "c")
     run_snakemake(other_data, *PLAN_TARGETS, "--config", "data_seed=43")
     a, b, c = plan_bytes(base), plan_bytes(other_seed), plan_bytes(other_data)
-    assert a and a == b                               # seed 7 → 8: plan/ byte-identical
-    assert a["partition.json"] != c["partition.json"]   # data_seed 42 → 43: other shards
+    assert a and a == b  # seed 7 → 8: plan/ byte-identical
+    assert a["partition.json"] != c["partition.json"]  # data_seed 42 → 43: other shards
     games = [json.loads((w / RUN / "plan/games/games.json").read_text()) for w in (base, other_data)]
     shard = json.loads((base / RUN / "plan/partition.json").read_text())["clients"]["0"]
     assert [games[0]["game_sha256"][t] for t in shard] != [games[1]["game_sha256"][t] for t in shard]
@@ -69,8 +72,9 @@ def _write_config(workdir: Path, **changes) -> dict:
 def test_alfworld_two_rounds_through_the_graph_with_per_type_eval(tmp_path):
     """env.kind alfworld (generated games): 2 rounds, eval rows for all six task types (≈7 min)."""
     work = make_workdir(tmp_path / "alf")
-    _write_config(work, rounds=2, **{"env": {"kind": "alfworld", "train_games": 4, "val_games": 6, "pool_size": 2},
-                                     "eval.n": 6})
+    _write_config(
+        work, rounds=2, **{"env": {"kind": "alfworld", "train_games": 4, "val_games": 6, "pool_size": 2}, "eval.n": 6}
+    )
     run_snakemake(work, timeout=1800)
     games = json.loads((work / RUN / "plan/games/games.json").read_text())
     assert games["source"] == "alfworld" and games["splits"]["val"] == "valid_seen"
@@ -127,11 +131,12 @@ def check_finished_small_run(run_dir: Path, cfg: dict) -> None:
     if cfg["partition"]["strategy"] == "hardness" and not cfg["partition"]["labels"]:
         labels = json.loads((run_dir / "plan/labels.json").read_text())
         assert labels["policy"] == cfg["partition"]["labels_model"] and labels["reference"]
-        assert 0 < labels["easy"] < labels["n"]            # the partition had easy and hard tasks to deal
+        assert 0 < labels["easy"] < labels["n"]  # the partition had easy and hard tasks to deal
     sel = json.loads((run_dir / "round_001/selection.json").read_text())
     pinned = cfg["clients"].get("pinned")
-    assert sel["mode"] == ("local" if pinned is not None else "centralized" if cfg["clients"]["total"] == 1
-                           else "federated")
+    assert sel["mode"] == (
+        "local" if pinned is not None else "centralized" if cfg["clients"]["total"] == 1 else "federated"
+    )
     if cfg["eval"].get("clients"):
         rows = (run_dir / f"round_{cfg['rounds']:03d}/client_summary.csv").read_text().strip().splitlines()
         assert len(rows) == 1 + cfg["rounds"] * cfg["clients"]["per_round"]

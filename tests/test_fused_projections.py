@@ -19,8 +19,11 @@ from test_scale import tiny_architecture
 def policy(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     # qwen2: q/k/v biases, grouped KV heads, an untied LM head
-    build_random_model(f"random:{tiny_architecture(d / 'arch', model_type=request.param, tied=request.param == 'llama')}",
-                       d / "model", seed=3)
+    build_random_model(
+        f"random:{tiny_architecture(d / 'arch', model_type=request.param, tied=request.param == 'llama')}",
+        d / "model",
+        seed=3,
+    )
     return load_policy(d / "model", threads=1)
 
 
@@ -40,7 +43,7 @@ def test_a_fused_model_computes_the_same_logits_and_keeps_its_parameters(policy)
     model, _ = policy
     fused = copy.deepcopy(model)
     assert fuse_projections(fused) == len(model.model.layers) and is_fused(fused)
-    assert fuse_projections(fused) == len(model.model.layers)      # idempotent
+    assert fuse_projections(fused) == len(model.model.layers)  # idempotent
     # the parameters a checkpoint, an optimizer or the weight sync see: same names, order, shapes, values
     assert [n for n, _ in fused.named_parameters()] == [n for n, _ in model.named_parameters()]
     for (_, a), (_, b) in zip(fused.named_parameters(), model.named_parameters()):
@@ -83,7 +86,7 @@ def test_the_fused_static_sampler_gives_the_cpu_samplers_greedy_tokens(tmp_path)
 def test_a_fused_model_cast_afterwards_is_an_error_not_stale_weights(tmp_path):
     model, tok = load_policy(build_tiny_model(tmp_path / "m", seed=11), threads=1)
     s = StaticSampler(model, tok, batch_size=2, max_prompt_tokens=16, max_new_tokens=4, mode="eager", fused=True)
-    model.to(torch.float64)      # new storage for every parameter; the merged tensors stay as they were
+    model.to(torch.float64)  # new storage for every parameter; the merged tensors stay as they were
     with pytest.raises(RuntimeError, match=r"no longer view .*\.to\(\)"):
         s(model, tok, [[5, 6, 7]], 4, 0.0, None)
 
@@ -106,6 +109,7 @@ def test_dynamo_traces_the_fused_forward_in_one_graph(policy):
     ids, mask, pos = _batch()
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda i, m, p: fused(input_ids=i, attention_mask=m, position_ids=p).logits)(
-        ids, mask, pos)
+        ids, mask, pos
+    )
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()

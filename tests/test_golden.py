@@ -31,8 +31,10 @@ def test_selection_golden_n100_m2(seed):
     assert [select_clients(seed, r, 100, 2) for r in (1, 2, 3)] == SELECTION[seed]
 
 
-_SCRIPT = ("import json; from fedagent.plan.selection import select_clients; from fedagent.core.seeds import derive_seed;"
-           "print(json.dumps([[select_clients(42, r, 100, 2) for r in (1, 2, 3)], derive_seed(42, 'selection', round=1)]))")
+_SCRIPT = (
+    "import json; from fedagent.plan.selection import select_clients; from fedagent.core.seeds import derive_seed;"
+    "print(json.dumps([[select_clients(42, r, 100, 2) for r in (1, 2, 3)], derive_seed(42, 'selection', round=1)]))"
+)
 
 
 @pytest.mark.parametrize("hashseed", ["0", "987"])
@@ -40,6 +42,7 @@ def test_golden_values_in_fresh_processes(hashseed):
     # A fresh interpreter with another hash seed and a disturbed global `random` state.
     env = {**os.environ, "PYTHONHASHSEED": hashseed}
     script = "import random; random.seed(int(__import__('os').environ['PYTHONHASHSEED'])); random.random();" + _SCRIPT
-    out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                                    check=True).stdout)
+    out = json.loads(
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True).stdout
+    )
     assert out == [SELECTION[42], SEEDS[(42, "selection", 1, 0, 0, 0)]]

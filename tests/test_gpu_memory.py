@@ -43,10 +43,10 @@ def test_a_known_estimate_for_smollm2_at_the_gpu_preset_shape():
     # 34980: the activations calibrated on the H200 (21129 before, with the KL reference's linear weights
     # in bf16; 21382 with the fp32 reference before issue 29)
     assert (job_gpu_mib(cfg, "train"), job_gpu_mib(cfg, "eval")) == (34980, 4054)
-    assert 2 * 34980 + 4054 <= 138000                # the local profile's cap: the round runs at once
+    assert 2 * 34980 + 4054 <= 138000  # the local profile's cap: the round runs at once
     terms = train_terms(SMOLLM2_135M, **TRAIN)
     assert terms["policy_and_adamw"] == 16 * 134_515_008
-    assert terms["kv_cache"] == 2 * 30 * 3 * 64 * (512 + 16) * 64 * 2      # K+V, bf16, 64 rows
+    assert terms["kv_cache"] == 2 * 30 * 3 * 64 * (512 + 16) * 64 * 2  # K+V, bf16, 64 rows
 
 
 @pytest.mark.parametrize("key", ["micro_batch_size", "pool_size", "max_prompt_tokens", "max_new_tokens"])
@@ -75,16 +75,26 @@ def test_cpu_jobs_declare_nothing_and_an_explicit_value_wins(tmp_path):
     cfg = _checked({"train": {"device": "cuda", "gpu_mem_gb": 7}, "eval": {"device": "cuda", "gpu_mem_gb": 2.5}})
     assert (job_gpu_mib(cfg, "train"), job_gpu_mib(cfg, "eval")) == (7168, 2560)
     # a local HF dir: its config.json
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "num_hidden_layers": 30,
-                                                       "num_attention_heads": 9, "num_key_value_heads": 3,
-                                                       "intermediate_size": 1536, "vocab_size": 49152,
-                                                       "tie_word_embeddings": True}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 576,
+                "num_hidden_layers": 30,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "intermediate_size": 1536,
+                "vocab_size": 49152,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     assert memory.shape_of_source(str(tmp_path)) == SMOLLM2_135M
     with pytest.raises(ValueError, match="no config.json"):
         memory.shape_of_source(str(tmp_path / "nothing-here"))
     # verl: vLLM's share of the card comes on top (its fixed KV cache here)
-    verl = _checked({"train": {"backend": "verl", "ref_anchor": "round", "mini_batch_size": 4,
-                               "verl": {"kv_cache_gb": 4}}})
+    verl = _checked(
+        {"train": {"backend": "verl", "ref_anchor": "round", "mini_batch_size": 4, "verl": {"kv_cache_gb": 4}}}
+    )
     local = _checked({"train": {"device": "cuda", "mini_batch_size": 4}})
     assert job_gpu_mib(verl, "train") == job_gpu_mib(local, "train") + 4096
 
@@ -93,12 +103,21 @@ def _args() -> argparse.Namespace:
     return argparse.Namespace()
 
 
-@pytest.mark.parametrize("module, command, knobs", [
-    ("fedagent.train.cli", "train-client", ("train.gpu_mem_gb", "train.micro_batch_size", "env.pool_size",
-                                            "train.max_prompt_tokens")),
-    ("fedagent.evaluate.validation", "eval", ("eval.gpu_mem_gb", "eval.batch", "env.pool_size",
-                                              "eval.max_prompt_tokens")),
-])
+@pytest.mark.parametrize(
+    "module, command, knobs",
+    [
+        (
+            "fedagent.train.cli",
+            "train-client",
+            ("train.gpu_mem_gb", "train.micro_batch_size", "env.pool_size", "train.max_prompt_tokens"),
+        ),
+        (
+            "fedagent.evaluate.validation",
+            "eval",
+            ("eval.gpu_mem_gb", "eval.batch", "env.pool_size", "eval.max_prompt_tokens"),
+        ),
+    ],
+)
 def test_a_cuda_oom_in_a_job_exits_with_one_message_naming_the_knobs(monkeypatch, module, command, knobs):
     import importlib
 
@@ -107,15 +126,19 @@ def test_a_cuda_oom_in_a_job_exits_with_one_message_naming_the_knobs(monkeypatch
     mod = importlib.import_module(module)
 
     def oom(_args):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
-                                     "capacity of 139.81 GiB of which 1.2 GiB is free.\nmore detail")
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+            "capacity of 139.81 GiB of which 1.2 GiB is free.\nmore detail"
+        )
 
     monkeypatch.setattr(mod, "_run", oom)
     with pytest.raises(SystemExit) as exc:
         mod.run(_args())
     message = exc.value.code
-    assert isinstance(message, str) and "\n" not in message, message    # Python prints it, exit status 1
-    assert message.startswith(f"fedagent {command}: CUDA out of memory (CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert isinstance(message, str) and "\n" not in message, message  # Python prints it, exit status 1
+    assert message.startswith(
+        f"fedagent {command}: CUDA out of memory (CUDA out of memory. Tried to allocate 20.00 GiB"
+    )
     for knob in knobs:
         assert knob in message, (knob, message)
 
@@ -123,14 +146,20 @@ def test_a_cuda_oom_in_a_job_exits_with_one_message_naming_the_knobs(monkeypatch
         raise ValueError("not memory")
 
     monkeypatch.setattr(mod, "_run", other)
-    with pytest.raises(ValueError, match="not memory"):             # anything else is left as it was
+    with pytest.raises(ValueError, match="not memory"):  # anything else is left as it was
         mod.run(_args())
 
 
 # --------------------------------------------------------------------------- the rules, in a real plan
 def _plan(work: Path, *args: str) -> str:
-    proc = subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(warm=False),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        snakemake_cmd("-n", "-p", *args),
+        cwd=work,
+        env=snakemake_env(warm=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -156,28 +185,56 @@ def _jobs(out: str) -> dict[str, list[dict]]:
 def test_gpu_jobs_declare_gpu_mem_mb_in_the_plan_and_params_stay_as_they_were(tmp_path):
     work = make_workdir(tmp_path / "w")
     assert yaml.safe_load((work / "profiles/local/config.yaml").read_text())["resources"] == {"gpu_mem_mb": 138000}
-    gpu = ("--config", "model=smollm2", "rounds=1", "clients={total: 2, per_round: 2}",
-           "train={device: cuda, micro_batch_size: 8}", "eval={device: cuda, batch: 4}")
+    gpu = (
+        "--config",
+        "model=smollm2",
+        "rounds=1",
+        "clients={total: 2, per_round: 2}",
+        "train={device: cuda, micro_batch_size: 8}",
+        "eval={device: cuda, batch: 4}",
+    )
     base = yaml.safe_load((work / "config/config.yaml").read_text())
-    cfg = _checked({**base, "model": "smollm2", "rounds": 1, "clients": {"total": 2, "per_round": 2},
-                    "train": {**base.get("train", {}), "device": "cuda", "micro_batch_size": 8},
-                    "eval": {**base.get("eval", {}), "device": "cuda", "batch": 4}})
+    cfg = _checked(
+        {
+            **base,
+            "model": "smollm2",
+            "rounds": 1,
+            "clients": {"total": 2, "per_round": 2},
+            "train": {**base.get("train", {}), "device": "cuda", "micro_batch_size": 8},
+            "eval": {**base.get("eval", {}), "device": "cuda", "batch": 4},
+        }
+    )
     want_train, want_eval = job_gpu_mib(cfg, "train"), job_gpu_mib(cfg, "eval")
     estimated = _jobs(_plan(work, *gpu))
     assert [j["gpu_mem_mb"] for j in estimated["train_client"]] == [str(want_train)] * 2
     assert [j["gpu_mem_mb"] for j in estimated["eval"]] == [str(want_eval)] * 2
-    assert all("gpu_mem_mb" not in j for r in ("aggregate", "merge", "partition", "games") for j in estimated.get(r, []))
+    assert all(
+        "gpu_mem_mb" not in j for r in ("aggregate", "merge", "partition", "games") for j in estimated.get(r, [])
+    )
     # An explicit value is the job's resource, and no job's params change with it.
-    explicit = _jobs(_plan(work, *gpu[:-2], "train={device: cuda, micro_batch_size: 8, gpu_mem_gb: 7}",
-                           "eval={device: cuda, batch: 4, gpu_mem_gb: 3}"))
+    explicit = _jobs(
+        _plan(
+            work,
+            *gpu[:-2],
+            "train={device: cuda, micro_batch_size: 8, gpu_mem_gb: 7}",
+            "eval={device: cuda, batch: 4, gpu_mem_gb: 3}",
+        )
+    )
     assert [j["gpu_mem_mb"] for j in explicit["train_client"]] == ["7168"] * 2
     assert [j["gpu_mem_mb"] for j in explicit["eval"]] == ["3072"] * 2
     for rule in ("train_client", "eval"):
         assert [j["params"] for j in explicit[rule]] == [j["params"] for j in estimated[rule]]
         assert all("gpu_mem" not in j["params"] for j in explicit[rule])
     # The cap bounds what one job may ask (a bigger card's worth runs alone); CPU jobs ask 0.
-    capped = _jobs(_plan(work, *gpu[:-2], "train={device: cuda, micro_batch_size: 8, gpu_mem_gb: 7}",
-                         "--resources", "gpu_mem_mb=5000"))
+    capped = _jobs(
+        _plan(
+            work,
+            *gpu[:-2],
+            "train={device: cuda, micro_batch_size: 8, gpu_mem_gb: 7}",
+            "--resources",
+            "gpu_mem_mb=5000",
+        )
+    )
     assert [j["gpu_mem_mb"] for j in capped["train_client"]] == ["5000"] * 2
     cpu = _jobs(_plan(work, "--config", "rounds=1"))
     assert {j["gpu_mem_mb"] for r in ("train_client", "eval") for j in cpu[r]} == {"0"}
@@ -190,9 +247,16 @@ MEASURED_PEAKS = [
     ("train", "config/experiments/gpu-alfworld.yaml", {}, 55860),
     ("eval", "config/experiments/gpu-alfworld.yaml", {}, 4542),
     # gpu-textworld-quest2's runs: gpu-textworld.yaml with its `common` keys
-    ("train", "config/experiments/gpu-textworld.yaml",
-     {"env": {"train_games": 256, "val_games": 128, "world_size": 2, "quest_length": 2},
-      "train": {"epochs": 1, "max_turns": 6, "threads": 2}, "eval": {"max_turns": 6, "threads": 2}}, 31974),
+    (
+        "train",
+        "config/experiments/gpu-textworld.yaml",
+        {
+            "env": {"train_games": 256, "val_games": 128, "world_size": 2, "quest_length": 2},
+            "train": {"epochs": 1, "max_turns": 6, "threads": 2},
+            "eval": {"max_turns": 6, "threads": 2},
+        },
+        31974,
+    ),
     ("eval", "config/experiments/gpu-textworld.yaml", {"eval": {"max_turns": 6}}, 2678),
     # 2026-12-03, the WebShop matrix (docs/runs/2026-12-03-gpu-webshop-env and -partial): gpu-webshop at
     # micro-batch 8 (32 train jobs of the 4 arms: 25510-30134 MiB); its round-0 eval (the warm start's 128
@@ -202,8 +266,9 @@ MEASURED_PEAKS = [
 ]
 
 
-@pytest.mark.parametrize("job, preset, overlay, peak", MEASURED_PEAKS,
-                         ids=[f"{j}-{Path(p).stem}-{peak}" for j, p, _, peak in MEASURED_PEAKS])
+@pytest.mark.parametrize(
+    "job, preset, overlay, peak", MEASURED_PEAKS, ids=[f"{j}-{Path(p).stem}-{peak}" for j, p, _, peak in MEASURED_PEAKS]
+)
 def test_the_estimate_covers_the_peaks_measured_on_the_h200(job, preset, overlay, peak):
     """A job declares at least what it held: its allocator's peak and its CUDA context. With the
     activations uncalibrated (ACTIVATION_FACTOR 1) the train jobs declared 21129 / 36938 MiB and six of

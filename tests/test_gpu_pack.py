@@ -20,16 +20,23 @@ def _wheel(house: Path, name: str, lib: bytes | None = None) -> None:
 
 def _check(house: Path, pins: list[str]) -> subprocess.CompletedProcess:
     (house.parent / "pins.txt").write_text("# comment\n" + "\n".join(pins) + "\n")
-    return subprocess.run([sys.executable, str(CHECK), str(house), str(house.parent / "pins.txt")],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(CHECK), str(house), str(house.parent / "pins.txt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_wheelhouse_for_the_node_passes_and_is_listed(tmp_path):
     house = tmp_path / "wheelhouse"
     house.mkdir()
     _wheel(house, "bm25s-0.3.16-py3-none-any.whl")
-    _wheel(house, "rapidfuzz-3.14.6-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
-           b"\x7fELF....GLIBC_2.17\x00GLIBCXX_3.4.22\x00")
+    _wheel(
+        house,
+        "rapidfuzz-3.14.6-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        b"\x7fELF....GLIBC_2.17\x00GLIBCXX_3.4.22\x00",
+    )
     _wheel(house, "wcwidth-0.9.4-cp310-abi3-manylinux2014_x86_64.whl")
     _wheel(house, "fast_downward_textworld-20.6.4-py3-none-any.whl", b"\x7fELF..GLIBC_2.32\x00GLIBCXX_3.4.29\x00")
     proc = _check(house, ["bm25s==0.3.16", "RapidFuzz==3.14.6", "wcwidth==0.9.4", "fast-downward-textworld==20.6.4"])
@@ -41,21 +48,30 @@ def test_a_wheelhouse_for_the_node_passes_and_is_listed(tmp_path):
 def test_wheels_the_node_cannot_use_and_missing_pins_are_each_named(tmp_path):
     house = tmp_path / "wheelhouse"
     house.mkdir()
-    _wheel(house, "blis-1.3.4-cp311-cp311-manylinux2014_x86_64.whl")                  # another CPython
-    _wheel(house, "greenlet-3.5.6-cp312-cp312-macosx_11_0_arm64.whl")                 # another platform
-    _wheel(house, "new-1.0-cp312-cp312-manylinux_2_40_x86_64.whl")                    # glibc newer than the node's
-    _wheel(house, "built-1.0-py3-none-any.whl", b"\x7fELF..GLIBC_2.41\x00GLIBCXX_3.4.34\x00")   # built too new
+    _wheel(house, "blis-1.3.4-cp311-cp311-manylinux2014_x86_64.whl")  # another CPython
+    _wheel(house, "greenlet-3.5.6-cp312-cp312-macosx_11_0_arm64.whl")  # another platform
+    _wheel(house, "new-1.0-cp312-cp312-manylinux_2_40_x86_64.whl")  # glibc newer than the node's
+    _wheel(house, "built-1.0-py3-none-any.whl", b"\x7fELF..GLIBC_2.41\x00GLIBCXX_3.4.34\x00")  # built too new
     proc = _check(house, ["blis==1.3.4", "bm25s==0.3.16"])
     assert proc.returncode == 1
     problems = proc.stderr.splitlines()
-    for expected in ("blis-1.3.4-cp311", "greenlet-3.5.6-cp312-cp312-macosx", "new-1.0-cp312-cp312-manylinux_2_40",
-                     "pkg/libx.so needs GLIBC_2.41", "pkg/libx.so needs GLIBCXX_3.4.34", "bm25s==0.3.16: no wheel"):
+    for expected in (
+        "blis-1.3.4-cp311",
+        "greenlet-3.5.6-cp312-cp312-macosx",
+        "new-1.0-cp312-cp312-manylinux_2_40",
+        "pkg/libx.so needs GLIBC_2.41",
+        "pkg/libx.so needs GLIBCXX_3.4.34",
+        "bm25s==0.3.16: no wheel",
+    ):
         assert any(expected in p for p in problems), (expected, problems)
 
 
 def test_the_recipe_pins_every_environment():
-    pins = {line.split("==")[0].lower() for line in (REPO / "scripts/gpu/device-wheels.txt").read_text().splitlines()
-            if line and not line.startswith("#")}
+    pins = {
+        line.split("==")[0].lower()
+        for line in (REPO / "scripts/gpu/device-wheels.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
     assert {"textworld", "jericho", "bm25s", "rapidfuzz", "alfworld", "fast-downward-textworld"} <= pins
 
 
@@ -86,8 +102,13 @@ def test_pack_games_carries_the_record_snakemake_reads(tmp_path):
         (repo / record).parent.mkdir(parents=True)
         (repo / record).write_text('{"rule": "games"}\n')
         (repo / "cfg.yaml").write_text(f"run: {run}\nenv: {{kind: alfworld}}\n")
-        proc = subprocess.run(["bash", str(REPO / "scripts/gpu/pack-games.sh"), "cfg.yaml", "out"], cwd=repo,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts/gpu/pack-games.sh"), "cfg.yaml", "out"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         with tarfile.open(repo / "out" / "games.tgz") as tf:
             names = {m.name for m in tf.getmembers() if m.isfile()}
@@ -108,14 +129,25 @@ def _node_run(tmp_path, *args):
     (repo / "config" / "matrices" / "m.yaml").write_text("base: config/base.yaml\narms: {a: {}}\n")
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "snakemake").write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"arg:$a\"; done\n")
+    (fake / "snakemake").write_text('#!/bin/sh\nfor a in "$@"; do echo "arg:$a"; done\n')
     (fake / "snakemake").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "SKIP_ENV_CHECK": "1", "GPU_SAMPLE": "0", "FA_GPU": str(tmp_path / "fa")}
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "SKIP_ENV_CHECK": "1",
+        "GPU_SAMPLE": "0",
+        "FA_GPU": str(tmp_path / "fa"),
+    }
     env.pop("OUT", None)
     env.pop("WARM", None)
-    proc = subprocess.run(["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args], cwd=repo,
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return proc, [line[4:] for line in proc.stdout.splitlines() if line.startswith("arg:")]
 
 
@@ -131,7 +163,7 @@ def test_node_run_keeps_the_matrix_when_the_caller_adds_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert args.count("--config") == 1
     i = args.index("--config")
-    assert set(args[i + 1:i + 3]) == {"matrix=m", "rounds=2"}, args
+    assert set(args[i + 1 : i + 3]) == {"matrix=m", "rounds=2"}, args
 
     proc, args = _node_run(tmp_path, "--config", "rounds=2", "--config", "eval.n=8")
     assert proc.returncode == 2 and args == []
@@ -148,8 +180,8 @@ def test_node_run_unlocks_a_stale_lock(tmp_path):
     proc, args = _node_run(tmp_path, "--config", "rounds=2")
     assert proc.returncode == 0, proc.stderr
     assert "stale Snakemake lock" in proc.stdout
-    assert args.index("--unlock") < args.index("--cores"), args      # the unlock ran first
-    assert args.count("matrix=m") == 2                               # both with the matrix
+    assert args.index("--unlock") < args.index("--cores"), args  # the unlock ran first
+    assert args.count("matrix=m") == 2  # both with the matrix
 
     # no lock: no unlock
     proc, args = _node_run(tmp_path / "b")

@@ -19,13 +19,34 @@ spec.loader.exec_module(verl_same)
 
 def _update(d: Path, texts: dict, seeds_off=False, w=None, critic=None, warm=None, reverse=False):
     d.mkdir(parents=True)
-    with open(d / "samples.jsonl", "w") as fh:      # (episodes pair by their place, not the file's order)
+    with open(d / "samples.jsonl", "w") as fh:  # (episodes pair by their place, not the file's order)
         for (e, g, s), turns in sorted(texts.items(), reverse=reverse):
-            fh.write(json.dumps({"epoch": e, "group": g, "session": s, "task_id": f"t{g}",
-                                 "turns": [{"text": t, "sampling_seed": 1000 * g + 10 * s + k + (1 if seeds_off else 0)}
-                                           for k, t in enumerate(turns)]}) + "\n")
-    (d / "metrics.json").write_text(json.dumps({"round": 2, "client": 0, "kl": 0.01, "mean_return": 0.5,
-                                                "verl": {"engine_set": {"warm": warm}} if warm is not None else {}}))
+            fh.write(
+                json.dumps(
+                    {
+                        "epoch": e,
+                        "group": g,
+                        "session": s,
+                        "task_id": f"t{g}",
+                        "turns": [
+                            {"text": t, "sampling_seed": 1000 * g + 10 * s + k + (1 if seeds_off else 0)}
+                            for k, t in enumerate(turns)
+                        ],
+                    }
+                )
+                + "\n"
+            )
+    (d / "metrics.json").write_text(
+        json.dumps(
+            {
+                "round": 2,
+                "client": 0,
+                "kl": 0.01,
+                "mean_return": 0.5,
+                "verl": {"engine_set": {"warm": warm}} if warm is not None else {},
+            }
+        )
+    )
     if w is not None:
         save_file({"a": w}, d / "model.safetensors")
     if critic is not None:
@@ -38,7 +59,7 @@ def test_turns_seeds_and_the_updates_relative_difference(tmp_path):
     start = torch.zeros(4)
     cold_w, warm_w = torch.tensor([1.0, 0, 0, 0]), torch.tensor([1.0, 0.1, 0, 0])
     texts = {(0, 0, 0): ["go", "take"], (0, 0, 1): ["look"], (0, 1, 0): ["go", "open"]}
-    other = {**texts, (0, 1, 0): ["go", "close"]}                  # one turn of four differs
+    other = {**texts, (0, 1, 0): ["go", "close"]}  # one turn of four differs
     s = _update(tmp_path / "start", {}, w=start, critic=torch.zeros(2))
     cold = _update(tmp_path / "cold", texts, w=cold_w, critic=torch.tensor([2.0, 0]), reverse=True)
     warm = _update(tmp_path / "warm", other, w=warm_w, critic=torch.tensor([2.0, 0]), warm=True)

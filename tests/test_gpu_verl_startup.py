@@ -23,15 +23,26 @@ def test_one_row_per_job_with_its_own_phase_times(tmp_path):
     eng["verl"]["engine_set"] = {"set": "fa-eng-slot-0-1-0a1b2c3d", "warm": True, "jobs_before": 2, "fit_s": 9.0}
     eng["timings_s"].update(refit_to_first_generation=4.5)
     (tmp_path / "z-engines-metrics.json").write_text(json.dumps(eng))
-    out = subprocess.run([sys.executable, str(SCRIPT), *map(str, files), str(tmp_path / "refit-metrics.json"),
-                          str(tmp_path / "z-engines-metrics.json")],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            *map(str, files),
+            str(tmp_path / "refit-metrics.json"),
+            str(tmp_path / "z-engines-metrics.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     header, rows = out[0].split(" | "), out[2:]
     assert len(rows) == len(files) + 2
     warm = next(r for r in rows if "engine set" in r).strip("| ").split(" | ")
     assert "engine set 0a1b2c3d warm (job 3)" in warm[0] and warm[header.index("**refit → first token**")] == "4.5"
     first = json.loads(files[0].read_text())
-    cells = next(r for r in rows if "warm_refit" not in r and "engine set" not in r).strip("| ").split(" | ")   # sorted by path: round 1, client 0
+    cells = (
+        next(r for r in rows if "warm_refit" not in r and "engine set" not in r).strip("| ").split(" | ")
+    )  # sorted by path: round 1, client 0
     assert cells[0].startswith("round 1, client 0 (ppo, kl_coef=0.01;")
     assert cells[header.index("**first token**")] == f"{first['timings_s']['launch_to_first_generation']:.1f}"
     assert cells[header.index("refit began")] == "–" and cells[-1] == f"{first['wall_time_s']:.1f}"

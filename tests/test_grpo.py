@@ -25,11 +25,11 @@ def test_group_advantages_match_hand_computation():
     groups = [0, 0, 0, 0, 0, 1, 1, 2]
     adv = grpo.group_advantages(rewards, groups)
     g0 = rewards[:5]
-    m, s = statistics.mean(g0), statistics.stdev(g0)   # unbiased, as torch.std
+    m, s = statistics.mean(g0), statistics.stdev(g0)  # unbiased, as torch.std
     assert adv[:5] == pytest.approx([(r - m) / (s + 1e-6) for r in g0], rel=1e-12)
     m1, s1 = 3.0, statistics.stdev([5.0, 1.0])
     assert adv[5:7] == pytest.approx([(5 - m1) / (s1 + 1e-6), (1 - m1) / (s1 + 1e-6)])
-    assert adv[7] == pytest.approx(3.0 / (1 + 1e-6))    # single-sample group: mean 0, std 1
+    assert adv[7] == pytest.approx(3.0 / (1 + 1e-6))  # single-sample group: mean 0, std 1
     assert grpo.group_advantages([4.0, 4.0], [0, 0]) == [0.0, 0.0]
     # All turns invalid (everyone -0.1): exactly zero, not rounding noise that Adam would amplify.
     assert grpo.group_advantages([-0.1] * 12, [0] * 12) == [0.0] * 12
@@ -40,8 +40,9 @@ def test_no_signal_leaves_the_weights_untouched(tiny_dir, tmp_path):
     from safetensors.torch import load_file
 
     p = TrainParams.from_dict({**PARAMS, "epochs": 1})
-    m = train_client(tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1,
-                     out_dir=tmp_path / "u")
+    m = train_client(
+        tiny_dir, tiny_dir, FakeEnv(mode="draw"), round=0, client=0, params=p, threads=1, out_dir=tmp_path / "u"
+    )
     assert m["mean_return"] == 0.0 and all(s["grad_norm"] == 0.0 for s in m["steps"])
     before, after = load_file(tiny_dir / "model.safetensors"), load_file(tmp_path / "u" / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -98,10 +99,12 @@ def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
 @pytest.mark.parametrize("right_pad", [False, True])
 def test_response_logprobs_match_an_unpadded_forward_whichever_side_is_padded(tiny_dir, right_pad):
     model, _ = load_policy(tiny_dir, threads=1)
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
-               grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0),
-               # observation glue inside the response: context, not a target
-               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    samples = [
+        grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+        grpo.Sample([5, 6], [14, 15, 16, 17], 0.0, 0),
+        # observation glue inside the response: context, not a target
+        grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1]),
+    ]
     with torch.no_grad():
         got, ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True, right_pad=right_pad)
         want = []
@@ -109,8 +112,9 @@ def test_response_logprobs_match_an_unpadded_forward_whichever_side_is_padded(ti
             full = torch.tensor([s.prompt_ids + s.response_ids])
             lp = torch.log_softmax(model(input_ids=full).logits[0].float() / 0.7, -1)
             n = len(s.prompt_ids)
-            want += [lp[n - 1 + k, t] for k, t in enumerate(s.response_ids)
-                     if s.response_mask is None or s.response_mask[k]]
+            want += [
+                lp[n - 1 + k, t] for k, t in enumerate(s.response_ids) if s.response_mask is None or s.response_mask[k]
+            ]
     assert torch.allclose(got, torch.stack(want), atol=1e-5)
     assert ent.shape == got.shape and (ent > 0).all()
 
@@ -119,8 +123,10 @@ def test_response_logprobs_padded_to_a_static_shape_are_the_same(tiny_dir):
     """train.compile_train pads each micro-batch to (micro_batch_size, width rounded up): the
     extra rows and columns must add no target and change no log-prob."""
     model, _ = load_policy(tiny_dir, threads=1)
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
-               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    samples = [
+        grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+        grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1]),
+    ]
     shape = grpo.static_pad_shape(len(samples), 9, rows_to=4, width_step=8)
     assert shape == (4, 16)
     with torch.no_grad():
@@ -128,7 +134,7 @@ def test_response_logprobs_padded_to_a_static_shape_are_the_same(tiny_dir):
         got, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=shape)
     assert got.shape == want.shape == (6,)
     assert torch.allclose(got, want, atol=1e-6)
-    with torch.no_grad():   # the trained-token list padded too (what compile_train's buckets add)
+    with torch.no_grad():  # the trained-token list padded too (what compile_train's buckets add)
         got3, _ = grpo.response_logprobs(model, samples, temperature=0.7, right_pad=True, pad_shape=shape + (16,))
     assert got3.shape == (6,) and torch.allclose(got3, want, atol=1e-6)
     with pytest.raises(ValueError, match="smaller than the batch"):
@@ -144,8 +150,10 @@ def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir,
     from fedagent.train.actor import CAUSAL_SDPA, causal_attention_without_mask
 
     model, tok = load_policy(tiny_dir, threads=1)
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
-               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    samples = [
+        grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+        grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1]),
+    ]
     with torch.no_grad():
         want, want_ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True)
     causal_attention_without_mask(model)
@@ -153,8 +161,9 @@ def test_compiled_forward_with_padded_targets_gives_the_same_log_probs(tiny_dir,
     shape = grpo.static_pad_shape(2, 9, rows_to=4, width_step=8, n_targets=6, target_step=16)
     assert shape == (4, 16, 16)
     with torch.no_grad():
-        got, ent = grpo.response_logprobs(model, samples, temperature=0.7, with_entropy=True, right_pad=True,
-                                          pad_shape=shape)
+        got, ent = grpo.response_logprobs(
+            model, samples, temperature=0.7, with_entropy=True, right_pad=True, pad_shape=shape
+        )
     assert got.shape == want.shape == (6,)
     assert torch.allclose(got, want, atol=1e-5) and torch.allclose(ent, want_ent, atol=1e-5)
     # the registered attention name is the process's, not the model's: never saved with it
@@ -171,9 +180,11 @@ def test_compiled_training_accumulates_micro_batches_into_gradients_it_keeps(tin
     from fedagent.train.actor import token_slices, update_step
     from fedagent.train.local import TrainParams
 
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0, advantage=1.0),
-               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, advantage=-0.5),
-               grpo.Sample([5, 6], [14, 15, 16], 0.0, 0, advantage=0.5)]
+    samples = [
+        grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0, advantage=1.0),
+        grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, advantage=-0.5),
+        grpo.Sample([5, 6], [14, 15, 16], 0.0, 0, advantage=0.5),
+    ]
     p = TrainParams(mini_batch_size=3, micro_batch_size=1, kl_coef=0.0, temperature=1.0)
     old = torch.zeros(sum(s.trained_count() for s in samples))
     adv = grpo.token_advantages(samples)
@@ -201,13 +212,16 @@ def test_bf16_residual_stream_keeps_the_hidden_states_in_bf16(tiny_dir):
     stay fp32 and close to the fp32 stream's, the gradient reaches the fp32 embedding; float32
     gives the model back its own forward, byte for byte. Also traced whole by Dynamo."""
     model, _ = load_policy(tiny_dir, threads=1)
-    samples = [grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
-               grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1])]
+    samples = [
+        grpo.Sample([5, 6, 7, 8, 9, 10], [11, 12, 13], 1.0, 0),
+        grpo.Sample([7, 8, 9], [18, 19, 20, 21, 22], 0.5, 1, response_mask=[1, 0, 0, 1, 1]),
+    ]
     seen = []
     for layer in model.model.layers:
-        layer.register_forward_hook(lambda mod, args, kwargs, out: seen.append((args[0] if args else
-                                                                                kwargs["hidden_states"]).dtype),
-                                    with_kwargs=True)
+        layer.register_forward_hook(
+            lambda mod, args, kwargs, out: seen.append((args[0] if args else kwargs["hidden_states"]).dtype),
+            with_kwargs=True,
+        )
 
     def run():
         seen.clear()
@@ -266,12 +280,23 @@ def test_policy_moves_toward_the_rewarded_answer(tiny_dir):
         steps = grpo_epoch(model, ref, opt, samples, p, python_rng(0, "t", epoch=e), e)
     g1, b1 = _pair_logps(model, samples)
     assert g1 > g0 + 0.5 and b1 < b0 - 0.5
-    assert steps[-1]["kl"] > 0      # moved away from the reference
+    assert steps[-1]["kl"] > 0  # moved away from the reference
 
 
-PARAMS = dict(base_seed=3, epochs=2, groups_per_epoch=2, group_size=3, max_turns=2, max_new_tokens=8,
-              temperature=1.0, lr=1e-3, mini_batch_size=3, micro_batch_size=2, max_prompt_tokens=256,
-              pool_size=4)
+PARAMS = dict(
+    base_seed=3,
+    epochs=2,
+    groups_per_epoch=2,
+    group_size=3,
+    max_turns=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    lr=1e-3,
+    mini_batch_size=3,
+    micro_batch_size=2,
+    max_prompt_tokens=256,
+    pool_size=4,
+)
 
 
 def _env():
@@ -300,8 +325,8 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     from safetensors.torch import load_file
 
     before, after = load_file(tiny_dir / "model.safetensors"), load_file(a / "model.safetensors")
-    assert any(not torch.equal(before[k], after[k]) for k in before)      # the update moved weights
-    for e in range(2):   # both epochs had a learning signal (so later tests can tell epochs apart)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the update moved weights
+    for e in range(2):  # both epochs had a learning signal (so later tests can tell epochs apart)
         assert max(s["grad_norm"] for s in ma["steps"] if s["epoch"] == e) > 0
     verify_manifest(a)
     # Phase timings: marks in process order; on CPU the cold start ends where the first rollout starts.
@@ -311,9 +336,9 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     assert tm["cold_start_s"] == tm["marks"]["rollout_start"] and set(tm["phases"]) == {"rollout", "train"}
     assert ma["num_samples"] > 0 and ma["num_tokens"] > 0 and len(ma["steps"]) >= 2
     assert ma["groups"] == 2 * 2 and 0 <= ma["groups_nonzero_advantage"] <= ma["groups"]  # epochs × groups
-    assert "samples_nonzero_reward" not in ma   # PPO's count
+    assert "samples_nonzero_reward" not in ma  # PPO's count
     assert ma["task_seeds"] == [epoch_task_seeds(p, 1, 0, e) for e in range(2)]
-    assert ma["task_seeds"][0] != ma["task_seeds"][1]          # fresh draws every epoch
+    assert ma["task_seeds"][0] != ma["task_seeds"][1]  # fresh draws every epoch
     for key in ("mean_return", "success_rate", "kl", "wall_time_s", "num_episodes"):
         assert key in ma
     lines = (a / "samples.jsonl").read_text().splitlines()
@@ -327,8 +352,7 @@ def test_train_client_seed_changes_the_update(tiny_dir, tmp_path):
     p = TrainParams.from_dict({**PARAMS, "epochs": 1})
     q = TrainParams.from_dict({**PARAMS, "epochs": 1, "base_seed": 4})
     for name, params in (("p", p), ("q", q)):
-        train_client(tiny_dir, tiny_dir, _env(), round=1, client=0, params=params, threads=1,
-                     out_dir=tmp_path / name)
+        train_client(tiny_dir, tiny_dir, _env(), round=1, client=0, params=params, threads=1, out_dir=tmp_path / name)
     assert _sha(tmp_path / "p" / "model.safetensors") != _sha(tmp_path / "q" / "model.safetensors")
 
 
@@ -346,12 +370,35 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
     seen = {}
 
     @contextlib.contextmanager
-    def fake_service(games_dir, split, task_ids, workdir, *, mode, pool_size, max_turns, client_id=None,
-                     answer_format="think_action", source="textworld", env_params=None, env_procs=0, wait=True,
-                     projection="unset"):
-        seen.update(env_procs=env_procs, split=split, tasks=list(task_ids), mode=mode, pool=pool_size, client=client_id,
-                    source=source, env_params=env_params, projection=projection,
-                    workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"))
+    def fake_service(
+        games_dir,
+        split,
+        task_ids,
+        workdir,
+        *,
+        mode,
+        pool_size,
+        max_turns,
+        client_id=None,
+        answer_format="think_action",
+        source="textworld",
+        env_params=None,
+        env_procs=0,
+        wait=True,
+        projection="unset",
+    ):
+        seen.update(
+            env_procs=env_procs,
+            split=split,
+            tasks=list(task_ids),
+            mode=mode,
+            pool=pool_size,
+            client=client_id,
+            source=source,
+            env_params=env_params,
+            projection=projection,
+            workdir_outside=not str(workdir).startswith(str(tmp_path / "round_001" / "clients" / "1") + "/"),
+        )
         env = FakeEnv(list(task_ids), mode=mode, max_turns=max_turns)
         yield env if wait else Pending(env)
 
@@ -362,19 +409,47 @@ def test_train_client_cli_uses_the_shard_in_draw_mode(tiny_dir, tmp_path, monkey
     parser = argparse.ArgumentParser()
     cli.add_args(parser)
     out = tmp_path / "round_001" / "clients" / "1"
-    args = parser.parse_args(["--model", str(tiny_dir), "--ref-model", str(tiny_dir), "--games", str(tmp_path),
-                              "--partition", str(part), "--client", "1", "--round", "1",
-                              "--params", json.dumps({**PARAMS, "epochs": 1, "env_procs": 2, "projection": "noop"}),
-                              "--threads", "1",
-                              "--out", str(out), "--quarantine", str(tmp_path / "_failed")])
+    args = parser.parse_args(
+        [
+            "--model",
+            str(tiny_dir),
+            "--ref-model",
+            str(tiny_dir),
+            "--games",
+            str(tmp_path),
+            "--partition",
+            str(part),
+            "--client",
+            "1",
+            "--round",
+            "1",
+            "--params",
+            json.dumps({**PARAMS, "epochs": 1, "env_procs": 2, "projection": "noop"}),
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--quarantine",
+            str(tmp_path / "_failed"),
+        ]
+    )
     assert cli.run(args) == 0
-    assert seen == {"split": "train", "tasks": ["fake-002", "fake-003"], "mode": "draw", "pool": 4,
-                    "client": "1", "workdir_outside": True, "source": "textworld", "env_params": None,
-                    "env_procs": 2, "projection": "noop"}    # rollout.projection reaches the job's service
+    assert seen == {
+        "split": "train",
+        "tasks": ["fake-002", "fake-003"],
+        "mode": "draw",
+        "pool": 4,
+        "client": "1",
+        "workdir_outside": True,
+        "source": "textworld",
+        "env_params": None,
+        "env_procs": 2,
+        "projection": "noop",
+    }  # rollout.projection reaches the job's service
     verify_manifest(out)
     tasks = {json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert tasks <= {"fake-002", "fake-003"}
-    assert sorted(p.name for p in out.parent.iterdir()) == ["1"]   # no leftover work dir
+    assert sorted(p.name for p in out.parent.iterdir()) == ["1"]  # no leftover work dir
 
 
 def test_reference_shortcut_gives_the_same_update(tiny_dir, tmp_path, monkeypatch):
@@ -382,24 +457,24 @@ def test_reference_shortcut_gives_the_same_update(tiny_dir, tmp_path, monkeypatc
     import fedagent.train.local as local
 
     p = TrainParams.from_dict({**PARAMS, "epochs": 2})
-    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1,
-                       out_dir=tmp_path / "fast")
+    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1, out_dir=tmp_path / "fast")
     monkeypatch.setattr(local, "same_weights", lambda a, b: False)
-    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1,
-                       out_dir=tmp_path / "slow")
+    local.train_client(tiny_dir, tiny_dir, _env(), round=0, client=0, params=p, threads=1, out_dir=tmp_path / "slow")
     assert _sha(tmp_path / "fast" / "model.safetensors") == _sha(tmp_path / "slow" / "model.safetensors")
 
 
 def test_micro_batching_does_not_change_the_update(tiny_dir):
     """Gradient accumulation over micro-batches = one token-mean over the whole mini-batch."""
-    samples = [grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
-               grpo.Sample([5, 6], [50, 51, 52, 53, 54], 0.0, 0, advantage=-1.0),
-               grpo.Sample([8, 9, 10, 11], [60], 0.0, 0, advantage=0.5)]
+    samples = [
+        grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
+        grpo.Sample([5, 6], [50, 51, 52, 53, 54], 0.0, 0, advantage=-1.0),
+        grpo.Sample([8, 9, 10, 11], [60], 0.0, 0, advantage=0.5),
+    ]
     params = []
     for micro in (1, 3):
         model, _ = load_policy(tiny_dir, threads=1)
         ref, _ = load_policy(tiny_dir, threads=1)
-        with torch.no_grad():   # make the reference differ so the KL term has a gradient
+        with torch.no_grad():  # make the reference differ so the KL term has a gradient
             next(ref.parameters()).mul_(1.1)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         p = TrainParams(mini_batch_size=3, micro_batch_size=micro, kl_coef=0.5, grad_clip=1e9)
@@ -429,10 +504,12 @@ def test_far_log_ratios_give_finite_gradients():
 
 
 def _two_step_samples():
-    return [grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
-            grpo.Sample([5, 6], [50, 51, 52], 0.0, 0, advantage=-1.0),
-            grpo.Sample([8, 9, 10, 11], [60], 0.0, 1, advantage=0.5),
-            grpo.Sample([8, 9], [61, 62], 1.0, 1, advantage=-0.5)]
+    return [
+        grpo.Sample([5, 6, 7], [40, 41], 1.0, 0, advantage=1.0),
+        grpo.Sample([5, 6], [50, 51, 52], 0.0, 0, advantage=-1.0),
+        grpo.Sample([8, 9, 10, 11], [60], 0.0, 1, advantage=0.5),
+        grpo.Sample([8, 9], [61, 62], 1.0, 1, advantage=-0.5),
+    ]
 
 
 def test_a_fused_optimizer_defers_the_stats_without_changing_them(tiny_dir):
@@ -463,11 +540,15 @@ def test_a_non_finite_gradient_stops_the_epoch_before_the_weights_change(tiny_di
     with torch.no_grad():
         model.get_output_embeddings().weight[45, 0] = float("inf")
     before = [q.detach().clone() for q in model.parameters()]
-    samples = [grpo.Sample([5, 6, 7], [45, 41], 1.0, 0, advantage=1.0),
-               grpo.Sample([5, 6], [50, 51], 0.0, 0, advantage=-1.0)]
-    opt = (torch.optim.SGD(model.parameters(), lr=1.0) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1.0, fused=True))
+    samples = [
+        grpo.Sample([5, 6, 7], [45, 41], 1.0, 0, advantage=1.0),
+        grpo.Sample([5, 6], [50, 51], 0.0, 0, advantage=-1.0),
+    ]
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=1.0)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1.0, fused=True)
+    )
     with pytest.raises(FloatingPointError, match=r"non-finite gradient norm \(nan\) in epoch 0, optimizer step 0"):
         grpo_epoch(model, None, opt, samples, TrainParams(mini_batch_size=2, kl_coef=0.0), python_rng(0, "t"), 0)
-    assert all(torch.equal(a, b) or (torch.isinf(a) & torch.isinf(b)).any() for a, b in
-               zip(before, model.parameters()))
+    assert all(torch.equal(a, b) or (torch.isinf(a) & torch.isinf(b)).any() for a, b in zip(before, model.parameters()))

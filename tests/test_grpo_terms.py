@@ -38,8 +38,9 @@ def test_token_terms_match_numbers_worked_by_hand():
     logp = torch.tensor([math.log(0.5)], requires_grad=True)
     old, ref = torch.tensor([math.log(0.4)]), torch.tensor([math.log(0.6)])
     ent = torch.tensor([0.7], requires_grad=True)
-    loss, st = grpo.grpo_token_terms(logp, old, ref, torch.tensor([2.0]), clip=0.2, kl_coef=0.5,
-                                     entropy_coef=0.1, entropy=ent)
+    loss, st = grpo.grpo_token_terms(
+        logp, old, ref, torch.tensor([2.0]), clip=0.2, kl_coef=0.5, entropy_coef=0.1, entropy=ent
+    )
     # ratio 0.5/0.4 = 1.25 → clipped to 1.2: pg = max(-2.5, -2.4) = -2.4
     # k3 = 0.6/0.5 - ln(0.6/0.5) - 1 = 0.2 - ln 1.2;  loss = -2.4 + 0.5·k3 - 0.1·0.7
     k3 = 0.2 - math.log(1.2)
@@ -59,9 +60,11 @@ def test_token_terms_match_numbers_worked_by_hand():
 
 
 def _samples():
-    out = [grpo.Sample([5, 6, 7, 8], [40, 41, 42], 1.0, 0, advantage=1.3),
-           grpo.Sample([5, 9], [50, 51], 0.0, 0, advantage=-0.8),
-           grpo.Sample([11, 12, 13], [60, 61, 62, 63], 0.5, 0, advantage=0.4)]
+    out = [
+        grpo.Sample([5, 6, 7, 8], [40, 41, 42], 1.0, 0, advantage=1.3),
+        grpo.Sample([5, 9], [50, 51], 0.0, 0, advantage=-0.8),
+        grpo.Sample([11, 12, 13], [60, 61, 62, 63], 0.5, 0, advantage=0.4),
+    ]
     return out
 
 
@@ -77,7 +80,7 @@ def _hand_loss(model, ref, samples, *, T, clip, beta, c):
         for k, tok in enumerate(s.response_ids):
             row = n - 1 + k
             logp = lp_all[row, tok]
-            old = logp.detach()               # behaviour = the policy before this first step
+            old = logp.detach()  # behaviour = the policy before this first step
             r = torch.exp(logp - old)
             a = s.advantage
             pg = torch.maximum(-a * r, -a * torch.clamp(r, 1 - clip, 1 + clip))
@@ -105,9 +108,16 @@ def test_first_step_loss_and_gradient_equal_the_hand_computation(tiny_dir, T):
         g = torch.Generator().manual_seed(0)
         for q in ref.parameters():
             q.add_(0.01 * torch.randn(q.shape, generator=g))
-    p = TrainParams(temperature=T, kl_coef=beta, entropy_coef=c, clip=clip, mini_batch_size=len(samples),
-                    micro_batch_size=2, grad_clip=1e9)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)   # the step leaves the weights: grads stay readable
+    p = TrainParams(
+        temperature=T,
+        kl_coef=beta,
+        entropy_coef=c,
+        clip=clip,
+        mini_batch_size=len(samples),
+        micro_batch_size=2,
+        grad_clip=1e9,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the weights: grads stay readable
     steps = grpo_epoch(model, ref, opt, samples, p, python_rng(0, "t"), 0)
     got = {n: q.grad.detach().clone() for n, q in model.named_parameters()}
 
@@ -115,7 +125,7 @@ def test_first_step_loss_and_gradient_equal_the_hand_computation(tiny_dir, T):
     want_loss = _hand_loss(hand_model, ref, samples, T=T, clip=clip, beta=beta, c=c)
     want_loss.backward()
     assert steps[0]["loss"] == pytest.approx(float(want_loss), rel=1e-5, abs=1e-6)
-    for n, q in hand_model.named_parameters():   # float32 sums in another order: 1e-4 of the norm
+    for n, q in hand_model.named_parameters():  # float32 sums in another order: 1e-4 of the norm
         assert float((got[n] - q.grad).norm()) <= 1e-4 * float(q.grad.norm()) + 1e-8, n
     # The KL term is live (reference differs) and the behaviour ratio is exactly 1 on a first step.
     assert steps[0]["kl"] > 1e-4
@@ -155,18 +165,21 @@ def test_masked_tokens_are_context_not_targets(tiny_dir):
 
 # ---- dual-clip (issue 31, must-show 1) ---------------------------------------------------------
 
+
 def test_dual_clip_minimal_case_is_verls_number():
     """p = 0.8, p_old = 0.2 (ratio 4), A = −1, ε = 0.2: verl's vanilla loss caps the token at
     −A·c = 3.0 (and passes no gradient); without the cap it is −A·r = 4.0 with gradient 4."""
     logp = torch.tensor([math.log(0.8)], requires_grad=True)
-    loss, st = grpo.grpo_token_terms(logp, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]),
-                                     clip=0.2, kl_coef=0.0, clip_ratio_c=3.0)
+    loss, st = grpo.grpo_token_terms(
+        logp, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]), clip=0.2, kl_coef=0.0, clip_ratio_c=3.0
+    )
     assert float(loss) == pytest.approx(3.0, rel=1e-6) and float(st["dual_clipped"]) == 1.0
     loss.sum().backward()
     assert float(logp.grad) == 0.0
     off = torch.tensor([math.log(0.8)], requires_grad=True)
-    loss_off, st_off = grpo.grpo_token_terms(off, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]),
-                                             clip=0.2, kl_coef=0.0, clip_ratio_c=None)
+    loss_off, st_off = grpo.grpo_token_terms(
+        off, torch.tensor([math.log(0.2)]), None, torch.tensor([-1.0]), clip=0.2, kl_coef=0.0, clip_ratio_c=None
+    )
     loss_off.sum().backward()
     assert float(loss_off) == pytest.approx(4.0, rel=1e-6) and float(off.grad) == pytest.approx(4.0, rel=1e-6)
     assert float(st_off["dual_clipped"]) == 0.0
@@ -205,7 +218,7 @@ def test_dual_clip_loss_and_gradient_equal_the_hand_computation(c):
     capped = [a < 0 and c is not None and -a * max(r, 1 - eps) > -a * c for r, a in zip(ratios, advs)]
     assert st["dual_clipped"].tolist() == [float(x) for x in capped]
     if c == 3.0:
-        assert sum(capped) == 3    # r = 3.2, 4.0, 6.0 under A < 0 (r = 3.5 has A > 0: the ε clip, not the cap)
+        assert sum(capped) == 3  # r = 3.2, 4.0, 6.0 under A < 0 (r = 3.5 has A > 0: the ε clip, not the cap)
 
 
 def test_actor_step_carries_the_dual_clip(tiny_dir):
@@ -217,8 +230,16 @@ def test_actor_step_carries_the_dual_clip(tiny_dir):
     beta, clip, c = 0.0, 0.2, 3.0
     samples = _samples()
     model, _ = load_policy(tiny_dir, threads=1)
-    p = TrainParams(temperature=1.0, kl_coef=beta, entropy_coef=0.0, clip=clip, clip_ratio_c=c,
-                    mini_batch_size=len(samples), micro_batch_size=2, grad_clip=1e9)
+    p = TrainParams(
+        temperature=1.0,
+        kl_coef=beta,
+        entropy_coef=0.0,
+        clip=clip,
+        clip_ratio_c=c,
+        mini_batch_size=len(samples),
+        micro_batch_size=2,
+        grad_clip=1e9,
+    )
     with torch.no_grad():
         cur, _ = grpo.response_logprobs(model, samples, temperature=1.0)
     # ratio per token: the A < 0 sample (index 1, two tokens) gets 4 and 5: both past the cap.
@@ -247,6 +268,6 @@ def test_actor_step_carries_the_dual_clip(tiny_dir):
     want.backward()
     assert float(rec[2][:, 0].sum()) == pytest.approx(float(want), rel=1e-5)
     uncapped = float(want) + sum(0.8 * (float(r) - c) for r in ratios[3:5]) / len(ratios)
-    assert abs(float(rec[2][:, 0].sum()) - uncapped) > 1e-3     # the cap changed the loss
+    assert abs(float(rec[2][:, 0].sum()) - uncapped) > 1e-3  # the cap changed the loss
     for n, q in hand_model.named_parameters():
         assert float((got[n] - q.grad).norm()) <= 1e-4 * float(q.grad.norm()) + 1e-8, n

@@ -21,15 +21,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "fedagent"
 LINT = Path(sys.executable).with_name("lint-imports")
-MAX_LINES = 520   # "no module over ~500 lines without a reason written at its top"
+MAX_LINES = 520  # "no module over ~500 lines without a reason written at its top"
 REASON = "Why over 500 lines"
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
     """``lint-imports`` with the repo's contracts on the ``fedagent`` package found under ``root``."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(LINT), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_contracts_hold_on_the_tree():
@@ -46,7 +52,11 @@ FORBIDDEN = [
     ("core/atomic.py", "import fedagent.model.hf_dir", "fedagent's layers: each imports only from the layers below it"),
     ("report/status.py", "import tests.fake_env", "the package never imports the tests or the benchmarks"),
     ("train/ppo.py", "import fedagent.train.local", "no import circles between fedagent's subpackages and modules"),
-    ("evaluate/vllm.py", "import fedagent.train.verl.launch", "fedagent's layers: each imports only from the layers below it"),
+    (
+        "evaluate/vllm.py",
+        "import fedagent.train.verl.launch",
+        "fedagent's layers: each imports only from the layers below it",
+    ),
 ]
 
 

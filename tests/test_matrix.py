@@ -22,8 +22,12 @@ MATRICES = sorted((REPO / "config" / "matrices").glob("*.yaml"))
 DEFAULTS = yaml.safe_load((REPO / "tests" / "workflow_config.yaml").read_text())
 
 # 2 arms x 2 seeds on the tiny model, one round each, one client trained a round (the suite's budget).
-TINY = {"seeds": [7, 8], "reference": "uniform", "common": {"rounds": 1, "clients": {"per_round": 1}},
-        "arms": {"uniform": {}, "pinned": {"clients": {"pinned": 1}}}}
+TINY = {
+    "seeds": [7, 8],
+    "reference": "uniform",
+    "common": {"rounds": 1, "clients": {"per_round": 1}},
+    "arms": {"uniform": {}, "pinned": {"clients": {"pinned": 1}}},
+}
 
 
 def _matrix_file(root: Path, name: str, spec: dict) -> None:
@@ -36,16 +40,21 @@ def test_arms_that_differ_only_in_training_share_one_round_0_per_seed(tmp_path):
     """start_key: the seed and everything round 0 reads; an arm's partition, pinned client, rounds or
     WebShop env arm leave it alone (its round 0 is the same), its eval, model or PPO (a round-0
     critic) do not."""
-    arms = {"uniform": {}, "pinned": {"clients": {"pinned": 1}}, "longer": {"rounds": 3, "train": {"lr": 1e-3}},
-            "hardness": {"partition": {"strategy": "hardness", "success_std": 1.0, "labels_model": "random"}},
-            "more_val": {"eval": {"n": 1}}, "ppo": {"train": {"algorithm": "ppo", "group_size": 1}}}
+    arms = {
+        "uniform": {},
+        "pinned": {"clients": {"pinned": 1}},
+        "longer": {"rounds": 3, "train": {"lr": 1e-3}},
+        "hardness": {"partition": {"strategy": "hardness", "success_std": 1.0, "labels_model": "random"}},
+        "more_val": {"eval": {"n": 1}},
+        "ppo": {"train": {"algorithm": "ppo", "group_size": 1}},
+    }
     _matrix_file(tmp_path, "m", {**TINY, "arms": arms})
     m = load_matrix("m", DEFAULTS, {"matrix": "m"}, root=tmp_path)
     start = {(r.arm, r.seed): r.config["start"] for r in m.runs}
     for seed in (7, 8):
         shared = {start[(a, seed)] for a in ("uniform", "pinned", "longer", "hardness")}
         assert len(shared) == 1 and shared.pop().startswith(f"results/m/_start/seed{seed}-")
-        assert len({start[(a, seed)] for a in arms}) == 3   # + more_val's own, + ppo's own
+        assert len({start[(a, seed)] for a in arms}) == 3  # + more_val's own, + ppo's own
     assert len(m.starts) == 6 and all(cfg["start"] is None for cfg in m.starts.values())
     # the start's module is a run of the reference arm's config, under _start/<key>
     (key,) = [k for k, v in m.starts.items() if f"results/m/_start/{k}" == start[("uniform", 7)]]
@@ -82,25 +91,31 @@ def test_a_different_catalogue_gets_its_own_copy_and_arms_never_change_the_share
     m = load_matrix("m", DEFAULTS, {}, root=tmp_path)
     assert len(m.catalogues) == 2
     # adding an arm before the others changes no existing catalogue module's config
-    _matrix_file(tmp_path, "m2", {"seeds": [1], "arms": {"z": {"train": {"lr": 0.9}}, "a": {},
-                                                         "big": {"env": {"train_games": 3}}}})
+    _matrix_file(
+        tmp_path,
+        "m2",
+        {"seeds": [1], "arms": {"z": {"train": {"lr": 0.9}}, "a": {}, "big": {"env": {"train_games": 3}}}},
+    )
     m2 = load_matrix("m2", DEFAULTS, {}, root=tmp_path)
     strip = lambda c: {k: v for k, v in c.items() if k != "results_dir"}  # noqa: E731
     assert [strip(c) for c in m.catalogues.values()] == [strip(c) for c in m2.catalogues.values()]
 
 
-@pytest.mark.parametrize("spec, cli, message", [
-    ({"arms": {"a": {"seed": 3}}}, {}, "arm a: 'seed' is set per run by the matrix"),
-    ({"arms": {"a": {"run": "x"}}}, {}, "arm a: 'run' is set per run"),
-    ({"arms": {"a": {}}, "bogus": 1}, {}, "unknown key 'bogus'"),
-    ({"arms": {"a": {}}, "reference": "b"}, {}, "reference: 'b' is not one of the arms"),
-    ({"arms": {}}, {}, "arms: expected a non-empty mapping"),
-    ({"arms": {"a b": {}}}, {}, "arm 'a b': not a valid name"),
-    ({"arms": {"a": {}}, "seeds": [1, 1]}, {}, "seeds: expected a list of distinct"),
-    ({"arms": {"a": {"train": {"lr": -1}}}}, {}, "arm a, seed 42: config key 'train.lr'"),
-    ({"arms": {"a": {"trian": {}}}}, {}, "arm a, seed 42: "),
-    ({"arms": {"a": {}}}, {"seed": 3}, "--config seed=...: set per run by matrix m"),
-])
+@pytest.mark.parametrize(
+    "spec, cli, message",
+    [
+        ({"arms": {"a": {"seed": 3}}}, {}, "arm a: 'seed' is set per run by the matrix"),
+        ({"arms": {"a": {"run": "x"}}}, {}, "arm a: 'run' is set per run"),
+        ({"arms": {"a": {}}, "bogus": 1}, {}, "unknown key 'bogus'"),
+        ({"arms": {"a": {}}, "reference": "b"}, {}, "reference: 'b' is not one of the arms"),
+        ({"arms": {}}, {}, "arms: expected a non-empty mapping"),
+        ({"arms": {"a b": {}}}, {}, "arm 'a b': not a valid name"),
+        ({"arms": {"a": {}}, "seeds": [1, 1]}, {}, "seeds: expected a list of distinct"),
+        ({"arms": {"a": {"train": {"lr": -1}}}}, {}, "arm a, seed 42: config key 'train.lr'"),
+        ({"arms": {"a": {"trian": {}}}}, {}, "arm a, seed 42: "),
+        ({"arms": {"a": {}}}, {"seed": 3}, "--config seed=...: set per run by matrix m"),
+    ],
+)
 def test_a_bad_matrix_is_one_error_naming_the_file_and_the_arm(tmp_path, spec, cli, message):
     _matrix_file(tmp_path, "m", spec)
     with pytest.raises(ConfigError) as err:
@@ -117,9 +132,9 @@ def test_a_missing_matrix_names_its_file(tmp_path):
 def test_each_run_of_a_matrix_records_its_own_config_hash_and_mode(tmp_path):
     env: dict = {}
     register_run("results/m/a/seed_1", "h1", "federated", environ=env)
-    assert env[CONFIG_HASH_ENV] == "h1" and env[RUN_MODE_ENV] == "federated"      # one run: as before
+    assert env[CONFIG_HASH_ENV] == "h1" and env[RUN_MODE_ENV] == "federated"  # one run: as before
     register_run("results/m/a/seed_10", "h10", "local", environ=env)
-    assert CONFIG_HASH_ENV not in env and RUN_MODE_ENV not in env                # two: only by directory
+    assert CONFIG_HASH_ENV not in env and RUN_MODE_ENV not in env  # two: only by directory
     assert run_record("results/m/a/seed_1/round_001/clients/.staging-0", env)["config_sha256"] == "h1"
     assert run_record("results/m/a/seed_10/round_001/model", env) == {"config_sha256": "h10", "run_mode": "local"}
     assert run_record("results/elsewhere", env) == {"config_sha256": None, "run_mode": None}
@@ -132,40 +147,57 @@ def _summary(path: Path, finals: list[float], n: int = 20, base: float | None = 
     if base is not None:
         rows.append({"round": 0, "model": "base", "n": n, "success_rate": base})
     for r, s in enumerate(finals):
-        rows.append({"round": r, "model": ("warm_start" if base is not None else "base") if r == 0 else "aggregated",
-                     "n": n, "success_rate": s})
+        rows.append(
+            {
+                "round": r,
+                "model": ("warm_start" if base is not None else "base") if r == 0 else "aggregated",
+                "n": n,
+                "success_rate": s,
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).assign(ci95_low=0.0, ci95_high=1.0, score_mean=0.0, return_mean=0.0,
-                              clients_dropped="").to_csv(path, index=False)
+    pd.DataFrame(rows).assign(ci95_low=0.0, ci95_high=1.0, score_mean=0.0, return_mean=0.0, clients_dropped="").to_csv(
+        path, index=False
+    )
     return str(path)
 
 
 def test_the_table_by_hand(tmp_path):
-    s = lambda a, seed, curve, **kw: {"arm": a, "seed": seed,  # noqa: E731
-                                      "summary": _summary(tmp_path / a / f"{seed}.csv", curve, **kw)}
-    runs = [s("ref", 1, [0.0, 0.2, 0.4]), s("ref", 2, [0.0, 0.3, 0.5]), s("ref", 3, [0.0, 0.1, 0.3]),
-            s("hi", 1, [0.0, 0.6, 0.9]), s("hi", 2, [0.0, 0.7, 0.95]), s("hi", 3, [0.0, 0.5, 0.85]),
-            s("ws", 1, [0.5, 0.45], base=0.05)]
+    def s(a, seed, curve, **kw):
+        return {"arm": a, "seed": seed, "summary": _summary(tmp_path / a / f"{seed}.csv", curve, **kw)}
+
+    runs = [
+        s("ref", 1, [0.0, 0.2, 0.4]),
+        s("ref", 2, [0.0, 0.3, 0.5]),
+        s("ref", 3, [0.0, 0.1, 0.3]),
+        s("hi", 1, [0.0, 0.6, 0.9]),
+        s("hi", 2, [0.0, 0.7, 0.95]),
+        s("hi", 3, [0.0, 0.5, 0.85]),
+        s("ws", 1, [0.5, 0.45], base=0.05),
+    ]
     table, _ = build_table(runs, "ref")
     ref, hi, ws = (table.set_index("arm").loc[a] for a in ("ref", "hi", "ws"))
     assert ref["final_mean"] == pytest.approx(0.4)
     # t(0.975, 2) = 4.302653; sd of (0.4, 0.5, 0.3) = 0.1
     assert ref["final_ci_low"] == pytest.approx(0.4 - 4.302653 * 0.1 / math.sqrt(3), abs=1e-6)
-    assert (ref["pooled_wins"], ref["pooled_n"]) == (24, 60)      # 8 + 10 + 6 of 3 x 20
-    assert (hi["pooled_wins"], hi["pooled_n"]) == (54, 60)        # 18 + 19 + 17
+    assert (ref["pooled_wins"], ref["pooled_n"]) == (24, 60)  # 8 + 10 + 6 of 3 x 20
+    assert (hi["pooled_wins"], hi["pooled_n"]) == (54, 60)  # 18 + 19 + 17
     assert ref["final_per_seed"] == "1:0.4000 2:0.5000 3:0.3000"
     assert ref["auc"] == pytest.approx(np.mean([(0.1 + 0.3) / 2, (0.15 + 0.4) / 2, (0.05 + 0.2) / 2]))
     assert ref["rounds_to_half_best"] == 1 and hi["rounds_to_half_best"] == 1
     assert hi["diff"] == pytest.approx(0.5) and hi["significant"] == "higher"
     assert hi["diff_pooled_ci_low"] == pytest.approx(newcombe_interval(54, 60, 24, 60)[0])
-    assert ref["significant"] == "-" and ws["significant"] == "-"          # one seed: no across-seed interval
+    assert ref["significant"] == "-" and ws["significant"] == "-"  # one seed: no across-seed interval
     assert ws["base_mean"] == pytest.approx(0.05) and ws["final_mean"] == pytest.approx(0.45)
     assert ws["auc"] == pytest.approx(0.475) and ws["rounds"] == 1
 
 
 def test_overlapping_arms_are_not_marked_significant(tmp_path):
-    runs = [{"arm": a, "seed": k, "summary": _summary(tmp_path / f"{a}{k}.csv", [0.0, v])}
-            for a, vals in (("ref", (0.4, 0.5, 0.3)), ("b", (0.45, 0.55, 0.35))) for k, v in enumerate(vals)]
+    runs = [
+        {"arm": a, "seed": k, "summary": _summary(tmp_path / f"{a}{k}.csv", [0.0, v])}
+        for a, vals in (("ref", (0.4, 0.5, 0.3)), ("b", (0.45, 0.55, 0.35)))
+        for k, v in enumerate(vals)
+    ]
     table, _ = build_table(runs, "ref")
     assert table.set_index("arm").loc["b", "significant"] == "no"
 
@@ -219,7 +251,9 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
     # round 0 built once per seed (the arms share it), and every arm's copy is the start's, byte for byte
     built = [rule for rule, _ in executed_jobs(first)]
     assert sorted(r for r in built if r.endswith("__base_model")) == sorted(
-        f"start_{k.replace('-', '_')}__base_model" for k in load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work).starts)
+        f"start_{k.replace('-', '_')}__base_model"
+        for k in load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work).starts
+    )
     assert sum(r.endswith("__base_model") for r in built) == 2 and sum(r.endswith("__start_copy") for r in built) == 4
     for seed in (7, 8):
         (start,) = (out / "_start").glob(f"seed{seed}-*")
@@ -256,7 +290,9 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
     _matrix_file(work, "tiny", {**TINY, "seeds": [7, 8, 9]})
     plan = run_snakemake(work, "-n", "--config", "matrix=tiny")
     rules = {rule for rule, _ in executed_jobs(plan)}
-    assert rules and all(r.endswith("__s9") or "__s9__" in r or r.startswith(("matrix", "start_seed9_")) for r in rules), rules
+    assert rules and all(
+        r.endswith("__s9") or "__s9__" in r or r.startswith(("matrix", "start_seed9_")) for r in rules
+    ), rules
     assert "matrix_table" in rules and not any(r.startswith("catalogue_") for r in rules)
 
 
@@ -284,8 +320,18 @@ def test_start_copy_is_byte_identical_and_refuses_a_damaged_start(tmp_path, caps
     def copy(*extra):
         p = argparse.ArgumentParser()
         start_copy.add_args(p)
-        return start_copy.run(p.parse_args(["--model", str(src / "model"), str(dst / "model"),
-                                            "--quarantine", str(tmp_path / "run" / "_failed"), *extra]))
+        return start_copy.run(
+            p.parse_args(
+                [
+                    "--model",
+                    str(src / "model"),
+                    str(dst / "model"),
+                    "--quarantine",
+                    str(tmp_path / "run" / "_failed"),
+                    *extra,
+                ]
+            )
+        )
 
     assert copy("--file", str(src / "eval.json"), str(dst / "eval.json")) == 0
     for rel in ("model/model.safetensors", "model/config.json", "model/manifest.json", "eval.json"):
@@ -297,6 +343,7 @@ def test_start_copy_is_byte_identical_and_refuses_a_damaged_start(tmp_path, caps
 
     # one flipped byte in the start's weights: refused, and this run's model directory is not there
     import shutil
+
     shutil.rmtree(dst)
     blob = bytearray((src / "model" / "model.safetensors").read_bytes())
     blob[7] ^= 1
@@ -315,8 +362,18 @@ def test_matrix_table_names_a_bad_runs_argument(tmp_path, capsys):
 
     p = argparse.ArgumentParser()
     matrix_table.add_args(p)
-    common = ["--matrix", "m", "--reference", "a", "--csv", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md"),
-              "--curves", str(tmp_path / "c.png")]
+    common = [
+        "--matrix",
+        "m",
+        "--reference",
+        "a",
+        "--csv",
+        str(tmp_path / "t.csv"),
+        "--md",
+        str(tmp_path / "t.md"),
+        "--curves",
+        str(tmp_path / "c.png"),
+    ]
     assert matrix_table.run(p.parse_args(["--runs", str(tmp_path / "runs.json"), *common])) == 2
     assert "give the JSON itself or @FILE" in capsys.readouterr().err
     assert matrix_table.run(p.parse_args(["--runs", f"@{tmp_path / 'missing.json'}", *common])) == 2

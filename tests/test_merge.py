@@ -27,6 +27,7 @@ def test_fedavg_merge_is_prev_plus_delta_fp32(tmp_path):
     prev, prev_dir, clients, dirs = make_round(tmp_path, 3)
     (prev_dir / "tokenizer.json").write_text("{}")  # aux files must travel (manifest not rewritten: see below)
     from fedagent.core.atomic import write_manifest
+
     write_manifest(prev_dir)
     aggregate(prev_dir, dirs, tmp_path / "agg")
     meta = merge(prev_dir, tmp_path / "agg", tmp_path / "next", FedAvg(), round_=1)
@@ -79,17 +80,50 @@ def test_merge_refuses_wrong_state(tmp_path):
     with pytest.raises(MergeError, match="fedadam, this run uses fedavgm"):
         merge(tmp_path / "r1", tmp_path / "agg", tmp_path / "r2", FedAvgM(), round_=2, prev_state_dir=tmp_path / "r1")
     with pytest.raises(MergeError, match="from round 1, expected 2"):
-        merge(tmp_path / "r1", tmp_path / "agg", tmp_path / "r3", FedAdam(lr=0.1), round_=3, prev_state_dir=tmp_path / "r1")
+        merge(
+            tmp_path / "r1",
+            tmp_path / "agg",
+            tmp_path / "r3",
+            FedAdam(lr=0.1),
+            round_=3,
+            prev_state_dir=tmp_path / "r1",
+        )
     with pytest.raises(MergeError, match="hyper-parameters"):
-        merge(tmp_path / "r1", tmp_path / "agg", tmp_path / "r2", FedAdam(lr=0.2), round_=2, prev_state_dir=tmp_path / "r1")
+        merge(
+            tmp_path / "r1",
+            tmp_path / "agg",
+            tmp_path / "r2",
+            FedAdam(lr=0.2),
+            round_=2,
+            prev_state_dir=tmp_path / "r1",
+        )
 
 
 def test_merge_cli(tmp_path):
     prev, prev_dir, clients, dirs = make_round(tmp_path, 2)
     aggregate(prev_dir, dirs, tmp_path / "agg")
-    cmd = [sys.executable, "-m", "fedagent.cli", "merge", "--prev", str(prev_dir), "--aggregate", str(tmp_path / "agg"),
-           "--prev-server-state", "none", "--server-opt", "fedyogi", "--server-lr", "0.01", "--round", "1",
-           "--out", str(tmp_path / "r1"), "--shard-size-mb", "0.001"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedagent.cli",
+        "merge",
+        "--prev",
+        str(prev_dir),
+        "--aggregate",
+        str(tmp_path / "agg"),
+        "--prev-server-state",
+        "none",
+        "--server-opt",
+        "fedyogi",
+        "--server-lr",
+        "0.01",
+        "--round",
+        "1",
+        "--out",
+        str(tmp_path / "r1"),
+        "--shard-size-mb",
+        "0.001",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "r1" / "server.json").read_text())["optimizer"] == "fedyogi"
@@ -102,16 +136,30 @@ def test_merged_dir_loads_in_transformers(tmp_path):
 
     from fedagent.core.seeds import torch_generator
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):  # names and shapes only; no global RNG touched
         shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
     g = torch_generator(5, "hf-roundtrip")
     prev = {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
     config = {**cfg.to_dict(), "architectures": ["LlamaForCausalLM"]}
     prev_dir = save_model_dir(tmp_path / "prev", prev, config=config)
-    dirs = [save_model_dir(tmp_path / f"c{i}", {k: v + 1e-3 * (i + 1) for k, v in prev.items()}, config=config,
-                           json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}}) for i in range(2)]
+    dirs = [
+        save_model_dir(
+            tmp_path / f"c{i}",
+            {k: v + 1e-3 * (i + 1) for k, v in prev.items()},
+            config=config,
+            json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1}},
+        )
+        for i in range(2)
+    ]
     aggregate(prev_dir, dirs, tmp_path / "agg")
     merge(prev_dir, tmp_path / "agg", tmp_path / "next", FedAvg(), round_=1, shard_bytes=20_000)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "next", dtype=torch.float32)

@@ -14,12 +14,15 @@ def test_first_action_wins():
     assert parse_action("<think>x</think><action>go north</action><action>go south</action>").action == "go north"
 
 
-@pytest.mark.parametrize("text", [
-    "<action>open door</action>",                       # no think
-    "<think>x</think> open door",                       # no action tags
-    "<think>x</think><action>  </action>",              # empty action
-    "<think>想</think><action>open door</action>",       # CJK
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<action>open door</action>",  # no think
+        "<think>x</think> open door",  # no action tags
+        "<think>x</think><action>  </action>",  # empty action
+        "<think>想</think><action>open door</action>",  # CJK
+    ],
+)
 def test_invalid_answers(text):
     assert not parse_action(text).valid
 

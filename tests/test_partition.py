@@ -61,7 +61,7 @@ def _labelled_pool(n, n_easy, seed=42):
 
 @pytest.fixture(scope="module")
 def webshop_pool():
-    return _labelled_pool(6410, 1782)   # 27.8 % easy, the reference's WebShop labels
+    return _labelled_pool(6410, 1782)  # 27.8 % easy, the reference's WebShop labels
 
 
 @pytest.mark.parametrize("xi, var_lo, var_hi", [(1.0, 0.07, 0.16), (256.0, 0.0006, 0.0016)])
@@ -70,13 +70,13 @@ def test_hardness_control_laws_at_paper_scale(webshop_pool, xi, var_lo, var_hi):
     clients, st = compute(PartitionContext(ids, N, L, 42, {"success_std": xi}, {}, labels), "hardness")
     rho = np.array(st["rho"])
     assert all(len(ts) == L for ts in clients.values())
-    assert rho.mean() == pytest.approx(0.5, abs=1e-12)                   # (D3)
-    assert var_lo < rho.var() < var_hi                                   # (D1) ≈ 0.25/(ξ′+1)
+    assert rho.mean() == pytest.approx(0.5, abs=1e-12)  # (D3)
+    assert var_lo < rho.var() < var_hi  # (D1) ≈ 0.25/(ξ′+1)
     # realised easy share = the quota: no hard task is an easy one and vice versa
     for c, ts in clients.items():
         assert sum(labels[t] for t in ts) == st["easy"][int(c)] == st["quota"][int(c)]
     easy_pool = {t for t in ids if labels[t]}
-    assert set().union(*(set(ts) & easy_pool for ts in clients.values())) == easy_pool   # 100 % used
+    assert set().union(*(set(ts) & easy_pool for ts in clients.values())) == easy_pool  # 100 % used
     fills = [set(f) for f in st["fills"]]
     q = st["quota"]
     pairs = [(i, j) for i, j in itertools.combinations(range(N), 2) if q[i] == q[j] and fills[i]]
@@ -89,7 +89,7 @@ def test_hardness_control_laws_at_paper_scale(webshop_pool, xi, var_lo, var_hi):
 
 def test_hardness_missing_labels_counted_and_too_many_refused():
     ids, labels = _labelled_pool(400, 150)
-    some = {t: v for k, (t, v) in enumerate(labels.items()) if k % 4}   # 25 % missing
+    some = {t: v for k, (t, v) in enumerate(labels.items()) if k % 4}  # 25 % missing
     _, st = compute(PartitionContext(ids, 4, 50, 42, {"success_std": 4.0}, {}, some), "hardness")
     assert st["labels_missing"] == 100
     few = {t: v for k, (t, v) in enumerate(labels.items()) if k % 3 == 0}  # 67 % missing
@@ -120,11 +120,11 @@ def test_preference_realises_the_marginal_in_expectation():
     clients, skew = compute(PartitionContext(ids, N, L, 42, {"omega": 0.99}, types, None), "preference")
     pi = np.array(flat["pi"])
     assert pi.sum() == pytest.approx(1.0)
-    assert np.abs(np.array(flat["q"]).mean(axis=0) - pi).max() < 0.02      # E[q] = π
+    assert np.abs(np.array(flat["q"]).mean(axis=0) - pi).max() < 0.02  # E[q] = π
     assert np.abs(np.array(skew["q"]).mean(axis=0) - pi).max() < 0.08
     cats = skew["categories"]
     share = [max(sum(types[t] == c for t in ts) for c in cats) / len(ts) for ts in clients.values()]
-    assert np.mean(share) > 0.9          # ω → 1: nearly one category per client
+    assert np.mean(share) > 0.9  # ω → 1: nearly one category per client
     assert all(len(ts) == L for ts in clients.values())
 
 
@@ -148,9 +148,9 @@ def test_task_disjoint_honours_L_as_the_reference_by_default():
     clients, st = compute(PartitionContext(ids, 100, 100, 42, {}, {}, None), "task_disjoint")
     assert {len(ts) for ts in clients.values()} == {100}
     assert clients["0"] == ids[0:100] and clients["99"] == ids[6310:6410]
-    assert clients == partition_tasks(ids, 100, "uniform", 100)          # the same slices as uniform
+    assert clients == partition_tasks(ids, 100, "uniform", 100)  # the same slices as uniform
     assert st["min_tasks_applied"] is True and st["slices"][1] == [46, 146]
-    alf = [f"a{i:04d}" for i in range(3553)]                              # ALFWorld: base 35 → 100
+    alf = [f"a{i:04d}" for i in range(3553)]  # ALFWorld: base 35 → 100
     assert {len(ts) for ts in partition_tasks(alf, 100, "task_disjoint", 100).values()} == {100}
     # L below the base: disjoint base-sized slices (the remainder n mod N is nobody's, as in uniform)
     small = partition_tasks(ids[:103], 10, "task_disjoint", 5)
@@ -182,46 +182,51 @@ def test_preference_subsamples_fashion_per_client_as_the_reference():
     # here, 4 × 100 + 200 = 600 ≥ 300) could add more, so every client stays within its subsample
     assert max(len(f) for f in fashion) <= 200 and q.max() > 0.7
     assert all(len(ts) == 300 for ts in clients.values())
-    assert len({frozenset(f) for f in fashion if f}) > 1                  # each client its own subsample
-    full, st_full = compute(PartitionContext(ids, 40, 300, 42, {"omega": 0.99, "fashion_ratio": 1.0}, types, None),
-                            "preference")
+    assert len({frozenset(f) for f in fashion if f}) > 1  # each client its own subsample
+    full, st_full = compute(
+        PartitionContext(ids, 40, 300, 42, {"omega": 0.99, "fashion_ratio": 1.0}, types, None), "preference"
+    )
     assert "fashion" not in st_full and max(sum(types[t] == "fashion" for t in ts) for ts in full.values()) > 200
     # A pool without 'fashion' (ALFWorld's types) is what it was: the golden hash below pins it.
 
 
 def _alfworld_ids():
     ids = []
-    for spec_i, (ttype, obj) in enumerate([("pick_and_place_simple", "Mug"), ("look_at_obj_in_light", "Book"),
-                                           ("pick_heat_then_place_in_recep", "Egg")]):
+    for spec_i, (ttype, obj) in enumerate(
+        [("pick_and_place_simple", "Mug"), ("look_at_obj_in_light", "Book"), ("pick_heat_then_place_in_recep", "Egg")]
+    ):
         for scene in (1, 2, 3, 4, 5, 6)[: 6 - spec_i]:
             for trial in range(2):
                 ids.append(f"alfworld_{ttype}-{obj}-None-Shelf-{300 + scene}_trial_T{spec_i}{scene}{trial}_game")
-    ids.append("alfworld_pick_cool_then_place_in_recep-Apple-None-Fridge-7_trial_T9_game")   # one scene
+    ids.append("alfworld_pick_cool_then_place_in_recep-Apple-None-Fridge-7_trial_T9_game")  # one scene
     return ids
 
 
 def test_env_disjoint_scenes_knobs_and_fallbacks():
     ids = _alfworld_ids()
     assert parse_task_id(ids[0]) == ("pick_and_place_simple-Mug-None-Shelf", "301", "trial_T010")
+
     def run(**knobs):
         return partition_tasks(ids, 4, "env_disjoint", 100, knobs=knobs, kind="alfworld")
+
     skip, shared = run(env_div=0.7, fallback="skip"), run(env_div=0.7, fallback="shared")
     single = ids[-1]
     assert all(single not in ts for ts in skip.values()) and all(single in ts for ts in shared.values())
-    for ts in skip.values():       # whole scenes: both trials of a kept scene go together
+    for ts in skip.values():  # whole scenes: both trials of a kept scene go together
         scenes = {parse_task_id(t)[:2] for t in ts}
         assert len(ts) == 2 * len(scenes)
-    same = run(env_div=0.0)        # u only: every client keeps the same scenes
+    same = run(env_div=0.0)  # u only: every client keeps the same scenes
     assert len({tuple(ts) for ts in same.values()}) == 1
-    assert run(env_div=0.3) != skip                      # the knob reaches the shard
+    assert run(env_div=0.3) != skip  # the knob reaches the shard
     assert run(env_div=1.0) != run(env_div=1.0, holdout_scenes=["301"])
     assert spec_hash("pick_and_place_simple-Mug-None-Shelf") == 0x7FFFFFFF & int.from_bytes(
-        __import__("hashlib").sha256(b"pick_and_place_simple-Mug-None-Shelf").digest()[:4], "big")
+        __import__("hashlib").sha256(b"pick_and_place_simple-Mug-None-Shelf").digest()[:4], "big"
+    )
 
 
 def test_beta_sizes_and_overlap_assign_primitives():
     rng = np.random.default_rng(0)
-    s = beta_sizes(rng, 10, target=10_000, low=5, center=50, high=80, dispersion=1.0)   # clamped to C·high
+    s = beta_sizes(rng, 10, target=10_000, low=5, center=50, high=80, dispersion=1.0)  # clamped to C·high
     assert s.sum() == 800 and s.max() <= 80
     sets = overlap_assign(np.random.default_rng(1), 30, [10, 20, 15], 1.5)
     assert [len(x) for x in sets] == [10, 20, 15] and all(len(set(x)) == len(x) for x in sets)

@@ -33,8 +33,17 @@ REPO = Path(__file__).resolve().parent.parent
 for _module in fc.JOB_MODULES:
     importlib.import_module(_module)
 
-CONSTRAINT_KEYWORDS = ("type", "enum", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
-                       "pattern", "minLength", "maxLength")
+CONSTRAINT_KEYWORDS = (
+    "type",
+    "enum",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "pattern",
+    "minLength",
+    "maxLength",
+)
 
 
 def bad_values(sub: dict) -> list[tuple[str, object]]:
@@ -94,11 +103,21 @@ def nested(overrides: dict) -> dict:
 
 # --------------------------------------------------------------------------- coercion (in-process)
 def test_command_line_strings_take_the_schema_types_and_files_keep_theirs():
-    cli = {"eval": {"n": "30", "temperature": "0.25"}, "train": {"lr": "1e-6"},
-           "keep": {"protect_models": "true", "aggregates": "No"}, "run": "007"}
+    cli = {
+        "eval": {"n": "30", "temperature": "0.25"},
+        "train": {"lr": "1e-6"},
+        "keep": {"protect_models": "true", "aggregates": "No"},
+        "run": "007",
+    }
     config = yaml.safe_load(TEST_CONFIG.read_text())
-    for key, value in [("eval.n", "30"), ("eval.temperature", "0.25"), ("train.lr", "1e-6"),
-                       ("keep.protect_models", "true"), ("keep.aggregates", "No"), ("run", "007")]:
+    for key, value in [
+        ("eval.n", "30"),
+        ("eval.temperature", "0.25"),
+        ("train.lr", "1e-6"),
+        ("keep.protect_models", "true"),
+        ("keep.aggregates", "No"),
+        ("run", "007"),
+    ]:
         fc.set_path(config, key, value)
     fc.set_path(config, "train.max_turns", "2")  # from a file: stays a string, and is refused
     fc.coerce_cli_strings(config, cli)
@@ -116,13 +135,16 @@ def test_command_line_strings_take_the_schema_types_and_files_keep_theirs():
         fc.prepare_config(config)
 
 
-@pytest.mark.parametrize("cli, key", [
-    ({"eval": {"n": "thirty"}}, "eval.n"),
-    ({"train": {"lr": "fast"}}, "train.lr"),
-    ({"train": {"lr": "nan"}}, "train.lr"),
-    ({"keep": {"aggregates": "maybe"}}, "keep.aggregates"),
-    ({"rounds": "abc"}, "rounds"),
-])
+@pytest.mark.parametrize(
+    "cli, key",
+    [
+        ({"eval": {"n": "thirty"}}, "eval.n"),
+        ({"train": {"lr": "fast"}}, "train.lr"),
+        ({"train": {"lr": "nan"}}, "train.lr"),
+        ({"keep": {"aggregates": "maybe"}}, "keep.aggregates"),
+        ({"rounds": "abc"}, "rounds"),
+    ],
+)
 def test_a_string_that_does_not_convert_is_refused_naming_the_key(cli, key):
     config = yaml.safe_load(TEST_CONFIG.read_text())
     for k, v in cli.items():
@@ -153,8 +175,13 @@ def test_every_job_parameter_check_is_a_plan_time_check():
 
 def test_every_cross_rule_is_checked_at_plan_time_and_by_each_job_that_carries_its_keys():
     base = default_config()
-    assert {r.key for r in fc.CROSS_RULES} >= {"clients.per_round", "partition.min_tasks_per_client",
-                                              "train.mini_batch_size", "env.pool_size", "model"}
+    assert {r.key for r in fc.CROSS_RULES} >= {
+        "clients.per_round",
+        "partition.min_tasks_per_client",
+        "train.mini_batch_size",
+        "env.pool_size",
+        "model",
+    }
     for rule in fc.CROSS_RULES:
         bad = with_overrides(base, rule.violation)
         with pytest.raises(fc.ConfigError, match=f"config key '{rule.key}'"):
@@ -165,8 +192,11 @@ def test_every_cross_rule_is_checked_at_plan_time_and_by_each_job_that_carries_i
                 jk.check(jk.from_config(bad))
         assert carriers or rule.key in fc.PLAN_ONLY_RULES, f"no job checks cross rule {rule.key}"
     # rule keys with a rule whose keys no job carries (checked at plan time only)
-    sampler_keys = {f"{section}.{key}" for section in ("train", "eval")
-                    for key in ("sampler", "sampler_widths", "sampler_fused", "sampler_compile_prefill")}
+    sampler_keys = {
+        f"{section}.{key}"
+        for section in ("train", "eval")
+        for key in ("sampler", "sampler_widths", "sampler_fused", "sampler_compile_prefill")
+    }
     # train.verl.engines: its pair is refused by the verl job's own settings reader (train/cli.verl_settings)
     assert fc.PLAN_ONLY_RULES == {"model", "train.gpu_mem_gb", "eval.gpu_mem_gb", "train.verl.engines"} | sampler_keys
 
@@ -197,16 +227,19 @@ ENTRY_POINTS = {
     "warm-start": lambda v, tmp: importlib.import_module("fedagent.train.warm_start").WarmStartParams.from_dict(v),
     "demo-pool": lambda v, tmp: importlib.import_module("fedagent.plan.demo_pool").check_job_keys(v),
     "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(
-        [f"v{i}" for i in range(v["webshop_pool" if v["kind"] == "webshop" else "pool"])], v["n"], kind=v["kind"]),
+        [f"v{i}" for i in range(v["webshop_pool" if v["kind"] == "webshop" else "pool"])], v["n"], kind=v["kind"]
+    ),
     "select": lambda v, tmp: importlib.import_module("fedagent.plan.selection").select_clients(
-        v["base_seed"], 1, v["total"], v["per_round"]),
+        v["base_seed"], 1, v["total"], v["per_round"]
+    ),
     "partition": lambda v, tmp: importlib.import_module("fedagent.partition").partition_tasks(
-        [f"t{i}" for i in range(v["n_tasks"])], v["n_clients"], v["strategy"], v["min_tasks"]),
+        [f"t{i}" for i in range(v["n_tasks"])], v["n_clients"], v["strategy"], v["min_tasks"]
+    ),
     "games": lambda v, tmp: importlib.import_module("fedagent.envs.textworld_games").run(_games_args(v, tmp)),
-    "merge": lambda v, tmp: importlib.import_module("fedagent.server.optimizers").make_optimizer(
-        v.pop("name"), **v),
+    "merge": lambda v, tmp: importlib.import_module("fedagent.server.optimizers").make_optimizer(v.pop("name"), **v),
     "aggregate": lambda v, tmp: importlib.import_module("fedagent.server.aggregate").client_weights(
-        [tmp / "c0"], v["weighting"]),
+        [tmp / "c0"], v["weighting"]
+    ),
 }
 
 
@@ -238,8 +271,13 @@ def test_schema_choices_match_the_code():
 
 # --------------------------------------------------------------------------- fedagent config show
 def _show(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedagent.cli", "config", "show", *args], cwd=cwd,
-                          capture_output=True, text=True, env=snakemake_env())
+    return subprocess.run(
+        [sys.executable, "-m", "fedagent.cli", "config", "show", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=snakemake_env(),
+    )
 
 
 def _comments(out: str) -> dict[str, str]:
@@ -268,14 +306,28 @@ def test_config_show_default_run():
 
 def test_config_show_preset_and_command_line(tmp_path):
     preset = tmp_path / "preset.yaml"
-    preset.write_text("run: preset-a\nclients: {total: 8, per_round: 4}\ntrain: {lr: 3.0e-6}\n"
-                      "env: {train_games: 16, val_games: 30}\nserver: {optimizer: fedadam, lr: 0.01}\n")
-    proc = _show("--base", "config/config.yaml", "--configfile", str(preset),
-                 "--set", "eval={n: 30, temperature: 0.1}", "--set", "keep.protect_models=true",
-                 "--set", "rounds=70")
+    preset.write_text(
+        "run: preset-a\nclients: {total: 8, per_round: 4}\ntrain: {lr: 3.0e-6}\n"
+        "env: {train_games: 16, val_games: 30}\nserver: {optimizer: fedadam, lr: 0.01}\n"
+    )
+    proc = _show(
+        "--base",
+        "config/config.yaml",
+        "--configfile",
+        str(preset),
+        "--set",
+        "eval={n: 30, temperature: 0.1}",
+        "--set",
+        "keep.protect_models=true",
+        "--set",
+        "rounds=70",
+    )
     assert proc.returncode == 0, proc.stderr
     shown = yaml.safe_load(proc.stdout)
-    assert shown["run"] == "preset-a" and {k: shown["clients"][k] for k in ("total", "per_round")} == {"total": 8, "per_round": 4}
+    assert shown["run"] == "preset-a" and {k: shown["clients"][k] for k in ("total", "per_round")} == {
+        "total": 8,
+        "per_round": 4,
+    }
     assert shown["train"]["lr"] == 3e-6 and shown["train"]["max_turns"] == 2  # preset over config.yaml
     assert shown["eval"]["n"] == 30 and shown["eval"]["temperature"] == 0.1 and shown["rounds"] == 70
     assert shown["keep"]["protect_models"] is True and shown["server"]["optimizer"] == "fedadam"
@@ -291,21 +343,37 @@ def test_config_show_preset_and_command_line(tmp_path):
 
 
 def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(snakemake_cmd("-n", "-p", *args), cwd=work, env=snakemake_env(warm=False),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        snakemake_cmd("-n", "-p", *args),
+        cwd=work,
+        env=snakemake_env(warm=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_snakemake_nested_overrides_take_effect_and_a_bad_string_is_named(tmp_path):
     work = make_workdir(tmp_path / "w")
-    proc = _dry_run(work, "--config", "eval={n: 5}", "env={val_games: 5}", "train={lr: 2.5e-4}",
-                    "keep={client_updates: false, protect_models: true}", "rounds=1.0")
+    proc = _dry_run(
+        work,
+        "--config",
+        "eval={n: 5}",
+        "env={val_games: 5}",
+        "train={lr: 2.5e-4}",
+        "keep={client_updates: false, protect_models: true}",
+        "rounds=1.0",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "fedagent val-set" in out and " --n 5 " in out  # integer
-    train = [json.loads(line.split("--params '")[1].split("'")[0]) for line in out.splitlines()
-             if "fedagent train-client" in line]
+    train = [
+        json.loads(line.split("--params '")[1].split("'")[0])
+        for line in out.splitlines()
+        if "fedagent train-client" in line
+    ]
     assert train and all(p["lr"] == 2.5e-4 for p in train)  # float
     assert "Would remove temporary output results/t/round_001/clients/0" in out  # boolean false
     assert "merge_protected" in out  # boolean true (every-k models protected)
@@ -379,8 +447,14 @@ def test_snakemake_refuses_every_job_constraint_before_any_job(tmp_path):
     assert len(cases) >= 80
     work = make_workdir(tmp_path / "w")
     configs = [{}] + [nested(overrides) for _, overrides in cases]  # first: a good config (control)
-    proc = subprocess.run([sys.executable, "-c", DRY_RUN_MANY, json.dumps(configs)], cwd=work,
-                          env=snakemake_env(warm=False), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRY_RUN_MANY, json.dumps(configs)],
+        cwd=work,
+        env=snakemake_env(warm=False),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((work / "results.json").read_text())
     assert results[0]["rc"] in (0, None) and "Nothing to be done" not in results[0]["out"], results[0]["out"][-2000:]
@@ -418,8 +492,14 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
         print("PARSED=" + str("fedagent.server.optimizers" in sys.modules and "fedagent.plan.selection" in sys.modules))
         print("HEAVY=" + ",".join(m for m in ("torch", "transformers") if m in sys.modules))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=snakemake_env(warm=False), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=work,
+        env=snakemake_env(warm=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "RC=0" in proc.stdout and "PARSED=True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "HEAVY=\n" in proc.stdout, proc.stdout
 
@@ -431,8 +511,11 @@ def test_eval_n_past_the_validation_pool_is_refused_naming_both_keys():
     (seen failing before the rule: eval: {n: 500} with 2 validation games planned)."""
     from fedagent.plan.val_set import build_val_set
 
-    with pytest.raises(fc.ConfigError, match=r"config key 'eval.n': 500 exceeds the validation pool "
-                                             r"\(env.val_games=2\)"):
+    with pytest.raises(
+        fc.ConfigError,
+        match=r"config key 'eval.n': 500 exceeds the validation pool "
+        r"\(env.val_games=2\)",
+    ):
         fc.load_config(REPO / "config" / "config.yaml", {"eval.n": 500})
     ws = {"env.kind": "webshop", "env.webshop.val_goals": 10, "eval.n": 11}
     with pytest.raises(fc.ConfigError, match=r"'eval.n': 11 exceeds .*env.webshop.val_goals=10"):
@@ -448,8 +531,9 @@ def test_snakemake_dry_run_refuses_eval_n_past_the_pool(tmp_path):
     work = make_workdir(tmp_path / "w")
     bad = _dry_run(work, "--config", "eval={n: 500}")
     assert bad.returncode != 0 and not (work / "results").exists()
-    assert "fedagent: invalid config: config key 'eval.n': 500 exceeds the validation pool (env.val_games=2)" \
-        in bad.stderr, bad.stderr[-2000:]
+    assert (
+        "fedagent: invalid config: config key 'eval.n': 500 exceeds the validation pool (env.val_games=2)" in bad.stderr
+    ), bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr
     ok = _dry_run(work, "--config", "eval={n: 500}", "env={val_games: 500}")
     assert ok.returncode == 0, ok.stderr[-2000:]
@@ -465,8 +549,13 @@ def test_aggregate_jobs_carry_their_rounds_clients_weights(tmp_path):
     from fedagent.plan.selection import select_clients
 
     work = make_workdir(tmp_path / "w")
-    proc = _dry_run(work, "--config", "clients={total: 3, per_round: 2}", "env={train_games: 3}",
-                    "aggregate={weighting: weights, weights: [0.5, 0.3, 0.2]}")
+    proc = _dry_run(
+        work,
+        "--config",
+        "clients={total: 3, per_round: 2}",
+        "env={train_games: 3}",
+        "aggregate={weighting: weights, weights: [0.5, 0.3, 0.2]}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = default_config()
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "fedagent aggregate" in ln]
@@ -474,8 +563,13 @@ def test_aggregate_jobs_carry_their_rounds_clients_weights(tmp_path):
     for line in lines:
         r = int(re.search(r"round_(\d{3})/aggregate", line).group(1))
         sel = select_clients(cfg["seed"], r, 3, 2)
-        assert f"--weighting weights --client-weights {' '.join(repr(w) for w in [[0.5, 0.3, 0.2][c] for c in sel])} " \
-            in line, line
+        assert (
+            f"--weighting weights --client-weights {' '.join(repr(w) for w in [[0.5, 0.3, 0.2][c] for c in sel])} "
+            in line
+        ), line
     plain = _dry_run(work)
-    assert all("--weighting uniform --min-clients" in ln for ln in (plain.stdout + plain.stderr).splitlines()
-               if "fedagent aggregate" in ln)
+    assert all(
+        "--weighting uniform --min-clients" in ln
+        for ln in (plain.stdout + plain.stderr).splitlines()
+        if "fedagent aggregate" in ln
+    )

@@ -17,8 +17,11 @@ def policy(tmp_path_factory):
 
 
 def _prompts(tok):
-    texts = ["go", "You are in the kitchen. There is a table and a key here, take it",
-             "Your admissible actions of the current situation are: 'go north', 'take key', 'look' and more"]
+    texts = [
+        "go",
+        "You are in the kitchen. There is a table and a key here, take it",
+        "Your admissible actions of the current situation are: 'go north', 'take key', 'look' and more",
+    ]
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
@@ -88,8 +91,9 @@ def test_save_policy_roundtrip_fp32(policy, tmp_path):
     assert all(p.dtype == torch.float32 for p in m2.parameters())
     assert t2.padding_side == "left" and t2.chat_template
     ps = _prompts(tok)
-    assert [g.response_ids for g in sample(m2, t2, ps, 6, 0.0, None)] == \
-        [g.response_ids for g in sample(model, tok, ps, 6, 0.0, None)]
+    assert [g.response_ids for g in sample(m2, t2, ps, 6, 0.0, None)] == [
+        g.response_ids for g in sample(model, tok, ps, 6, 0.0, None)
+    ]
 
 
 def test_tiny_model_cli_is_deterministic(tmp_path):
@@ -106,16 +110,26 @@ def test_tiny_model_cli_is_deterministic(tmp_path):
     for name in ("a", "b"):
         assert base_model_tiny.run(parser.parse_args(["--out", str(tmp_path / name), "--seed", "3"])) == 0
         verify_manifest(tmp_path / name)
-        digests.append({f: hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
-                        for f in ("model.safetensors", "tokenizer.json", "config.json")})
+        digests.append(
+            {
+                f: hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
+                for f in ("model.safetensors", "tokenizer.json", "config.json")
+            }
+        )
     assert digests[0] == digests[1]
     base_model_tiny.run(parser.parse_args(["--out", str(tmp_path / "c"), "--seed", "4"]))
-    assert hashlib.sha256((tmp_path / "c" / "model.safetensors").read_bytes()).hexdigest() != digests[0]["model.safetensors"]
+    assert (
+        hashlib.sha256((tmp_path / "c" / "model.safetensors").read_bytes()).hexdigest()
+        != digests[0]["model.safetensors"]
+    )
     cfg = json.loads((tmp_path / "a" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"]
     model, tok = load_policy(tmp_path / "a", threads=1)
-    assert tok.chat_template and tok.decode(tok.encode("<think>go</think><action>take key</action>")) == \
-        "<think>go</think><action>take key</action>"
+    assert (
+        tok.chat_template
+        and tok.decode(tok.encode("<think>go</think><action>take key</action>"))
+        == "<think>go</think><action>take key</action>"
+    )
 
 
 def test_load_policy_refuses_a_model_whose_bytes_differ_from_its_manifest(tmp_path):
@@ -127,8 +141,8 @@ def test_load_policy_refuses_a_model_whose_bytes_differ_from_its_manifest(tmp_pa
     shutil.copytree(build_tiny_model(tmp_path / "m", seed=11), bad)
     f = bad / "model.safetensors"
     data = bytearray(f.read_bytes())
-    data[-5] ^= 0x01                       # a tensor byte: safetensors still parses the file
+    data[-5] ^= 0x01  # a tensor byte: safetensors still parses the file
     f.write_bytes(bytes(data))
     with pytest.raises(Exception, match="model.safetensors"):
         load_policy(bad, threads=1)
-    load_policy(bad, threads=1, verify=False)   # the file itself loads: only the manifest refuses it
+    load_policy(bad, threads=1, verify=False)  # the file itself loads: only the manifest refuses it

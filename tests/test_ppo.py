@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedagent.server.aggregate import AggregateError, aggregate
+from fedagent.server.aggregate import aggregate
 from fedagent.core.atomic import write_manifest
 from fedagent.core.config import ConfigError, load_config
 from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests
@@ -75,8 +75,23 @@ def test_clipped_value_loss_by_hand():
 def tiny_pair(tmp_path_factory):
     """The tiny policy and its fresh critic (written by the CLI, as the workflow does)."""
     out = tmp_path_factory.mktemp("tiny") / "m"
-    res = subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out", str(out),
-                          "--critic", "--critic-seed", "5"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedagent.cli",
+            "tiny-model",
+            "--seed",
+            "5",
+            "--out",
+            str(out),
+            "--critic",
+            "--critic-seed",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return out
 
@@ -85,22 +100,36 @@ def test_critic_loss_is_the_mean_of_micro_token_means(tiny_pair):
     """legacy_exact (invariant 14): Σ_micro token-mean / n_micro, coefficient 1 — not 0.5×, not
     summed over micros, not one token-mean over the mini-batch (micros of unequal token counts)."""
     critic = fc.load_critic(tiny_pair / "critic")
-    samples = [grpo.Sample([5, 6, 7], [9, 10, 11, 12, 13], 1.0, 0), grpo.Sample([5, 6], [12], 0.0, 1),
-               grpo.Sample([5], [14, 15], -0.1, 2)]
+    samples = [
+        grpo.Sample([5, 6, 7], [9, 10, 11, 12, 13], 1.0, 0),
+        grpo.Sample([5, 6], [12], 0.0, 1),
+        grpo.Sample([5], [14, 15], -0.1, 2),
+    ]
     slices = [slice(0, 5), slice(5, 6), slice(6, 8)]
     with torch.no_grad():
         old = ppo.response_values(critic, samples)
     returns = old + torch.tensor([1.0, -0.3, 0.2, 0.1, 0.4, -2.0, 0.05, 0.3])
 
-    class NoStep:   # keep the gradient of the step for inspection
+    class NoStep:  # keep the gradient of the step for inspection
         def zero_grad(self, set_to_none=True):
             critic.zero_grad(set_to_none=True)
 
         def step(self):
             pass
 
-    st = ppo.critic_step(critic, NoStep(), samples, [0, 1, 2], old, returns, slices, micro=2, clip=0.5,
-                         grad_clip=1e9, autocast=lambda: torch.autocast("cpu", enabled=False))
+    st = ppo.critic_step(
+        critic,
+        NoStep(),
+        samples,
+        [0, 1, 2],
+        old,
+        returns,
+        slices,
+        micro=2,
+        clip=0.5,
+        grad_clip=1e9,
+        autocast=lambda: torch.autocast("cpu", enabled=False),
+    )
     got = critic.score.weight.grad.clone()
     critic.zero_grad(set_to_none=True)
     by_hand = 0
@@ -124,8 +153,19 @@ def test_critic_step_moves_values_toward_returns(tiny_pair):
     returns = old + 0.3
     opt = torch.optim.AdamW(critic.parameters(), lr=1e-3, weight_decay=0.0)
     for _ in range(3):
-        ppo.critic_step(critic, opt, samples, [0, 1], old, returns, slices, micro=1, clip=0.5, grad_clip=1.0,
-                        autocast=lambda: torch.autocast("cpu", enabled=False))
+        ppo.critic_step(
+            critic,
+            opt,
+            samples,
+            [0, 1],
+            old,
+            returns,
+            slices,
+            micro=1,
+            clip=0.5,
+            grad_clip=1.0,
+            autocast=lambda: torch.autocast("cpu", enabled=False),
+        )
     with torch.no_grad():
         new = ppo.response_values(critic, samples)
     assert float(((new - returns) ** 2).mean()) < float(((old - returns) ** 2).mean())
@@ -148,18 +188,36 @@ def test_value_head_is_detected_from_tensor_names_never_from_config(tmp_path, ti
     critic = {**BACKBONE, "score.weight": torch.zeros(1, 4), "score.bias": torch.zeros(1)}
     # config.json says ForCausalLM for a critic and ForTokenClassification for a policy: ignored
     assert fc.has_value_head(_st(tmp_path / "c", critic, {"architectures": ["LlamaForCausalLM"]})) is True
-    assert fc.has_value_head(_st(tmp_path / "a", {**BACKBONE, "lm_head.weight": torch.zeros(10, 4)},
-                                 {"architectures": ["LlamaForTokenClassification"], "num_labels": 1})) is False
+    assert (
+        fc.has_value_head(
+            _st(
+                tmp_path / "a",
+                {**BACKBONE, "lm_head.weight": torch.zeros(10, 4)},
+                {"architectures": ["LlamaForTokenClassification"], "num_labels": 1},
+            )
+        )
+        is False
+    )
     # a classifier head with two labels is not a value head
     assert fc.has_value_head(_st(tmp_path / "two", {**BACKBONE, "score.weight": torch.zeros(2, 4)})) is False
     # sharded: the index's files are read
     sh = tmp_path / "sharded"
     sh.mkdir()
     write_tensors(sh / "model-00001-of-00002.safetensors", BACKBONE)
-    write_tensors(sh / "model-00002-of-00002.safetensors", {"score.weight": torch.zeros(1, 4), "score.bias": torch.zeros(1)})
-    (sh / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        **{k: "model-00001-of-00002.safetensors" for k in BACKBONE},
-        "score.weight": "model-00002-of-00002.safetensors", "score.bias": "model-00002-of-00002.safetensors"}}))
+    write_tensors(
+        sh / "model-00002-of-00002.safetensors", {"score.weight": torch.zeros(1, 4), "score.bias": torch.zeros(1)}
+    )
+    (sh / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    **{k: "model-00001-of-00002.safetensors" for k in BACKBONE},
+                    "score.weight": "model-00002-of-00002.safetensors",
+                    "score.bias": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     assert fc.has_value_head(sh) is True
     # undeterminable: pickled weights only, a corrupt header, no directory
     (tmp_path / "bin").mkdir()
@@ -206,8 +264,25 @@ def test_a_trl_v_head_checkpoint_is_a_critic_with_our_head_names(tmp_path, tiny_
     assert all(torch.equal(sd[k], pol[k]) for k in pol if k.startswith("model."))
     load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(trl)})
     out = tmp_path / "base"
-    res = subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out", str(out),
-                          "--critic", "--critic-seed", "5", "--critic-path", str(trl)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedagent.cli",
+            "tiny-model",
+            "--seed",
+            "5",
+            "--out",
+            str(out),
+            "--critic",
+            "--critic-seed",
+            "5",
+            "--critic-path",
+            str(trl),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     saved = load_file(out / "critic/model.safetensors")
     assert not any(k.startswith(("v_head.", "lm_head.")) for k in saved)
@@ -268,14 +343,39 @@ def test_critic_path_without_a_value_head_stops_planning_and_the_job(tmp_path, t
     load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.ppo.critic_path": str(tiny_pair / "critic")})
     # GRPO ignores the key; PPO runs on verl too (issue 30); a GRPO group of one is refused
     load_config(TEST_CONFIG, {"train.ppo.critic_path": str(tiny_pair)})
-    load_config(TEST_CONFIG, {"train.algorithm": "ppo", "train.backend": "verl", "train.ref_anchor": "round",
-                              "train.group_size": 1, "train.groups_per_epoch": 2, "train.mini_batch_size": 2})
+    load_config(
+        TEST_CONFIG,
+        {
+            "train.algorithm": "ppo",
+            "train.backend": "verl",
+            "train.ref_anchor": "round",
+            "train.group_size": 1,
+            "train.groups_per_epoch": 2,
+            "train.mini_batch_size": 2,
+        },
+    )
     with pytest.raises(ConfigError, match="config key 'train.group_size'"):
         load_config(TEST_CONFIG, {"train.group_size": 1})
     load_config(TEST_CONFIG, {"train.group_size": 1, "train.algorithm": "ppo"})
-    res = subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out",
-                          str(tmp_path / "m"), "--critic", "--critic-seed", "5", "--critic-path", str(tiny_pair)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedagent.cli",
+            "tiny-model",
+            "--seed",
+            "5",
+            "--out",
+            str(tmp_path / "m"),
+            "--critic",
+            "--critic-seed",
+            "5",
+            "--critic-path",
+            str(tiny_pair),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode != 0 and "train.ppo.critic_path" in res.stderr
     assert not (tmp_path / "m").exists()
 
@@ -286,8 +386,24 @@ def test_base_model_records_its_critic_choice(tmp_path, tiny_pair):
     from safetensors.torch import load_file
 
     def base(out, *extra):
-        res = subprocess.run([sys.executable, "-m", "fedagent.cli", "base-model", "--source", str(tiny_pair),
-                              "--out", str(out), "--critic", "--critic-seed", "3", *extra], capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedagent.cli",
+                "base-model",
+                "--source",
+                str(tiny_pair),
+                "--out",
+                str(out),
+                "--critic",
+                "--critic-seed",
+                "3",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         return json.loads((out / "provenance.json").read_text())["critic"], load_file(out / "critic/model.safetensors")
 
@@ -296,15 +412,32 @@ def test_base_model_records_its_critic_choice(tmp_path, tiny_pair):
     want = load_file(tiny_pair / "critic/model.safetensors")
     assert set(sib) == set(want) and all(torch.equal(sib[k], want[k]) for k in want)
     other = tmp_path / "other"
-    subprocess.run([sys.executable, "-m", "fedagent.cli", "tiny-model", "--seed", "5", "--out", str(other),
-                    "--critic", "--critic-seed", "11"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedagent.cli",
+            "tiny-model",
+            "--seed",
+            "5",
+            "--out",
+            str(other),
+            "--critic",
+            "--critic-seed",
+            "11",
+        ],
+        check=True,
+        capture_output=True,
+    )
     rec, exp = base(tmp_path / "b2", "--critic-path", str(other / "critic"))
     assert rec["critic_init"] == "explicit" and rec["start_critic"] == str(other / "critic")
     assert not torch.equal(exp["score.weight"], sib["score.weight"])
     assert torch.equal(exp["score.weight"], load_file(other / "critic/model.safetensors")["score.weight"])
     # fresh heads: seeded, on the policy's own backbone
     a, b = fc.fresh_critic(tiny_pair, seed=3), fc.fresh_critic(tiny_pair, seed=3)
-    assert torch.equal(a.score.weight, b.score.weight) and not torch.equal(a.score.weight, fc.fresh_critic(tiny_pair, 4).score.weight)
+    assert torch.equal(a.score.weight, b.score.weight) and not torch.equal(
+        a.score.weight, fc.fresh_critic(tiny_pair, 4).score.weight
+    )
     assert float(a.score.bias.detach().abs().sum()) == 0.0
     pol = load_file(tiny_pair / "model.safetensors")
     sd = a.state_dict()
@@ -342,9 +475,11 @@ def _ppo_round(tmp_path, m=2):
     for i in range(m):
         c = _critic_tensors(10 + i, base=pc)
         crit.append(c)
-        d = save_model_dir(tmp_path / f"client{i}", {"w": actor["w"] + 0.01 * (i + 1)},
-                           json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3, "round": 1,
-                                                        "client": i}})
+        d = save_model_dir(
+            tmp_path / f"client{i}",
+            {"w": actor["w"] + 0.01 * (i + 1)},
+            json_files={"metrics.json": {"num_samples": i + 1, "num_tokens": 3, "round": 1, "client": i}},
+        )
         clients.append(_with_critic(d, c))
     return prev, clients, pc, crit
 
@@ -368,13 +503,26 @@ def test_critic_is_aggregated_merged_and_verified_with_its_own_server_state(tmp_
     # round 2 continues the critic's server state from round 1's model dir
     clients2 = []
     for i in range(2):
-        d = save_model_dir(tmp_path / f"r2c{i}", {"w": torch.zeros(3, 2) + i},
-                           json_files={"metrics.json": {"num_samples": 1, "num_tokens": 3}})
+        d = save_model_dir(
+            tmp_path / f"r2c{i}",
+            {"w": torch.zeros(3, 2) + i},
+            json_files={"metrics.json": {"num_samples": 1, "num_tokens": 3}},
+        )
         clients2.append(_with_critic(d, _critic_tensors(20 + i, base=pc)))
     aggregate(tmp_path / "m1", clients2, tmp_path / "agg2")
     merge(tmp_path / "m1", tmp_path / "agg2", tmp_path / "m2", opt, round_=2, prev_state_dir=tmp_path / "m1")
-    assert verify_round(tmp_path / "m1", clients2, "uniform", tmp_path / "agg2", model_dir=tmp_path / "m2", opt=opt,
-                        prev_state_dir=tmp_path / "m1") == []
+    assert (
+        verify_round(
+            tmp_path / "m1",
+            clients2,
+            "uniform",
+            tmp_path / "agg2",
+            model_dir=tmp_path / "m2",
+            opt=opt,
+            prev_state_dir=tmp_path / "m1",
+        )
+        == []
+    )
     # tamper the critic's server state (re-signed): named, with its file
     path = tmp_path / "m2/critic/server_state.safetensors"
     with TensorReader() as r:
@@ -382,9 +530,18 @@ def test_critic_is_aggregated_merged_and_verified_with_its_own_server_state(tmp_
     t["v/score.bias"] += 1e-3
     write_tensors(path, t)
     write_manifest(tmp_path / "m2")
-    fails = verify_round(tmp_path / "m1", clients2, "uniform", tmp_path / "agg2", model_dir=tmp_path / "m2", opt=opt,
-                         prev_state_dir=tmp_path / "m1")
-    assert len(fails) == 1 and fails[0].startswith("critic: server state: tensor 'v/score.bias'") and str(path) in fails[0]
+    fails = verify_round(
+        tmp_path / "m1",
+        clients2,
+        "uniform",
+        tmp_path / "agg2",
+        model_dir=tmp_path / "m2",
+        opt=opt,
+        prev_state_dir=tmp_path / "m1",
+    )
+    assert (
+        len(fails) == 1 and fails[0].startswith("critic: server state: tensor 'v/score.bias'") and str(path) in fails[0]
+    )
 
 
 def _swap_critic(dst: Path, src: Path) -> None:
@@ -413,8 +570,10 @@ def test_verify_names_a_critic_swapped_in_from_another_client_or_round(tmp_path)
     _swap_critic(clients[0], clients[1])
     fails = run("other-client", clients)
     assert len(fails) == 1, fails
-    assert fails[0].startswith(f"critic: identity: {clients[0] / 'critic' / 'model.safetensors'} is not the critic "
-                               f"that {clients[0] / 'metrics.json'} records"), fails
+    assert fails[0].startswith(
+        f"critic: identity: {clients[0] / 'critic' / 'model.safetensors'} is not the critic "
+        f"that {clients[0] / 'metrics.json'} records"
+    ), fails
     assert f"it is the critic of the update {clients[1]} (client 1, round 1)" in fails[0]
     # a critic from another round (matches no update of this one)
     later = _with_critic(save_model_dir(tmp_path / "r2c0", {"w": torch.zeros(3, 2)}), _critic_tensors(30, base=pc))
@@ -435,24 +594,32 @@ def test_verify_checks_the_critic_aggregate_lists_the_actors_clients(tmp_path):
     path = tmp_path / "agg" / "critic" / "aggregate.json"
     summary = json.loads(path.read_text())
     # clients 0 and 1 swapped in the critic's list (same folder names: "critic"), re-signed
-    summary["clients"][0]["dir"], summary["clients"][1]["dir"] = summary["clients"][1]["dir"], summary["clients"][0]["dir"]
+    summary["clients"][0]["dir"], summary["clients"][1]["dir"] = (
+        summary["clients"][1]["dir"],
+        summary["clients"][0]["dir"],
+    )
     path.write_text(json.dumps(summary))
     write_manifest(tmp_path / "agg")
     fails = verify_round(prev, clients, "uniform", tmp_path / "agg")
     assert fails and all(f.startswith("critic: ") for f in fails), fails
-    assert any(f"critic: aggregate.json: clients" in f and str(path) in f for f in fails), fails
+    assert any("critic: aggregate.json: clients" in f and str(path) in f for f in fails), fails
     assert any(f.startswith(f"critic: identity: {path} lists clients") for f in fails), fails
 
 
 def test_a_client_without_its_critic_stops_the_round(tmp_path):
     prev, clients, _, _ = _ppo_round(tmp_path)
-    lacking = save_model_dir(tmp_path / "grpo_client", {"w": torch.zeros(3, 2)},
-                             json_files={"metrics.json": {"num_samples": 1, "num_tokens": 3}})
+    lacking = save_model_dir(
+        tmp_path / "grpo_client",
+        {"w": torch.zeros(3, 2)},
+        json_files={"metrics.json": {"num_samples": 1, "num_tokens": 3}},
+    )
     with pytest.raises(ValueError, match="grpo_client: no critic/"):
         aggregate(prev, [clients[0], lacking], tmp_path / "agg")
     assert not (tmp_path / "agg").exists()
     aggregate(prev, clients, tmp_path / "good")
-    assert any("grpo_client: no critic/" in f for f in verify_round(prev, [clients[0], lacking], "uniform", tmp_path / "good"))
+    assert any(
+        "grpo_client: no critic/" in f for f in verify_round(prev, [clients[0], lacking], "uniform", tmp_path / "good")
+    )
     # a critic in the clients but none in prev: no base for its delta
     plain = save_model_dir(tmp_path / "plain_prev", {"w": torch.zeros(3, 2)})
     with pytest.raises(ValueError, match="carries a critic/ but prev"):
@@ -495,15 +662,28 @@ def test_ppo_client_round_is_byte_reproducible_and_moves_the_critic(tiny_pair, t
     from fedagent.core.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
-    p = TrainParams.from_dict(dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2,
-                                   max_new_tokens=6, lr=1e-3, mini_batch_size=3, micro_batch_size=2,
-                                   max_prompt_tokens=256, pool_size=4, algorithm="ppo", critic_lr=1e-3,
-                                   invalid_penalty=0.0))
+    p = TrainParams.from_dict(
+        dict(
+            base_seed=3,
+            epochs=1,
+            groups_per_epoch=3,
+            group_size=1,
+            max_turns=2,
+            max_new_tokens=6,
+            lr=1e-3,
+            mini_batch_size=3,
+            micro_batch_size=2,
+            max_prompt_tokens=256,
+            pool_size=4,
+            algorithm="ppo",
+            critic_lr=1e-3,
+            invalid_penalty=0.0,
+        )
+    )
     outs = []
     for k in range(2):
         env = FakeEnv(mode="draw", win_if=lambda text: len(text) % 2 == 0)
-        m = train_client(tiny_pair, tiny_pair, env, round=1, client=0, params=p, threads=1,
-                         out_dir=tmp_path / f"u{k}")
+        m = train_client(tiny_pair, tiny_pair, env, round=1, client=0, params=p, threads=1, out_dir=tmp_path / f"u{k}")
         assert m["params"]["algorithm"] == "ppo" and m["ppo"][0]["tokens"] > 0
         outs.append(tmp_path / f"u{k}")
     assert "groups" not in m and "groups_nonzero_advantage" not in m
@@ -538,8 +718,9 @@ def test_ppo_preset_is_the_reference_recipe():
     assert t["ppo"]["critic_lr"] == 1e-5 and t["ppo"]["gamma"] == 1.0 and t["ppo"]["lam"] == 1.0
     ppo_t = yaml.safe_load((root / "textworld-uniform-ppo.yaml").read_text())["train"]
     # otherwise the GRPO arm's recipe: the twins differ in the algorithm only
-    assert {k: v for k, v in ppo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch", "ppo")} == \
-        {k: v for k, v in grpo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch")}
+    assert {k: v for k, v in ppo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch", "ppo")} == {
+        k: v for k, v in grpo_t.items() if k not in ("algorithm", "group_size", "groups_per_epoch")
+    }
 
 
 def test_fedprox_with_ppo_moves_the_actor_not_the_critic(tiny_pair, tmp_path):
@@ -551,14 +732,27 @@ def test_fedprox_with_ppo_moves_the_actor_not_the_critic(tiny_pair, tmp_path):
     from fedagent.core.atomic import sha256_file
     from fedagent.train.local import TrainParams, train_client
 
-    base = dict(base_seed=3, epochs=1, groups_per_epoch=3, group_size=1, max_turns=2, max_new_tokens=6, lr=1e-3,
-                mini_batch_size=2, micro_batch_size=2, max_prompt_tokens=256, pool_size=4, algorithm="ppo",
-                critic_lr=1e-3)
+    base = dict(
+        base_seed=3,
+        epochs=1,
+        groups_per_epoch=3,
+        group_size=1,
+        max_turns=2,
+        max_new_tokens=6,
+        lr=1e-3,
+        mini_batch_size=2,
+        micro_batch_size=2,
+        max_prompt_tokens=256,
+        pool_size=4,
+        algorithm="ppo",
+        critic_lr=1e-3,
+    )
     outs = {}
     for mu in (0.0, 5.0):
         p = TrainParams.from_dict({**base, "fedprox_mu": mu})
         outs[mu] = tmp_path / f"mu{mu}"
-        train_client(tiny_pair, tiny_pair, FakeEnv(mode="draw"), round=1, client=0, params=p, threads=1,
-                     out_dir=outs[mu])
+        train_client(
+            tiny_pair, tiny_pair, FakeEnv(mode="draw"), round=1, client=0, params=p, threads=1, out_dir=outs[mu]
+        )
     assert sha256_file(outs[0.0] / "model.safetensors") != sha256_file(outs[5.0] / "model.safetensors")
     assert sha256_file(outs[0.0] / "critic/model.safetensors") == sha256_file(outs[5.0] / "critic/model.safetensors")

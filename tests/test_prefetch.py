@@ -11,8 +11,18 @@ from fake_env import FakeEnv, Pending, build_tiny_model
 from fedagent.rollout.prefetch import PrefetchedEnv
 from fedagent.train.local import TrainParams, train_client
 
-PARAMS = {"epochs": 2, "groups_per_epoch": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 4,
-          "mini_batch_size": 4, "micro_batch_size": 2, "pool_size": 3, "lr": 1e-3, "max_prompt_tokens": 256}
+PARAMS = {
+    "epochs": 2,
+    "groups_per_epoch": 2,
+    "group_size": 2,
+    "max_turns": 2,
+    "max_new_tokens": 4,
+    "mini_batch_size": 4,
+    "micro_batch_size": 2,
+    "pool_size": 3,
+    "lr": 1e-3,
+    "max_prompt_tokens": 256,
+}
 
 
 class BatchFake(FakeEnv):

@@ -28,12 +28,15 @@ def test_config_hash_is_canonical():
 def test_git_commit_and_dirty_flag(tmp_path):
     def git(*a):
         subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+
     git("init", "-q")
     (tmp_path / "fedagent").mkdir()
     (tmp_path / "fedagent" / "x.py").write_text("x = 1\n")
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
-    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     prov.git_state.cache_clear()
     assert prov.git_state(tmp_path) == {"commit": head, "dirty": False}
     (tmp_path / "fedagent" / "x.py").write_text("x = 2\n")

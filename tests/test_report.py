@@ -9,8 +9,11 @@ from fedagent.report.summary import plot_curves, summary_table
 
 
 def _eval(path, r, sr):
-    path.write_text(json.dumps({"round": r, "n": 4, "success_rate": sr, "ci95": [0.0, 0.5],
-                                "score_mean": sr, "return_mean": 10 * sr}))
+    path.write_text(
+        json.dumps(
+            {"round": r, "n": 4, "success_rate": sr, "ci95": [0.0, 0.5], "score_mean": sr, "return_mean": 10 * sr}
+        )
+    )
     return path
 
 
@@ -59,9 +62,14 @@ def test_client_evals_become_rows_and_circles(tmp_path):
         p = tmp_path / f"c{c}.json"
         p.write_text(json.dumps({"round": 1, "client": c, "n": 2, "success_rate": sr, "ci95": [0, 1]}))
         clients.append(p)
-    args = argparse.Namespace(evals=evals, client_evals=clients, summary=tmp_path / "summary.csv",
-                              curves=tmp_path / "curves.png", link_latest=None,
-                              client_summary=tmp_path / "client_summary.csv")
+    args = argparse.Namespace(
+        evals=evals,
+        client_evals=clients,
+        summary=tmp_path / "summary.csv",
+        curves=tmp_path / "curves.png",
+        link_latest=None,
+        client_summary=tmp_path / "client_summary.csv",
+    )
     assert run(args) == 0
     rows = (tmp_path / "client_summary.csv").read_text().splitlines()
     assert rows[0].startswith("round,client") and [r.split(",")[:2] for r in rows[1:]] == [["1", "1"], ["1", "3"]]
@@ -83,29 +91,35 @@ def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):
 
     bench = tmp_path / "b"
     bench.mkdir()
-    for name, s in (("train_client_0", 30.0), ("train_client_1", 2.0), ("aggregate", 5.0), ("merge", 4.0),
-                    ("eval", 20.0)):
+    for name, s in (
+        ("train_client_0", 30.0),
+        ("train_client_1", 2.0),
+        ("aggregate", 5.0),
+        ("merge", 4.0),
+        ("eval", 20.0),
+    ):
         (bench / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:{int(s):02d}\t100\n")
     c0, c1 = tmp_path / "clients" / "0", tmp_path / "clients" / "1"
     c0.mkdir(parents=True)
     c1.mkdir(parents=True)
-    (c0 / "metrics.json").write_text(json.dumps({"timings": {"cold_start_s": 12.0,
-                                                              "phases": {"rollout": 10.0, "train": 6.0}}}))
-    (c1 / "dropped.json").write_text("{}")      # a dropped client: no metrics
+    (c0 / "metrics.json").write_text(
+        json.dumps({"timings": {"cold_start_s": 12.0, "phases": {"rollout": 10.0, "train": 6.0}}})
+    )
+    (c1 / "dropped.json").write_text("{}")  # a dropped client: no metrics
     ev = tmp_path / "eval_timings.json"
     ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}}))
     row = round_timings(1, ev, sorted(bench.iterdir()), [c0, c1])
     assert row["train_jobs"] == 1 and row["train_job_s"] == 32.0 and row["cold_start_s"] == 12.0
     assert row["generation_s"] == 10.0 and row["training_s"] == 6.0
     assert (row["aggregate_s"], row["merge_s"], row["eval_s"], row["eval_cold_start_s"]) == (5.0, 4.0, 20.0, 8.0)
-    assert row["round_wall_s"] is None          # files without the jobs' start times
+    assert row["round_wall_s"] is None  # files without the jobs' start times
     # The round's span: first train job's start → the eval's end (started_at + total_s).
     c1.joinpath("dropped.json").unlink()
     for c, start in ((c0, 1000.0), (c1, 1004.5)):
-        (c / "metrics.json").write_text(json.dumps({"timings": {"cold_start_s": 1.0, "started_at": start,
-                                                                 "phases": {}}}))
-    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}, "started_at": 1100.25,
-                              "total_s": 20.5}))
+        (c / "metrics.json").write_text(
+            json.dumps({"timings": {"cold_start_s": 1.0, "started_at": start, "phases": {}}})
+        )
+    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}, "started_at": 1100.25, "total_s": 20.5}))
     assert round_timings(1, ev, sorted(bench.iterdir()), [c0, c1])["round_wall_s"] == 120.75
     prev = tmp_path / "t0.csv"
     timings_table({"round": 0, "eval_s": 19.0}, None).to_csv(prev, index=False)

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedagent"
 
 # ---- services bind a Unix socket or loopback only -----------------------------------------
 
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.org", ""])
 def test_env_service_refuses_a_non_loopback_host(host, capsys):
     from fedagent.cli import main
@@ -55,6 +56,7 @@ def test_job_services_default_to_a_unix_socket():
 
 # ---- no unpickling of untrusted files ------------------------------------------------------
 
+
 def _unsafe_loads(tree: ast.AST) -> list[str]:
     """Calls that can unpickle (or otherwise execute) a file's content."""
     bad = []
@@ -69,31 +71,50 @@ def _unsafe_loads(tree: ast.AST) -> list[str]:
             return isinstance(kw.get(name), ast.Constant) and kw[name].value is True
 
         where = f"line {node.lineno}: {owner}.{attr}"
-        if owner in ("pickle", "cPickle", "dill", "cloudpickle", "joblib", "marshal", "shelve") and \
-                attr in ("load", "loads", "open", "Unpickler"):
+        if owner in ("pickle", "cPickle", "dill", "cloudpickle", "joblib", "marshal", "shelve") and attr in (
+            "load",
+            "loads",
+            "open",
+            "Unpickler",
+        ):
             bad.append(where)
         elif owner == "torch" and attr == "load" and not true("weights_only"):
             bad.append(where + " without weights_only=True")
-        elif owner in ("np", "numpy") and attr == "load" and "allow_pickle" in kw and not (
-                isinstance(kw["allow_pickle"], ast.Constant) and kw["allow_pickle"].value is False):
+        elif (
+            owner in ("np", "numpy")
+            and attr == "load"
+            and "allow_pickle" in kw
+            and not (isinstance(kw["allow_pickle"], ast.Constant) and kw["allow_pickle"].value is False)
+        ):
             bad.append(where + " with allow_pickle")
-        elif owner == "yaml" and attr in ("load", "unsafe_load", "full_load", "load_all") and not (
-                attr in ("load", "load_all") and isinstance(kw.get("Loader"), ast.Attribute)
-                and kw["Loader"].attr in ("SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader")):
+        elif (
+            owner == "yaml"
+            and attr in ("load", "unsafe_load", "full_load", "load_all")
+            and not (
+                attr in ("load", "load_all")
+                and isinstance(kw.get("Loader"), ast.Attribute)
+                and kw["Loader"].attr in ("SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader")
+            )
+        ):
             bad.append(where + " (use yaml.safe_load)")
         elif owner in ("pd", "pandas") and attr == "read_pickle":
             bad.append(where)
-        elif owner.startswith("AutoModel") and attr == "from_pretrained" and not (true("use_safetensors")
-                                                                                or "gguf_file" in kw):
+        elif (
+            owner.startswith("AutoModel")
+            and attr == "from_pretrained"
+            and not (true("use_safetensors") or "gguf_file" in kw)
+        ):
             bad.append(where + " without use_safetensors=True")
     return bad
 
 
 def test_the_unsafe_load_scan_finds_what_it_should():
-    code = ("torch.load(p)\npickle.loads(b)\nnp.load(p, allow_pickle=True)\nyaml.load(t)\n"
-            "AutoModelForCausalLM.from_pretrained(d)\ntorch.load(p, weights_only=True)\n"
-            "AutoModelForCausalLM.from_pretrained(d, use_safetensors=True)\nyaml.safe_load(t)\n"
-            "yaml.load(t, Loader=yaml.BaseLoader)\nyaml.load(t, Loader=yaml.SafeLoader)\n")
+    code = (
+        "torch.load(p)\npickle.loads(b)\nnp.load(p, allow_pickle=True)\nyaml.load(t)\n"
+        "AutoModelForCausalLM.from_pretrained(d)\ntorch.load(p, weights_only=True)\n"
+        "AutoModelForCausalLM.from_pretrained(d, use_safetensors=True)\nyaml.safe_load(t)\n"
+        "yaml.load(t, Loader=yaml.BaseLoader)\nyaml.load(t, Loader=yaml.SafeLoader)\n"
+    )
     assert len(_unsafe_loads(ast.parse(code))) == 5
 
 
@@ -123,6 +144,7 @@ def test_a_pickled_checkpoint_in_a_model_dir_is_refused_not_loaded(tmp_path):
 
 
 # ---- run/output paths cannot escape results_dir --------------------------------------------
+
 
 @pytest.mark.parametrize("run", ["../escape", "a/../../b", "/etc", "a/b", "..", ".hidden", "x\ny", ""])
 def test_run_name_cannot_escape_results_dir(run):

@@ -18,7 +18,9 @@ def test_rounds_differ_and_cover_clients():
 
 
 def test_seed_changes_selection():
-    assert [select_clients(42, r, 100, 2) for r in range(1, 11)] != [select_clients(21, r, 100, 2) for r in range(1, 11)]
+    assert [select_clients(42, r, 100, 2) for r in range(1, 11)] != [
+        select_clients(21, r, 100, 2) for r in range(1, 11)
+    ]
 
 
 def test_all_when_m_at_least_n():

@@ -33,8 +33,11 @@ def test_fedadam_fedyogi_one_step_by_hand():
 
 
 def _hash_dir(d) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())
-            if p.name not in ("server.json", "manifest.json", "provenance.json")}  # these name input paths
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.iterdir())
+        if p.name not in ("server.json", "manifest.json", "provenance.json")
+    }  # these name input paths
 
 
 def test_fedadam_resume_is_byte_identical(tmp_path):
@@ -48,22 +51,39 @@ def test_fedadam_resume_is_byte_identical(tmp_path):
     # Uninterrupted: one optimizer object lives across both rounds.
     opt = make_optimizer("fedadam", **hp)
     merge(prev_dir, tmp_path / "agg1", tmp_path / "cont" / "r1", opt, round_=1)
-    merge(tmp_path / "cont" / "r1", tmp_path / "agg2", tmp_path / "cont" / "r2", opt, round_=2,
-          prev_state_dir=tmp_path / "cont" / "r1")
+    merge(
+        tmp_path / "cont" / "r1",
+        tmp_path / "agg2",
+        tmp_path / "cont" / "r2",
+        opt,
+        round_=2,
+        prev_state_dir=tmp_path / "cont" / "r1",
+    )
 
     # "Killed" after round 1: everything in memory is discarded, round 2 restarts from disk.
     opt = make_optimizer("fedadam", **hp)
     merge(prev_dir, tmp_path / "agg1", tmp_path / "kill" / "r1", opt, round_=1)
     del opt
     gc.collect()
-    merge(tmp_path / "kill" / "r1", tmp_path / "agg2", tmp_path / "kill" / "r2", make_optimizer("fedadam", **hp),
-          round_=2, prev_state_dir=tmp_path / "kill" / "r1")
+    merge(
+        tmp_path / "kill" / "r1",
+        tmp_path / "agg2",
+        tmp_path / "kill" / "r2",
+        make_optimizer("fedadam", **hp),
+        round_=2,
+        prev_state_dir=tmp_path / "kill" / "r1",
+    )
 
     a, b = _hash_dir(tmp_path / "cont" / "r2"), _hash_dir(tmp_path / "kill" / "r2")
     assert a == b and "model.safetensors" in a and "server_state.safetensors" in a
     # And the state really carried over: a fresh-state round 2 differs.
-    merge(tmp_path / "kill" / "r1", tmp_path / "agg2", tmp_path / "fresh" / "r2", make_optimizer("fedadam", **hp),
-          round_=2)
+    merge(
+        tmp_path / "kill" / "r1",
+        tmp_path / "agg2",
+        tmp_path / "fresh" / "r2",
+        make_optimizer("fedadam", **hp),
+        round_=2,
+    )
     assert _hash_dir(tmp_path / "fresh" / "r2")["model.safetensors"] != a["model.safetensors"]
 
 
@@ -85,18 +105,28 @@ def test_one_fedadam_round_pinned_against_a_hand_computation(tmp_path):
     w = [0.5, -0.25, 0.0, 1.0]
     deltas = ([0.01, -0.02, 0.0, 0.004], [0.03, 0.0, -0.01, -0.002])
     prev_dir = save_model_dir(tmp_path / "prev", {"w": torch.tensor(w, dtype=torch.float32)})
-    dirs = [save_model_dir(tmp_path / f"c{i}", {"w": torch.tensor([a + b for a, b in zip(w, d)], dtype=torch.float32)},
-                           json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1, "num_episodes": 1}})
-            for i, d in enumerate(deltas)]
+    dirs = [
+        save_model_dir(
+            tmp_path / f"c{i}",
+            {"w": torch.tensor([a + b for a, b in zip(w, d)], dtype=torch.float32)},
+            json_files={"metrics.json": {"num_samples": 1, "num_tokens": 1, "num_episodes": 1}},
+        )
+        for i, d in enumerate(deltas)
+    ]
     aggregate(prev_dir, dirs, tmp_path / "agg")
     lr, b1, b2, tau = 0.1, 0.9, 0.99, 1e-3
-    merge(prev_dir, tmp_path / "agg", tmp_path / "r1", make_optimizer("fedadam", lr=lr, beta1=b1, beta2=b2, tau=tau),
-          round_=1)
+    merge(
+        prev_dir,
+        tmp_path / "agg",
+        tmp_path / "r1",
+        make_optimizer("fedadam", lr=lr, beta1=b1, beta2=b2, tau=tau),
+        round_=1,
+    )
     got = load_file(str(tmp_path / "r1" / "model.safetensors"))["w"].double().tolist()
     hand = []
     for wi, a, b in zip(w, *deltas):
         d = (a + b) / 2
-        m, v = (1 - b1) * d, b2 * tau ** 2 + (1 - b2) * d * d
+        m, v = (1 - b1) * d, b2 * tau**2 + (1 - b2) * d * d
         hand.append(wi + lr * m / (math.sqrt(v) + tau))
     # the same numbers, written out (fp32 arithmetic: 1e-6 relative)
     pinned = [0.5618461549, -0.2914821816, -0.0236568485, 1.005]

@@ -27,9 +27,18 @@ SCRIPT = REPO / "scripts" / "slurm-local.sh"
 # The profile asks cluster-sized memory; this node is one small VM: restate every resource key
 # (a command-line --default-resources / --set-resources replaces the profile's whole key) and
 # cap threads at the node's CPUs (`games` asks 8).
-SMALL_NODE = ["--max-threads", "2", "--default-resources", "mem_mb=1000", "runtime=30", "slurm_partition=''",
-              "--set-resources", "train_client:mem_mb=2000", "train_client:runtime=30",
-              "eval:slurm_extra='--nice=100'"]
+SMALL_NODE = [
+    "--max-threads",
+    "2",
+    "--default-resources",
+    "mem_mb=1000",
+    "runtime=30",
+    "slurm_partition=''",
+    "--set-resources",
+    "train_client:mem_mb=2000",
+    "train_client:runtime=30",
+    "eval:slurm_extra='--nice=100'",
+]
 LOCAL_RULES = {"select", "partition", "val_set", "report"}
 
 
@@ -49,8 +58,9 @@ def slurm():
 
 def slurm_jobs() -> list[tuple[str, str, str]]:
     """(job id, comment, state) of every job slurmctld knows (MinJobAge is an hour there)."""
-    out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%k|%T"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--format=%i|%k|%T"], capture_output=True, text=True, check=True
+    ).stdout
     return sorted(tuple(line.split("|")) for line in out.splitlines() if line.strip())
 
 
@@ -87,7 +97,9 @@ def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, refere
     assert all(state == "COMPLETED" for _, _, state in submitted), submitted
     assert not any(rule in c for c in comments for rule in LOCAL_RULES), comments
     assert [c for c in comments if c.startswith("rule_train_client")] == [
-        "rule_train_client_wildcards_001_0", "rule_train_client_wildcards_001_1"], comments
+        "rule_train_client_wildcards_001_0",
+        "rule_train_client_wildcards_001_1",
+    ], comments
     assert sum(c.startswith("rule_games") for c in comments) == 1
     assert sum(c.startswith("rule_base_model") for c in comments) == 1
     assert [c for c in comments if "server_" in c] == ["rule_server_001_aggregate_merge"]

@@ -18,8 +18,11 @@ def policy(tmp_path_factory):
 
 
 def _prompts(tok):
-    texts = ["go", "You are in the kitchen. There is a table and a key here, take it",
-             "Your admissible actions are: 'go north', 'take key', 'look' and more"]
+    texts = [
+        "go",
+        "You are in the kitchen. There is a table and a key here, take it",
+        "Your admissible actions are: 'go north', 'take key', 'look' and more",
+    ]
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
@@ -28,7 +31,7 @@ def test_greedy_tokens_equal_the_cpu_sampler_at_any_batch_fill(policy):
     ps = _prompts(tok)
     ref = sample(model, tok, ps, 10, 0.0, None)
     s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
-    for k in (3, 1, 2):          # padded rows and a reused (reset) cache change nothing
+    for k in (3, 1, 2):  # padded rows and a reused (reset) cache change nothing
         got = s(model, tok, ps[:k], 10, 0.0, None)
         assert [g.response_ids for g in got] == [g.response_ids for g in ref[:k]]
         assert [g.text for g in got] == [g.text for g in ref[:k]]
@@ -112,8 +115,10 @@ def test_warmup_leaves_the_sampled_stream_unchanged(policy):
 def _masked_eager(s):
     """What mode "graph" records, run eagerly on the CPU: the step through the static-buffer
     dict and the in-graph 4-D mask (built from the 2-D mask and the slot being written)."""
+
     def step(tok, pos, cache_pos, mask, noise, inv_t):
         return s._masked_step({"tok": tok, "pos": pos, "slot": cache_pos, "mask": mask, "noise": noise, "inv_t": inv_t})
+
     s._decode = step
     return s
 
@@ -123,9 +128,10 @@ def test_graph_modes_masked_step_samples_what_the_plain_step_does(policy, temper
     model, tok = policy
     ps = _prompts(tok)
     plain = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
-    masked = _masked_eager(StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10,
-                                         mode="eager"))
-    for call, k in enumerate((3, 1, 2)):       # padded rows, reused cache
+    masked = _masked_eager(
+        StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
+    )
+    for call, k in enumerate((3, 1, 2)):  # padded rows, reused cache
         gen = (lambda: torch_generator(5, "t", index=call)) if temperature else (lambda: None)
         a = plain(model, tok, ps[:k], 10, temperature, gen())
         b = masked(model, tok, ps[:k], 10, temperature, gen())
@@ -174,16 +180,18 @@ def test_width_buckets_sample_what_the_fixed_width_does_and_share_its_cache(poli
     widths = (lens[0], lens[0] + 3, 40)
     s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=widths)
     # what mode "graph" records per width (the in-graph mask from the width's slots), run eagerly
-    masked = _masked_eager(StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10,
-                                         mode="eager", widths=widths))
+    masked = _masked_eager(
+        StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=widths)
+    )
     assert s.widths == (*widths, 64)
-    for idx in ([0], [2, 0], [1], [0, 1, 2], [0]):   # narrow, wide, back to narrow: shared bytes reset per call
+    for idx in ([0], [2, 0], [1], [0, 1, 2], [0]):  # narrow, wide, back to narrow: shared bytes reset per call
         got = s(model, tok, [ps[i] for i in idx], 10, 0.0, None)
         assert [g.response_ids for g in got] == [ref[i].response_ids for i in idx]
         got = masked(model, tok, [ps[i] for i in idx], 10, 0.0, None)
         assert [g.response_ids for g in got] == [ref[i].response_ids for i in idx]
-        assert [g.response_ids for g in got] == [g.response_ids for g in fixed(model, tok, [ps[i] for i in idx], 10,
-                                                                                 0.0, None)]
+        assert [g.response_ids for g in got] == [
+            g.response_ids for g in fixed(model, tok, [ps[i] for i in idx], 10, 0.0, None)
+        ]
     short = next(i for i, p in enumerate(ps) if len(p) == lens[0])
     s(model, tok, [ps[short]], 10, 0.0, None)
     assert s._w == lens[0]
@@ -228,11 +236,20 @@ def test_compiled_prefill_samples_what_the_eager_prefill_does(policy, monkeypatc
     def compile_eager(fn, **kw):
         traced.append(fn.__name__)
         return real_compile(fn, backend="eager", **{k: v for k, v in kw.items() if k != "mode"})
+
     monkeypatch.setattr(torch, "compile", compile_eager)
     for widths, compiled in (((), 3), ((32,), 4)):
         traced.clear()
-        s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager",
-                          compile_prefill=True, widths=widths)
+        s = StaticSampler(
+            model,
+            tok,
+            batch_size=4,
+            max_prompt_tokens=64,
+            max_new_tokens=10,
+            mode="eager",
+            compile_prefill=True,
+            widths=widths,
+        )
         assert traced == ["_prefill"]
         calls = []
         s._prefill_compiled = functools.partial(lambda f, *a: calls.append(1) or f(*a), s._prefill_compiled)
@@ -253,13 +270,17 @@ def test_compile_graph_modes_step_traces_and_samples_what_the_plain_step_does(po
     with pytest.raises(ValueError, match="'compile_graph' needs a CUDA device"):
         StaticSampler(model, tok, batch_size=2, max_prompt_tokens=8, max_new_tokens=4, mode="compile_graph")
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", **{
-        k: v for k, v in kw.items() if k != "mode"}))
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda fn, **kw: real_compile(fn, backend="eager", **{k: v for k, v in kw.items() if k != "mode"}),
+    )
     plain = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager")
     s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=10, mode="eager", widths=(32,))
-    s._step_fn = torch.compile(s._masked_step, fullgraph=False, dynamic=False)   # what __init__ builds on cuda
+    s._step_fn = torch.compile(s._masked_step, fullgraph=False, dynamic=False)  # what __init__ builds on cuda
     s._decode = lambda tok_, pos, cache_pos, mask, noise, inv_t: s._step_fn(
-        {"tok": tok_, "pos": pos, "slot": cache_pos, "mask": mask, "noise": noise, "inv_t": inv_t})
+        {"tok": tok_, "pos": pos, "slot": cache_pos, "mask": mask, "noise": noise, "inv_t": inv_t}
+    )
     for call, idx in enumerate(([0], [0, 1, 2], [1])):
         for temperature in (0.0, 1.0):
             gen = (lambda: torch_generator(5, "t", index=call)) if temperature else (lambda: None)
@@ -274,8 +295,15 @@ def test_each_widths_index_tensors_are_made_once_and_kept(policy):
     memory the allocator hands to other tensors, silently changing the attention mask)."""
     model, tok = policy
     ps = _prompts(tok)
-    s = StaticSampler(model, tok, batch_size=4, max_prompt_tokens=64, max_new_tokens=4, mode="eager",
-                      widths=(min(len(p) for p in ps),))
+    s = StaticSampler(
+        model,
+        tok,
+        batch_size=4,
+        max_prompt_tokens=64,
+        max_new_tokens=4,
+        mode="eager",
+        widths=(min(len(p) for p in ps),),
+    )
     seen = {}
     for idx in ([0], [0, 1, 2], [0], [1, 2], [0]):
         s(model, tok, [ps[i] for i in idx], 4, 0.0, None)

@@ -22,8 +22,20 @@ from test_aggregate import make_round, random_model
 
 
 def run_verify(prev_dir, dirs, agg, model=None, weighting="samples"):
-    cmd = [sys.executable, "-m", "fedagent.cli", "verify", "--prev", str(prev_dir), "--clients", *map(str, dirs),
-           "--weighting", weighting, "--aggregate", str(agg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedagent.cli",
+        "verify",
+        "--prev",
+        str(prev_dir),
+        "--clients",
+        *map(str, dirs),
+        "--weighting",
+        weighting,
+        "--aggregate",
+        str(agg),
+    ]
     if model is not None:
         cmd += ["--model", str(model), "--server-opt", "fedavg"]
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -130,8 +142,20 @@ def server_flags(name, hp, prev_state=None):
 
 def verify_cli(rnd, model=None, flags=None, *, in_process=None):
     """Run ``fedagent verify`` on one round of ``two_rounds`` (a subprocess, or main() with capsys)."""
-    args = ["verify", "--prev", str(rnd["prev"]), "--clients", *map(str, rnd["clients"]), "--weighting", "samples",
-            "--aggregate", str(rnd["agg"]), "--model", str(model or rnd["model"]), *flags]
+    args = [
+        "verify",
+        "--prev",
+        str(rnd["prev"]),
+        "--clients",
+        *map(str, rnd["clients"]),
+        "--weighting",
+        "samples",
+        "--aggregate",
+        str(rnd["agg"]),
+        "--model",
+        str(model or rnd["model"]),
+        *flags,
+    ]
     if in_process is None:
         return subprocess.run([sys.executable, "-m", "fedagent.cli", *args], capture_output=True, text=True)
     code = cli_main(args)
@@ -143,9 +167,14 @@ def fp32_clients(tmp, base_dir, m=3):
     """Round-2 clients: the round-1 global model plus noise, stored fp32 like it."""
     with TensorReader() as r:
         base = {n: r.read(i).clone() for n, i in tensor_index(base_dir).items()}
-    return [save_model_dir(tmp / f"r2client{i}", {k: v.float() for k, v in random_model("r2", i, base=base).items()},
-                           json_files={"metrics.json": {"num_samples": 5 + i, "num_tokens": 100}})
-            for i in range(m)]
+    return [
+        save_model_dir(
+            tmp / f"r2client{i}",
+            {k: v.float() for k, v in random_model("r2", i, base=base).items()},
+            json_files={"metrics.json": {"num_samples": 5 + i, "num_tokens": 100}},
+        )
+        for i in range(m)
+    ]
 
 
 @pytest.fixture(scope="module", params=sorted(HPARAMS))
@@ -157,11 +186,15 @@ def two_rounds(request, tmp_path_factory):
     merge(prev_dir, tmp / "agg1", tmp / "r1", make_optimizer(name, **HPARAMS[name]), round_=1)
     dirs2 = fp32_clients(tmp, tmp / "r1")
     aggregate(tmp / "r1", dirs2, tmp / "agg2", weighting="samples")
-    merge(tmp / "r1", tmp / "agg2", tmp / "r2", make_optimizer(name, **HPARAMS[name]), round_=2,
-          prev_state_dir=tmp / "r1")
-    return {"name": name, "hp": HPARAMS[name],
-            1: {"prev": prev_dir, "clients": dirs, "agg": tmp / "agg1", "model": tmp / "r1", "state": None},
-            2: {"prev": tmp / "r1", "clients": dirs2, "agg": tmp / "agg2", "model": tmp / "r2", "state": tmp / "r1"}}
+    merge(
+        tmp / "r1", tmp / "agg2", tmp / "r2", make_optimizer(name, **HPARAMS[name]), round_=2, prev_state_dir=tmp / "r1"
+    )
+    return {
+        "name": name,
+        "hp": HPARAMS[name],
+        1: {"prev": prev_dir, "clients": dirs, "agg": tmp / "agg1", "model": tmp / "r1", "state": None},
+        2: {"prev": tmp / "r1", "clients": dirs2, "agg": tmp / "agg2", "model": tmp / "r2", "state": tmp / "r1"},
+    }
 
 
 def flags_of(run, rnd, **change):
@@ -271,6 +304,7 @@ def test_verify_server_state_structure(two_rounds, tmp_path, capsys):
 
 # ---- the bounds themselves, in process -------------------------------------------------------
 
+
 def fp32_step(name, hp, p, d, state):
     """The real fp32 server step; returns (old state as float64, stored outputs as float64)."""
     opt = make_optimizer(name, **hp)
@@ -281,8 +315,10 @@ def fp32_step(name, hp, p, d, state):
 
 
 def ratios(opt, p, d, old, got):
-    return {k: float(((got[k] - want).abs() / tol).max()) for k, (want, tol) in
-            recompute(opt, p.double(), d.double(), old, got).items()}
+    return {
+        k: float(((got[k] - want).abs() / tol).max())
+        for k, (want, tol) in recompute(opt, p.double(), d.double(), old, got).items()
+    }
 
 
 @pytest.mark.parametrize("name", sorted(HPARAMS))
@@ -291,7 +327,10 @@ def test_recompute_bounds_sound_and_tight_on_random_steps(name):
     worst = 0.0
     for seed in range(40):
         g = torch.Generator().manual_seed(seed)
-        mag = lambda: 10.0 ** torch.empty(3000, dtype=torch.float64).uniform_(-12, 2, generator=g)
+
+        def mag(g=g):
+            return 10.0 ** torch.empty(3000, dtype=torch.float64).uniform_(-12, 2, generator=g)
+
         p, d, m0 = ((torch.randn(3000, generator=g, dtype=torch.float64) * mag()).float() for _ in range(3))
         d[::17] = 0
         v0 = (torch.rand(3000, generator=g, dtype=torch.float64) * mag() ** 2).float()

@@ -37,8 +37,7 @@ class FakeServer:
         self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
         ids = self.tok.encode(self.answers[len(self.calls) - 1], add_special_tokens=False)
         # As verl's LLMServerManager.generate: the server's weight version, copied to min/max.
-        out = TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids),
-                          extra_fields={"global_steps": self.global_steps})
+        out = TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), extra_fields={"global_steps": self.global_steps})
         out.extra_fields.setdefault("min_global_steps", self.global_steps)
         out.extra_fields.setdefault("max_global_steps", self.global_steps)
         return out
@@ -57,8 +56,7 @@ def tiny(tmp_path_factory):
     return d, load_tokenizer(d)
 
 
-def make_loop(tiny, tmp_path, server, env, *, max_prompt_tokens=1024, max_turns=3, penalty=0.1,
-              response_length=40):
+def make_loop(tiny, tmp_path, server, env, *, max_prompt_tokens=1024, max_turns=3, penalty=0.1, response_length=40):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
     from fedagent.train.verl.agent_loop import WindowedAgentLoop
@@ -66,13 +64,32 @@ def make_loop(tiny, tmp_path, server, env, *, max_prompt_tokens=1024, max_turns=
     model_dir, tok = tiny
     p = TrainParams(max_prompt_tokens=1024, max_new_tokens=response_length, group_size=2)
     job = VerlJob(tag="t", workdir=tmp_path, ray_tmp=tmp_path)
-    cfg = compose_ppo(build_overrides(p, VerlSettings(), job=job, model_dir=model_dir, rows=tmp_path / "r.parquet",
-                                      agent_loop_yaml=tmp_path / "a.yaml", rollout_seed=0))
-    return WindowedAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=tok,
-                             processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data),
-                             name="fedagent_windowed", tools=None, env=env, max_turns=max_turns,
-                             max_prompt_tokens=max_prompt_tokens, invalid_penalty=penalty,
-                             record_file=str(tmp_path / "episodes.jsonl"))
+    cfg = compose_ppo(
+        build_overrides(
+            p,
+            VerlSettings(),
+            job=job,
+            model_dir=model_dir,
+            rows=tmp_path / "r.parquet",
+            agent_loop_yaml=tmp_path / "a.yaml",
+            rollout_seed=0,
+        )
+    )
+    return WindowedAgentLoop(
+        trainer_config=DictConfigWrap(cfg),
+        server_manager=server,
+        tokenizer=tok,
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(cfg.data),
+        name="fedagent_windowed",
+        tools=None,
+        env=env,
+        max_turns=max_turns,
+        max_prompt_tokens=max_prompt_tokens,
+        invalid_penalty=penalty,
+        record_file=str(tmp_path / "episodes.jsonl"),
+    )
 
 
 def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens, prompt_template="textworld"):
@@ -82,9 +99,13 @@ def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens, prompt_templ
     r = env.reset("x", seed)
     obs, history, prompts = r["observation"], [], []
     for text in env_log_answers:
-        prompts.append(encode_prompt(tok, windowed_prompt(r["task"], obs, r["admissible_commands"], history,
-                                                                 template=r["prompt_template"]),
-                                     max_prompt_tokens))
+        prompts.append(
+            encode_prompt(
+                tok,
+                windowed_prompt(r["task"], obs, r["admissible_commands"], history, template=r["prompt_template"]),
+                max_prompt_tokens,
+            )
+        )
         s = env.step("x", RESPONSE_PREFIX + text)
         history.append((obs, s["action"]))
         obs = s["observation"]
@@ -95,14 +116,15 @@ def expected_prompts(tok, env_log_answers, seed, max_prompt_tokens, prompt_templ
 
 def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
     _, tok = tiny
-    seed = 2                                     # index mode: fake-002, target "take key"
+    seed = 2  # index mode: fake-002, target "take key"
     assert FakeEnv.target("fake-002") == "take key" == COMMANDS[2]
     answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
     server, env = FakeServer(tok, answers), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env)
-    outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=1,
-                                extra_info=row(seed), raw_prompt=[]))
-    assert len(outs) == 3                         # one sample per turn
+    outs = asyncio.run(
+        loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=1, extra_info=row(seed), raw_prompt=[])
+    )
+    assert len(outs) == 3  # one sample per turn
     assert [c["prompt_ids"] for c in server.calls] == expected_prompts(tok, answers, seed, 1024)
     assert all(c["sampling_params"]["max_tokens"] == 40 for c in server.calls)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -123,7 +145,9 @@ def test_per_turn_samples_prompts_masks_rewards_and_task_ids(tiny, tmp_path):
         o.reward_score = outs[-1].reward_score
     d0 = outs[0].as_dict()
     assert float(d0["rm_scores"][-1]) == pytest.approx(9.9) and float(d0["rm_scores"][:-1].abs().sum()) == 0
-    assert d0["responses"].tolist() == outs[0].response_ids and d0["response_mask"].tolist() == [1] * len(outs[0].response_ids)
+    assert d0["responses"].tolist() == outs[0].response_ids and d0["response_mask"].tolist() == [1] * len(
+        outs[0].response_ids
+    )
     assert env.sessions == {} and ("close", "u1-s1") in env.log
     rec = [json.loads(line) for line in Path(tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert len(rec) == 1 and rec[0]["task_id"] == "fake-002" and rec[0]["won"] and rec[0]["return"] == 10.0
@@ -224,12 +248,19 @@ def test_loop_from_yaml_keys_talks_to_a_real_env_service(tiny, tmp_path):
     app = build_app(src, "train", src.ids, mode="draw", pool_size=2, max_turns=2)
     with serve_in_thread(app, short_tmp() / "env.sock") as uds:
         base = make_loop(tiny, tmp_path, FakeServer(tok, []), FakeEnv())
-        loop = WindowedAgentLoop(trainer_config=DictConfigWrap(base.config), server_manager=FakeServer(tok, ["a", "b"]),
-                                 tokenizer=tok, processor=None, dataset_cls=None,
-                                 data_config=DictConfigWrap(base.config.data), env_uds=str(uds), max_turns=2)
+        loop = WindowedAgentLoop(
+            trainer_config=DictConfigWrap(base.config),
+            server_manager=FakeServer(tok, ["a", "b"]),
+            tokenizer=tok,
+            processor=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(base.config.data),
+            env_uds=str(uds),
+            max_turns=2,
+        )
         outs = asyncio.run(loop.run({}, uid="u", session_id=0, extra_info=row(11), raw_prompt=[]))
         assert len(outs) == 2 and all(o.extra_fields["task_id"] in src.ids for o in outs)
-        assert all(o.turn_reward == pytest.approx(-0.1) for o in outs)     # both answers invalid, no win
+        assert all(o.turn_reward == pytest.approx(-0.1) for o in outs)  # both answers invalid, no win
         assert loop.env._http.is_closed
 
 
@@ -243,11 +274,13 @@ def test_every_turn_carries_the_weight_version_verls_v1_trainer_reads(tiny, tmp_
     answers = ["no tags here", "x</think><action>go north</action>", "y</think><action>take key</action>"]
     server, env = FakeServer(tok, answers, global_steps=3), FakeEnv(max_turns=3)
     loop = make_loop(tiny, tmp_path, server, env)
-    outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=0,
-                                extra_info=row(2), raw_prompt=[]))
+    outs = asyncio.run(
+        loop.run({"temperature": 1.0, "top_p": 1.0}, uid="u1", session_id=0, extra_info=row(2), raw_prompt=[])
+    )
     fields = [o.as_dict()["extra_fields"] for o in outs]
-    tags = [{"min_global_steps": f.get("min_global_steps"), "max_global_steps": f.get("max_global_steps")}
-            for f in fields]
+    tags = [
+        {"min_global_steps": f.get("min_global_steps"), "max_global_steps": f.get("max_global_steps")} for f in fields
+    ]
     assert np.array([t["min_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]
     assert np.array([t["max_global_steps"] for t in tags], dtype=int).tolist() == [3, 3, 3]
 
@@ -270,11 +303,27 @@ def test_a_job_files_start_model_gives_the_stop_tokens_and_a_missing_one_fails(t
     job = tmp_path / "job.json"
 
     def loop_with(model):
-        job.write_text(json.dumps({"env_uds": "/tmp/x.sock", "env_url": None, "env_token": None,
-                                   "record_file": str(tmp_path / "ep.jsonl"), "model_dir": str(model)}))
-        return WindowedAgentLoop(trainer_config=DictConfigWrap(base.config), server_manager=FakeServer(tok, []),
-                                 tokenizer=tok, processor=None, dataset_cls=None,
-                                 data_config=DictConfigWrap(base.config.data), env=FakeEnv(), job_file=str(job))
+        job.write_text(
+            json.dumps(
+                {
+                    "env_uds": "/tmp/x.sock",
+                    "env_url": None,
+                    "env_token": None,
+                    "record_file": str(tmp_path / "ep.jsonl"),
+                    "model_dir": str(model),
+                }
+            )
+        )
+        return WindowedAgentLoop(
+            trainer_config=DictConfigWrap(base.config),
+            server_manager=FakeServer(tok, []),
+            tokenizer=tok,
+            processor=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(base.config.data),
+            env=FakeEnv(),
+            job_file=str(job),
+        )
 
     assert 7 in loop_with(mine).stop_token_ids and 7 not in base.stop_token_ids
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -288,21 +337,39 @@ def test_every_request_carries_the_jobs_own_sampling_seed(tiny, tmp_path):
     from fedagent.core.seeds import request_seed
 
     _, tok = tiny
-    answers = ["x</think><action>go north</action>", "y</think><action>go north</action>",
-               "z</think><action>take key</action>"]
+    answers = [
+        "x</think><action>go north</action>",
+        "y</think><action>go north</action>",
+        "z</think><action>take key</action>",
+    ]
     calls = {}
     for session in (0, 1):
         server = FakeServer(tok, answers)
         loop = make_loop(tiny, tmp_path, server, FakeEnv(max_turns=3))
-        asyncio.run(loop.run({"temperature": 1.0}, uid="u", session_id=session,
-                             extra_info=row(2, round=3, client=1, epoch=1, group=4, base_seed=9), raw_prompt=[]))
+        asyncio.run(
+            loop.run(
+                {"temperature": 1.0},
+                uid="u",
+                session_id=session,
+                extra_info=row(2, round=3, client=1, epoch=1, group=4, base_seed=9),
+                raw_prompt=[],
+            )
+        )
         calls[session] = [c["sampling_params"]["seed"] for c in server.calls]
-        assert calls[session] == [request_seed(9, round=3, client=1, epoch=1, group=4, session=session, turn=k)
-                                  for k in range(len(server.calls))]
+        assert calls[session] == [
+            request_seed(9, round=3, client=1, epoch=1, group=4, session=session, turn=k)
+            for k in range(len(server.calls))
+        ]
     assert len(calls[0]) == 3 and not set(calls[0]) & set(calls[1])
     recs = [json.loads(line) for line in Path(tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert [[t["sampling_seed"] for t in r["turns"]] for r in recs] == [calls[0], calls[1]]
     with pytest.raises(ValueError, match="base_seed"):
-        asyncio.run(make_loop(tiny, tmp_path, FakeServer(tok, answers), FakeEnv()).run(
-            {}, uid="u", session_id=0, extra_info={"seed": 2, "epoch": 0, "group": 0, "round": 1, "client": 0},
-            raw_prompt=[]))
+        asyncio.run(
+            make_loop(tiny, tmp_path, FakeServer(tok, answers), FakeEnv()).run(
+                {},
+                uid="u",
+                session_id=0,
+                extra_info={"seed": 2, "epoch": 0, "group": 0, "round": 1, "client": 0},
+                raw_prompt=[],
+            )
+        )

@@ -67,7 +67,7 @@ def test_merge_is_exact_fp32(ckpt, tiny):
         assert merged[k].dtype == torch.float32
         assert torch.equal(merged[k], v), k
         moved += int(k in start and not torch.equal(start[k], v))
-    assert moved > 0                                  # training changed the weights
+    assert moved > 0  # training changed the weights
 
 
 def test_update_dir_holds_the_masters_and_the_local_file_set(ckpt, tiny, tmp_path):
@@ -83,8 +83,9 @@ def test_update_dir_holds_the_masters_and_the_local_file_set(ckpt, tiny, tmp_pat
         assert v.dtype == torch.float32 and torch.equal(v, ref[k]), k
     model, tok = load_policy(tiny, 1)
     save_policy(model, tok, tmp_path / "local")
-    assert sorted(p.name for p in (tmp_path / "update").iterdir() if p.name != "manifest.json") == \
-        sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert sorted(p.name for p in (tmp_path / "update").iterdir() if p.name != "manifest.json") == sorted(
+        p.name for p in (tmp_path / "local").iterdir()
+    )
 
 
 def test_bf16_shards_and_missing_ranks_are_refused(ckpt, tmp_path):

@@ -18,8 +18,16 @@ from fedagent.train.verl import critic_attn  # noqa: E402
 def _critic_dir(path):
     from transformers import AutoModelForTokenClassification, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, num_labels=1)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_labels=1,
+    )
     torch.manual_seed(0)
     AutoModelForTokenClassification.from_config(cfg).save_pretrained(path)
     return path
@@ -37,8 +45,9 @@ def _load_like_verl(local_path):
     hf_config.classifier_dropout = 0.0
     hf_config.hidden_dropout = "0"
     hf_config.summary_dropout_prob = 0.0
-    return load_valuehead_model(local_path=local_path, torch_dtype=torch.float32, model_config=hf_config,
-                                trust_remote_code=False)
+    return load_valuehead_model(
+        local_path=local_path, torch_dtype=torch.float32, model_config=hf_config, trust_remote_code=False
+    )
 
 
 @pytest.fixture
@@ -60,13 +69,13 @@ def _check(model):
 
 def test_armed_after_import_loads_with_config_attention(tmp_path, verl_model, capsys):
     local = str(_critic_dir(tmp_path / "critic"))
-    original = verl_model.load_valuehead_model               # verl's own (the fixture restores it)
+    original = verl_model.load_valuehead_model  # verl's own (the fixture restores it)
     assert original is not critic_attn.load_valuehead_model
     critic_attn.arm()
     assert critic_attn.armed_line() in capsys.readouterr().out
     assert verl_model.load_valuehead_model is critic_attn.load_valuehead_model
     _check(_load_like_verl(local))
-    critic_attn.arm()                                       # idempotent: still ours, verl's kept
+    critic_attn.arm()  # idempotent: still ours, verl's kept
     assert verl_model.load_valuehead_model is critic_attn.load_valuehead_model
     assert critic_attn.load_valuehead_model.__wrapped__ is original
 
@@ -75,11 +84,11 @@ def test_armed_before_import(tmp_path, verl_model, capsys, monkeypatch):
     local = str(_critic_dir(tmp_path / "critic"))
     import verl.utils
 
-    monkeypatch.setattr(verl.utils, "model", verl_model)   # restored after the re-import below
+    monkeypatch.setattr(verl.utils, "model", verl_model)  # restored after the re-import below
     monkeypatch.delitem(sys.modules, "verl.utils.model")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     critic_attn.arm()
-    assert critic_attn.armed_line() not in capsys.readouterr().out   # nothing to patch yet
+    assert critic_attn.armed_line() not in capsys.readouterr().out  # nothing to patch yet
     fresh = importlib.import_module("verl.utils.model")
     assert critic_attn.armed_line() in capsys.readouterr().out
     assert fresh.load_valuehead_model is critic_attn.load_valuehead_model
@@ -94,7 +103,7 @@ def test_unpatched_verl_needs_flash_attn(tmp_path, verl_model):
     assert not getattr(verl_model.load_valuehead_model, "_fedagent_critic_attn", False)
     with pytest.raises(RuntimeError, match="is not a value head model") as err:
         _load_like_verl(local)
-    assert "FlashAttention2" in str(err.value.__cause__)     # the cause: the forced flash_attention_2
+    assert "FlashAttention2" in str(err.value.__cause__)  # the cause: the forced flash_attention_2
 
 
 def test_attn_implementation_choice():

@@ -47,8 +47,15 @@ def _overrides(tmp_path, round=1, client_=0, model="model", ppo=False, **setting
     tag = f"fa-r{round:03d}-c{client_}-1-0123456789abcdef"
     w = tmp_path / f"r{round}c{client_}"
     job = VerlJob(tag=tag, workdir=w, ray_tmp=Path(f"/tmp/fa-ray-{round}{client_}"))
-    return build_overrides(p, VerlSettings(**settings), job=job, model_dir=tmp_path / model, rows=w / "rows.parquet",
-                           agent_loop_yaml=w / "agent_loop.yaml", rollout_seed=100 * round + client_)
+    return build_overrides(
+        p,
+        VerlSettings(**settings),
+        job=job,
+        model_dir=tmp_path / model,
+        rows=w / "rows.parquet",
+        agent_loop_yaml=w / "agent_loop.yaml",
+        rollout_seed=100 * round + client_,
+    )
 
 
 @pytest.mark.parametrize("ppo", [False, True])
@@ -71,17 +78,31 @@ def test_the_sets_overrides_compose_through_its_entry_point_with_string_ray_env_
 
     d = tmp_path / "slot-0"
     d.mkdir()
-    ov = client.set_overrides(_overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="fa-eng-slot-0-1-ab",
-                              idle_s=30, key="k" * 64, nonce="0123456789abcdef")
+    ov = client.set_overrides(
+        _overrides(tmp_path),
+        d,
+        ray_tmp=Path("/tmp/fa-ray-set"),
+        tag="fa-eng-slot-0-1-ab",
+        idle_s=30,
+        key="k" * 64,
+        nonce="0123456789abcdef",
+    )
     cfg = compose_ppo(ov)
     assert_ray_env_vars_are_strings(cfg)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env[client.SOCKET_ENV] == str(client.socket_path(d)) and env[client.IDLE_ENV] == "30.0"
-    assert env[client.KEY_ENV] == "k" * 64 and env[refit.REFIT_ENV] == "1" and env[client.NONCE_ENV] == "0123456789abcdef"
+    assert (
+        env[client.KEY_ENV] == "k" * 64 and env[refit.REFIT_ENV] == "1" and env[client.NONCE_ENV] == "0123456789abcdef"
+    )
     assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(d / "agent_loop.yaml")
     assert cfg.ray_kwargs.ray_init._temp_dir == "/tmp/fa-ray-set"
-    out = subprocess.run([sys.executable, "-m", client.SERVER_MODULE, *ov, "--cfg", "job"], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-m", client.SERVER_MODULE, *ov, "--cfg", "job"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{client.KEY_ENV}: {'k' * 64}" in out.stdout
 
@@ -98,19 +119,45 @@ def test_a_sets_ray_workers_bind_the_reset_methods_in_verls_colocated_worker_gro
     d = tmp_path / "slot-0"
     d.mkdir()
     with isolated_job(tmp_path / ".verl-0", round=1, client=0) as j:
-        ov = client.set_overrides(_overrides(tmp_path, ppo=True), d, ray_tmp=j.ray_tmp, tag=j.tag, idle_s=30,
-                                  key="k" * 64, nonce="0123456789abcdef")
+        ov = client.set_overrides(
+            _overrides(tmp_path, ppo=True),
+            d,
+            ray_tmp=j.ray_tmp,
+            tag=j.tag,
+            idle_s=30,
+            key="k" * 64,
+            nonce="0123456789abcdef",
+        )
         (j.workdir / "ov.json").write_text(json.dumps(ov))
-        env = {**job_environ(j), "FEDAGENT_PROBE_COLOCATED": "1",
-               "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, str(TESTS / "verl_ray_probe.py"), str(j.workdir / "ov.json"),
-                               str(j.workdir / "probe.json")], env=env, cwd=j.workdir, capture_output=True,
-                              text=True, timeout=300)
+        env = {
+            **job_environ(j),
+            "FEDAGENT_PROBE_COLOCATED": "1",
+            "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(TESTS / "verl_ray_probe.py"),
+                str(j.workdir / "ov.json"),
+                str(j.workdir / "probe.json"),
+            ],
+            env=env,
+            cwd=j.workdir,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         got = json.loads((j.workdir / "probe.json").read_text())["colocated"]
-    assert got == {f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL", f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL",
-                   **{f"{role}_{m}": "ONE_TO_ALL" for role in ("actor_rollout", "critic")
-                      for m in (memory.MEMORY_METHOD, memory.CENSUS_METHOD)}}, got
+    assert got == {
+        f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL",
+        f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL",
+        **{
+            f"{role}_{m}": "ONE_TO_ALL"
+            for role in ("actor_rollout", "critic")
+            for m in (memory.MEMORY_METHOD, memory.CENSUS_METHOD)
+        },
+    }, got
 
 
 def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, monkeypatch):
@@ -136,15 +183,29 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
     monkeypatch.setattr(refit, "reset_trainer", lambda trainer, **kw: calls.append(("reset", kw)))
     cfg = compose_ppo(_overrides(tmp_path))
     f = VerlFitter(Trainer(), cfg, "alm")
-    first = {"tag": "a", "model_dir": str(tmp_path / "model"), "ref_dir": None, "critic_dir": None,
-             "rows": str(tmp_path / "r1c0" / "rows.parquet"), "ckpt_dir": str(cfg.trainer.default_local_dir)}
+    first = {
+        "tag": "a",
+        "model_dir": str(tmp_path / "model"),
+        "ref_dir": None,
+        "critic_dir": None,
+        "rows": str(tmp_path / "r1c0" / "rows.parquet"),
+        "ckpt_dir": str(cfg.trainer.default_local_dir),
+    }
     assert f.built_for(first) and not f.built_for({**first, "rows": "/elsewhere"})
     assert f.fit(first, reset=False) == [{"step": 1, "actor/kl_loss": 0.5}]
-    later = {**first, "tag": "b", "model_dir": "/runs/round_001/model", "rows": "/w/b/rows.parquet", "ckpt_dir": "/w/b/ckpt"}
+    later = {
+        **first,
+        "tag": "b",
+        "model_dir": "/runs/round_001/model",
+        "rows": "/w/b/rows.parquet",
+        "ckpt_dir": "/w/b/ckpt",
+    }
     f.fit(later, reset=True)
     assert calls[0] == ("fit", "alm", first["rows"], first["ckpt_dir"])
-    assert calls[1] == ("reset", {"model_dir": "/runs/round_001/model", "ref_dir": "/runs/round_001/model",
-                                  "critic_dir": None})
+    assert calls[1] == (
+        "reset",
+        {"model_dir": "/runs/round_001/model", "ref_dir": "/runs/round_001/model", "critic_dir": None},
+    )
     assert calls[2] == ("fit", "alm", "/w/b/rows.parquet", "/w/b/ckpt")
     assert str(cfg.actor_rollout_ref.model.path) == "/runs/round_001/model" and cfg.trainer.experiment_name == "b"
 
@@ -167,7 +228,7 @@ def test_the_sets_memory_reading_is_its_fullest_training_worker(tmp_path):
     assert f.memory_gb() == 2.0
     f.trainer = SimpleNamespace(use_critic=False, actor_rollout_wg=group(None))
     assert f.memory_gb() is None
-    assert memory.allocated_gb(None) is None          # this machine has no device: the worker method says so
+    assert memory.allocated_gb(None) is None  # this machine has no device: the worker method says so
 
 
 def test_the_census_switch_reaches_the_sets_ray_env_as_a_string(tmp_path):
@@ -176,9 +237,16 @@ def test_the_census_switch_reaches_the_sets_ray_env_as_a_string(tmp_path):
     from verl_helpers import compose_ppo
 
     extra = (f"+ray_kwargs.ray_init.runtime_env.env_vars.{memory.CENSUS_ENV}='1'",)
-    ov = client.set_overrides(_overrides(tmp_path, extra_overrides=extra), tmp_path / "slot-0",
-                              ray_tmp=Path("/tmp/fa-ray-x"), tag="t", idle_s=30, key="k" * 64, nonce="n",
-                              max_growth_gb=4.0)
+    ov = client.set_overrides(
+        _overrides(tmp_path, extra_overrides=extra),
+        tmp_path / "slot-0",
+        ray_tmp=Path("/tmp/fa-ray-x"),
+        tag="t",
+        idle_s=30,
+        key="k" * 64,
+        nonce="n",
+        max_growth_gb=4.0,
+    )
     cfg = compose_ppo(ov)
     assert_ray_env_vars_are_strings(cfg)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
@@ -190,19 +258,22 @@ def test_the_memory_census_names_the_largest_storages_and_what_holds_them():
     of one storage count once, the largest first, each with the types that hold it."""
     import torch
 
-    class Keeper:                         # e.g. a leftover optimizer state or a closure's cell
+    class Keeper:  # e.g. a leftover optimizer state or a closure's cell
         def __init__(self, t):
             self.t = t
 
     big, small = torch.zeros(1000), torch.zeros(10)
     keeper = Keeper(big)
-    rows = memory.census([big, big[:5], small, torch.zeros(3, dtype=torch.int8)], lambda t: t.dtype == torch.float32, top=5)
+    rows = memory.census(
+        [big, big[:5], small, torch.zeros(3, dtype=torch.int8)], lambda t: t.dtype == torch.float32, top=5
+    )
     assert [(r["bytes"], r["tensors"], r["shape"]) for r in rows] == [(4000, 2, [1000]), (40, 1, [10])]
     assert "dict" in rows[0]["held_by"] or "Keeper" in rows[0]["held_by"]
     assert keeper.t is big
 
 
 # ---- jobs on a fake engine set -------------------------------------------------------------------------
+
 
 @pytest.fixture
 def fake_engines(monkeypatch, tmp_path):
@@ -215,7 +286,7 @@ def fake_engines(monkeypatch, tmp_path):
     yield rec
     from fedagent.train.verl.engines.stop import stop_sets_under
 
-    stop_sets_under(tmp_path)          # whatever a test left running (a failed one's set)
+    stop_sets_under(tmp_path)  # whatever a test left running (a failed one's set)
 
 
 SETTINGS = VerlSettings(gpus=1, engines="run", engine_sets=1, engines_idle_s=60)
@@ -236,10 +307,10 @@ def test_the_first_job_starts_a_set_the_next_reuses_it_and_a_recipe_change_start
     m0 = _job(model, rd, 0, TrainParams(**P), SETTINGS)
     pid0 = _set_pid(tmp_path)
     m1 = _job(model, rd, 1, TrainParams(**P), SETTINGS)
-    assert _set_pid(tmp_path) == pid0 and procs.alive(pid0)       # the same set served both
+    assert _set_pid(tmp_path) == pid0 and procs.alive(pid0)  # the same set served both
     assert m0["verl"]["engine_set"]["warm"] is False and m1["verl"]["engine_set"]["warm"] is True
     assert m1["verl"]["engine_set"]["jobs_before"] == 1
-    for m in (m0, m1):     # verl's values as the set returned them, and they agree with the job's log lines
+    for m in (m0, m1):  # verl's values as the set returned them, and they agree with the job's log lines
         assert m["kl"] == pytest.approx(FAKE_STEP_VALUES["actor/kl_loss"]) and m["engine_steps_match"] is True
         assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"]
     # a warm job times its reset → first token; its launch → first token is the request's
@@ -298,7 +369,7 @@ def test_in_real_ray_each_jobs_forwarded_lines_reach_its_log_range(fake_engines,
     assert (m0["verl"]["engine_set"]["warm"], m1["verl"]["engine_set"]["warm"]) == (False, True)
     assert m1["engine_steps_match"] is True and m1["timings_s"]["refit_to_first_generation"] > 0
     log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
-    assert f"(TaskRunner pid=" in log and f"(WorkerDict pid=" in log
+    assert "(TaskRunner pid=" in log and "(WorkerDict pid=" in log
     assert f"{refit.RESET_LINE}{model.resolve()}" in log
     pid = _set_pid(tmp_path)
     stop_sets_under(tmp_path)
@@ -333,25 +404,25 @@ def test_a_job_killed_mid_fit_stops_its_set_and_the_rerun_commits(fake_engines, 
     proc = ctx.Process(target=_killable_job, args=(model, rd, 0, q))
     proc.start()
     deadline = time.monotonic() + 120
-    while not list(fake_engines.glob("job-*.json")):      # the fit has begun (its episodes are played)
+    while not list(fake_engines.glob("job-*.json")):  # the fit has begun (its episodes are played)
         assert time.monotonic() < deadline and proc.is_alive()
         time.sleep(0.2)
     pid = _set_pid(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(10)
     deadline = time.monotonic() + 30
-    while procs.alive(pid):                         # the set's watchdog saw the connection close
+    while procs.alive(pid):  # the set's watchdog saw the connection close
         assert time.monotonic() < deadline, "the set outlived its killed job"
         time.sleep(0.2)
     assert not (rd / "0").exists()
     log = (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
     assert "connection closed mid-fit" in log
-    left = json.loads((rd / ".verl-0" / leftovers.LEFTOVERS).read_text())       # what the SIGKILL left
+    left = json.loads((rd / ".verl-0" / leftovers.LEFTOVERS).read_text())  # what the SIGKILL left
     assert Path(left["ray_tmp"]).is_dir()
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     m = _job(model, rd, 0, TrainParams(**P), SETTINGS)
     assert m["verl"]["engine_set"]["warm"] is False and (rd / "0" / "metrics.json").is_file()
-    assert not Path(left["ray_tmp"]).exists()          # the rerun removed it
+    assert not Path(left["ray_tmp"]).exists()  # the rerun removed it
 
 
 def test_two_jobs_at_once_take_two_slots(tmp_path):
@@ -375,10 +446,10 @@ def test_the_key_holds_the_agent_loop_entry_but_not_its_job_file(tmp_path):
 class _Recorder:
     def __init__(self, memory=()):
         self.resets = []
-        self.memory = list(memory)        # memory_gb after each fit (None: not measurable, as on a CPU)
+        self.memory = list(memory)  # memory_gb after each fit (None: not measurable, as on a CPU)
 
     def built_for(self, job):
-        return True                       # the paths match: only the nonce tells the starting job apart
+        return True  # the paths match: only the nonce tells the starting job apart
 
     def fit(self, job, *, reset):
         self.resets.append(reset)
@@ -395,10 +466,22 @@ def _serve_in_thread(tmp_path, fitter, **kw):
     log = tmp_path / "server.log"
     log.write_text("")
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("why", serve.serve(
-        sock, fitter=fitter, log=log, job_file=tmp_path / "job.json", stop=lambda: None, settle_s=0,
-        forward_limit_s=5, say=lambda line: log.open("a").write(line + "\n"),
-        **{"key": "k1", "idle_s": 30, **kw})))
+    t = threading.Thread(
+        target=lambda: out.setdefault(
+            "why",
+            serve.serve(
+                sock,
+                fitter=fitter,
+                log=log,
+                job_file=tmp_path / "job.json",
+                stop=lambda: None,
+                settle_s=0,
+                forward_limit_s=5,
+                say=lambda line: log.open("a").write(line + "\n"),
+                **{"key": "k1", "idle_s": 30, **kw},
+            ),
+        )
+    )
     t.start()
     deadline = time.monotonic() + 10
     while not sock.exists():
@@ -416,14 +499,19 @@ def _ask(sock, **req):
         return serve.recv(c)
 
 
-@pytest.mark.parametrize("first_nonce, resets", [("n1", [False, True]),     # the starting job: as built
-                                                 (None, [True, True]),      # another job got there first
-                                                 ("n2", [True, True])])
+@pytest.mark.parametrize(
+    "first_nonce, resets",
+    [
+        ("n1", [False, True]),  # the starting job: as built
+        (None, [True, True]),  # another job got there first
+        ("n2", [True, True]),
+    ],
+)
 def test_only_the_starting_jobs_nonce_skips_the_reset(tmp_path, first_nonce, resets):
     f = _Recorder()
     sock, t, out = _serve_in_thread(tmp_path, f, nonce="n1")
     assert _ask(sock, **({"nonce": first_nonce} if first_nonce else {}))["ok"]
-    assert _ask(sock, nonce="n1")["warm"] is True          # a set's second job is always reset
+    assert _ask(sock, nonce="n1")["warm"] is True  # a set's second job is always reset
     assert "restart" in _ask(sock, engine_key="k2")
     t.join(10)
     assert f.resets == resets and out["why"] == "restart"
@@ -441,7 +529,9 @@ def test_a_set_whose_memory_grows_past_its_limit_answers_the_job_then_stops(tmp_
     assert [a["memory_growth_gb"] for a in answers] == [0.0, 0.5, 1.5]
     t.join(10)
     assert out["why"] == "memory" and not sock.exists()
-    assert "fedagent: engine set retires: its training workers hold 1.50 GB more" in (tmp_path / "server.log").read_text()
+    assert (
+        "fedagent: engine set retires: its training workers hold 1.50 GB more" in (tmp_path / "server.log").read_text()
+    )
 
 
 def test_without_a_memory_reading_a_set_never_retires_for_memory(tmp_path):
@@ -454,6 +544,7 @@ def test_without_a_memory_reading_a_set_never_retires_for_memory(tmp_path):
 def test_a_failing_memory_reading_never_fails_the_job(tmp_path):
     """The reading comes after the job's fit (sound): if the workers cannot answer it, the job still gets
     its answer, without a reading, and the log says why."""
+
     class Broken(_Recorder):
         def memory_gb(self):
             raise RuntimeError("worker group gone")
@@ -496,7 +587,7 @@ def test_stop_set_never_signals_a_reused_pid(tmp_path):
         client.stop_set(tmp_path, grace_s=1)
         assert proc.poll() is None
         (tmp_path / "server.json").write_text(json.dumps({"pid": proc.pid, "start": procs.proc_start(proc.pid)}))
-        client.socket_path(tmp_path).write_text("")          # a killed set's socket file, left behind
+        client.socket_path(tmp_path).write_text("")  # a killed set's socket file, left behind
         client.stop_set(tmp_path, grace_s=5)
         assert proc.wait(5) is not None and not client.socket_path(tmp_path).exists()
     finally:
@@ -543,8 +634,10 @@ def test_two_rounds_through_snakemake_on_one_engine_set_verify_and_the_set_stops
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     work = make_workdir(tmp_path / "w")
-    (work / "verl.yaml").write_text("rounds: 2\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1, "
-                                    "engines: run, engine_sets: 1, engines_idle_s: 120}}\n")
+    (work / "verl.yaml").write_text(
+        "rounds: 2\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1, "
+        "engines: run, engine_sets: 1, engines_idle_s: 120}}\n"
+    )
     run_snakemake(work, "--configfile", "verl.yaml")
     runs = work / RUN
     warm = {}
@@ -555,16 +648,34 @@ def test_two_rounds_through_snakemake_on_one_engine_set_verify_and_the_set_stops
             warm[(r, c)] = m["verl"]["engine_set"]["warm"]
             start = load_file(runs / f"round_{r - 1:03d}" / "model" / "model.safetensors")
             got = load_file(rd / "clients" / c / "model.safetensors")
-            assert all(bool((got[k] == start[k] + 2.0 ** -10).all()) for k in start)   # its own start model's
+            assert all(bool((got[k] == start[k] + 2.0**-10).all()) for k in start)  # its own start model's
         prev = runs / f"round_{r - 1:03d}" / "model"
         state = ["--prev-server-state", str(prev)] if r > 1 else []
-        v = subprocess.run([sys.executable, "-m", "fedagent.cli", "verify", "--prev", str(prev), "--clients",
-                            str(rd / "clients" / "0"), str(rd / "clients" / "1"), "--aggregate", str(rd / "aggregate"),
-                            "--model", str(rd / "model"), *state], capture_output=True, text=True, cwd=work)
+        v = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedagent.cli",
+                "verify",
+                "--prev",
+                str(prev),
+                "--clients",
+                str(rd / "clients" / "0"),
+                str(rd / "clients" / "1"),
+                "--aggregate",
+                str(rd / "aggregate"),
+                "--model",
+                str(rd / "model"),
+                *state,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=work,
+        )
         assert v.returncode == 0, v.stdout + v.stderr
     assert sorted(warm.values()) == [False, True, True, True]
     sets = {json.loads(p.read_text())["set_pid"] for p in fake_engines.glob("job-*.json")}
-    assert len(sets) == 1 and not procs.alive(sets.pop())          # one set served all four; it is gone
+    assert len(sets) == 1 and not procs.alive(sets.pop())  # one set served all four; it is gone
 
 
 def test_jobs_one_after_another_reuse_the_live_set_of_their_key_whatever_their_slot(tmp_path):
@@ -579,7 +690,7 @@ def test_jobs_one_after_another_reuse_the_live_set_of_their_key_whatever_their_s
         with client.slot(tmp_path, 2, 1, "other") as d:
             assert d.name == "slot-1"
         with client.slot(tmp_path, 2, 1, "K") as a, client.slot(tmp_path, 2, 1, "K") as b:
-            assert (a.name, b.name) == ("slot-0", "slot-1")      # busy: the next free one
+            assert (a.name, b.name) == ("slot-0", "slot-1")  # busy: the next free one
     finally:
         live.kill()
 
@@ -634,8 +745,9 @@ def test_the_sets_and_the_probes_main_prepare_verls_config_as_verls_main_does(tm
 
     d = tmp_path / "slot-0"
     d.mkdir()
-    ov = client.set_overrides(_overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="t", idle_s=30,
-                              key="k", nonce="n")
+    ov = client.set_overrides(
+        _overrides(tmp_path), d, ray_tmp=Path("/tmp/fa-ray-set"), tag="t", idle_s=30, key="k", nonce="n"
+    )
     prepare_verl_config(compose_ppo(ov), "train.verl.engines: run")
     with pytest.raises(ValueError, match="engines: run needs verl's v1 trainer"):
         prepare_verl_config(compose_ppo(ov + ["trainer.use_v1=False"]), "train.verl.engines: run")

@@ -22,8 +22,12 @@ from verl_helpers import compose_ppo  # noqa: E402
 
 from fedagent.core.config import load_config  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
-from fedagent.train.verl.launch import (VerlJob, VerlSettings, build_overrides,  # noqa: E402
-                                        write_agent_loop_yaml)
+from fedagent.train.verl.launch import (
+    VerlJob,
+    VerlSettings,
+    build_overrides,  # noqa: E402
+    write_agent_loop_yaml,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,9 +35,15 @@ REPO = Path(__file__).resolve().parent.parent
 def workflow_train_params(config_path: Path, **overrides) -> TrainParams:
     """TrainParams as workflow/common.smk builds TRAIN_PARAMS (minus the backend keys)."""
     cfg = load_config(config_path, {"train.backend": "verl", "train.ref_anchor": "round", **overrides})
-    d = {"base_seed": cfg["seed"],
-         **{k: v for k, v in cfg["train"].items() if k not in ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "gpu_mem_gb")},
-         "pool_size": cfg["env"]["pool_size"]}
+    d = {
+        "base_seed": cfg["seed"],
+        **{
+            k: v
+            for k, v in cfg["train"].items()
+            if k not in ("threads", "backend", "ref_anchor", "algorithm", "ppo", "verl", "gpu_mem_gb")
+        },
+        "pool_size": cfg["env"]["pool_size"],
+    }
     return TrainParams.from_dict(d)
 
 
@@ -42,9 +52,16 @@ UNI = ("distributed_executor_backend", "uni")
 CASES = {
     "default": (REPO / "config" / "config.yaml", {}, VerlSettings()),
     "workflow-test": (REPO / "tests" / "workflow_config.yaml", {}, VerlSettings(gpus=2)),
-    "epochs-kl-off": (REPO / "config" / "config.yaml", {"train.epochs": 3, "train.kl_coef": 0.0,
-                                                        "train.groups_per_epoch": 4}, VerlSettings(enforce_eager=True)),
-    "extra": (REPO / "config" / "config.yaml", {}, VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",))),
+    "epochs-kl-off": (
+        REPO / "config" / "config.yaml",
+        {"train.epochs": 3, "train.kl_coef": 0.0, "train.groups_per_epoch": 4},
+        VerlSettings(enforce_eager=True),
+    ),
+    "extra": (
+        REPO / "config" / "config.yaml",
+        {},
+        VerlSettings(extra_overrides=("actor_rollout_ref.rollout.max_num_seqs=64",)),
+    ),
     "kv-cache": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=1.5)),
     # issue 30's start-up lever: graphs for a few batch sizes only
     "cudagraph-sizes": (REPO / "config" / "config.yaml", {}, VerlSettings(cudagraph_capture_sizes=(1, 2, 4, 8, 16))),
@@ -53,8 +70,11 @@ CASES = {
     # per-job actor pools at their defaults (8 each) and larger than ours
     "kv-cache-uni-executor": (REPO / "config" / "config.yaml", {}, VerlSettings(kv_cache_gb=4, vllm_executor="uni")),
     # verl's own choices: the mp executor (no engine kwarg), 8 reward workers and 8 storage units
-    "verl-defaults": (REPO / "config" / "config.yaml", {}, VerlSettings(vllm_executor="mp", reward_workers=8,
-                                                                        storage_units=8)),
+    "verl-defaults": (
+        REPO / "config" / "config.yaml",
+        {},
+        VerlSettings(vllm_executor="mp", reward_workers=8, storage_units=8),
+    ),
     # the run-scoped engines' probe (fedagent.train.verl.refit): its flag rides in Ray's runtime env
     "warm-refit": (REPO / "config" / "config.yaml", {}, VerlSettings(warm_refit=True)),
 }
@@ -72,8 +92,19 @@ def overrides_for(name, tmp_path):
     path, ov, settings = CASES[name]
     p = workflow_train_params(path, **ov)
     job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
-    return p, settings, build_overrides(p, settings, job=job, model_dir=tmp_path / "model", rows=tmp_path / "rows.parquet",
-                                        agent_loop_yaml=tmp_path / "agent_loop.yaml", rollout_seed=123)
+    return (
+        p,
+        settings,
+        build_overrides(
+            p,
+            settings,
+            job=job,
+            model_dir=tmp_path / "model",
+            rows=tmp_path / "rows.parquet",
+            agent_loop_yaml=tmp_path / "agent_loop.yaml",
+            rollout_seed=123,
+        ),
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -128,8 +159,15 @@ def test_agent_loop_yaml_instantiates_our_loop(tmp_path):
     import hydra.utils
 
     p = TrainParams(max_turns=4, invalid_penalty=0.2)
-    path = write_agent_loop_yaml(tmp_path / "a.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
-                                 record_file=tmp_path / "ep.jsonl", history_length=2)
+    path = write_agent_loop_yaml(
+        tmp_path / "a.yaml",
+        env_uds="/tmp/x.sock",
+        env_url=None,
+        env_token=None,
+        p=p,
+        record_file=tmp_path / "ep.jsonl",
+        history_length=2,
+    )
     (entry,) = yaml.safe_load(path.read_text())
     assert entry["name"] == "fedagent_windowed" and entry["max_turns"] == 4 and entry["invalid_penalty"] == 0.2
     cls = hydra.utils.get_class(entry["_target_"])
@@ -157,8 +195,16 @@ def test_the_verl_job_plays_rollout_history(tmp_path, monkeypatch):
     monkeypatch.setattr(backend.launch, "write_agent_loop_yaml", capture)
     model = build_tiny_model(tmp_path / "m")
     with pytest.raises(Stop):
-        backend.train_client_verl(model, model, {"uds": "/nonexistent.sock"}, round=1, client=0,
-                                  params=TrainParams(history=5), settings=VerlSettings(), out_dir=tmp_path / "u")
+        backend.train_client_verl(
+            model,
+            model,
+            {"uds": "/nonexistent.sock"},
+            round=1,
+            client=0,
+            params=TrainParams(history=5),
+            settings=VerlSettings(),
+            out_dir=tmp_path / "u",
+        )
     assert seen == {"history_length": 5}
 
 
@@ -177,15 +223,22 @@ def test_verls_policy_loss_under_our_launch_is_our_loss(tmp_path, c):
 
     p = workflow_train_params(REPO / "config" / "config.yaml", **{"train.clip_ratio_c": c})
     job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
-    ov = build_overrides(p, VerlSettings(), job=job, model_dir=tmp_path / "model", rows=tmp_path / "rows.parquet",
-                         agent_loop_yaml=tmp_path / "agent_loop.yaml", rollout_seed=1)
+    ov = build_overrides(
+        p,
+        VerlSettings(),
+        job=job,
+        model_dir=tmp_path / "model",
+        rows=tmp_path / "rows.parquet",
+        agent_loop_yaml=tmp_path / "agent_loop.yaml",
+        rollout_seed=1,
+    )
     actor = omega_conf_to_dataclass(compose_ppo(ov).actor_rollout_ref.actor)
     g = torch.Generator().manual_seed(31)
     old = torch.log(torch.rand(46, generator=g) * 0.5 + 0.05)
     logp = (old + torch.randn(46, generator=g) * 0.6).clamp(max=0.0)
-    logp[:3] = old[:3] + math.log(4.0)          # three tokens at ratio 4 ...
+    logp[:3] = old[:3] + math.log(4.0)  # three tokens at ratio 4 ...
     adv = torch.randn(46, generator=g)
-    adv[:3] = -1.0                              # ... under a negative advantage: the cap binds
+    adv[:3] = -1.0  # ... under a negative advantage: the cap binds
     ours_lp = logp.clone().requires_grad_(True)
     terms, st = grpo_token_terms(ours_lp, old, None, adv, clip=p.clip, kl_coef=0.0, clip_ratio_c=p.clip_ratio_c)
     ours = terms.sum() / terms.numel()
@@ -200,13 +253,29 @@ def test_verls_policy_loss_under_our_launch_is_our_loss(tmp_path, c):
 
 def ppo_train_params(**overrides) -> TrainParams:
     """TrainParams of a PPO run on the verl backend (the reference's PPO shape: n = 1)."""
-    cfg = load_config(REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "round",
-                                                        "train.algorithm": "ppo", "train.group_size": 1,
-                                                        "train.groups_per_epoch": 8, "train.mini_batch_size": 8,
-                                                        **overrides})
+    cfg = load_config(
+        REPO / "config" / "config.yaml",
+        {
+            "train.backend": "verl",
+            "train.ref_anchor": "round",
+            "train.algorithm": "ppo",
+            "train.group_size": 1,
+            "train.groups_per_epoch": 8,
+            "train.mini_batch_size": 8,
+            **overrides,
+        },
+    )
     ppo = {k: v for k, v in cfg["train"]["ppo"].items() if k != "critic_path"}
-    d = {"base_seed": cfg["seed"], **ppo, "pool_size": cfg["env"]["pool_size"],
-         **{k: v for k, v in cfg["train"].items() if k not in ("threads", "backend", "ref_anchor", "ppo", "verl", "gpu_mem_gb")}}
+    d = {
+        "base_seed": cfg["seed"],
+        **ppo,
+        "pool_size": cfg["env"]["pool_size"],
+        **{
+            k: v
+            for k, v in cfg["train"].items()
+            if k not in ("threads", "backend", "ref_anchor", "ppo", "verl", "gpu_mem_gb")
+        },
+    }
     return TrainParams.from_dict(d)
 
 
@@ -226,8 +295,15 @@ def test_a_ppo_launch_composes_with_the_rounds_critic(tmp_path):
     model = write_tiny_model(tmp_path / "model", 1, critic_args=Namespace(critic=True, critic_seed=2, critic_path=None))
     p = ppo_train_params(**{"train.ppo.gamma": 0.99, "train.ppo.lam": 0.95, "train.ppo.critic_lr": 2e-5})
     job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
-    ov = build_overrides(p, VerlSettings(), job=job, model_dir=model, rows=tmp_path / "rows.parquet",
-                         agent_loop_yaml=tmp_path / "agent_loop.yaml", rollout_seed=1)
+    ov = build_overrides(
+        p,
+        VerlSettings(),
+        job=job,
+        model_dir=model,
+        rows=tmp_path / "rows.parquet",
+        agent_loop_yaml=tmp_path / "agent_loop.yaml",
+        rollout_seed=1,
+    )
     cfg = compose_ppo(ov)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     critic = omega_conf_to_dataclass(cfg.critic)
@@ -260,7 +336,7 @@ def test_the_verl_critic_loss_is_the_local_backends_legacy_exact():
 
     g = torch.Generator().manual_seed(5)
     rows, micro, width, clip = 6, 2, 7, 0.2
-    lengths = [7, 1, 3, 7, 2, 5]                               # response tokens per row: micros hold 8, 10, 7
+    lengths = [7, 1, 3, 7, 2, 5]  # response tokens per row: micros hold 8, 10, 7
     mask = torch.zeros(rows, width)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
@@ -275,16 +351,17 @@ def test_the_verl_critic_loss_is_the_local_backends_legacy_exact():
         total.backward()
         return float(total.detach()), v.grad
 
-    def local(v, o, r, m):                                   # fedagent.train.ppo.critic_step's arithmetic
+    def local(v, o, r, m):  # fedagent.train.ppo.critic_step's arithmetic
         terms, _ = value_loss_terms(v[m.bool()], o[m.bool()], r[m.bool()], clip)
         return terms.mean() / len(micros)
 
     def ours(v, o, r, m):
         return legacy_exact_loss(v, o, r, m, clip, micro_rows=v.shape[0], dp_size=1, global_batch_size=rows)[0]
 
-    def verls(v, o, r, m):                                   # verl 0.9.1's value_loss under its engine
-        return compute_value_loss(v, o, r, m, clip, "token-mean", dp_size=1,
-                                  batch_num_tokens=int(mask.sum()), global_batch_size=rows)[0]
+    def verls(v, o, r, m):  # verl 0.9.1's value_loss under its engine
+        return compute_value_loss(
+            v, o, r, m, clip, "token-mean", dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=rows
+        )[0]
 
     want, want_grad = run(local)
     got, got_grad = run(ours)
@@ -300,7 +377,7 @@ def test_a_killed_attempts_leftovers_go_with_the_next_attempt_and_nothing_else(t
     import shutil
     import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="fa-lt-", dir="/tmp"))      # short: Ray's socket paths
+    root = Path(tempfile.mkdtemp(prefix="fa-lt-", dir="/tmp"))  # short: Ray's socket paths
     try:
         _leftovers_case(tmp_path, root)
     finally:
@@ -308,7 +385,6 @@ def test_a_killed_attempts_leftovers_go_with_the_next_attempt_and_nothing_else(t
 
 
 def _leftovers_case(tmp_path, root):
-    import os
     import subprocess
     import time
 

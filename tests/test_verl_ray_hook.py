@@ -30,8 +30,8 @@ def test_install_is_idempotent_and_fails_closed(monkeypatch):
             ray_hook.install()
         assert ray_hook.install("t1") == "t1"
         first = RuntimeContext.get_job_id
-        assert ray_hook.install("t1") == "t1" and RuntimeContext.get_job_id is first     # no double wrap
-        ray_hook.install("t2")                                                            # re-tag wraps the original
+        assert ray_hook.install("t1") == "t1" and RuntimeContext.get_job_id is first  # no double wrap
+        ray_hook.install("t2")  # re-tag wraps the original
         assert RuntimeContext.get_job_id.__wrapped__ is original
         monkeypatch.setenv(ray_hook.TAG_ENV, "t3")
         ray_hook.setup()

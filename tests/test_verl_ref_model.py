@@ -44,9 +44,16 @@ def models(tmp_path_factory):
 
 def _overrides(tmp_path, start: Path, ref: Path | None, p: TrainParams | None = None) -> list[str]:
     job = VerlJob(tag="fa-r002-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
-    return build_overrides(p or TrainParams(kl_coef=0.01), VerlSettings(), job=job, model_dir=start,
-                           rows=tmp_path / "rows.parquet", agent_loop_yaml=tmp_path / "agent_loop.yaml",
-                           rollout_seed=1, ref_model_dir=ref)
+    return build_overrides(
+        p or TrainParams(kl_coef=0.01),
+        VerlSettings(),
+        job=job,
+        model_dir=start,
+        rows=tmp_path / "rows.parquet",
+        agent_loop_yaml=tmp_path / "agent_loop.yaml",
+        rollout_seed=1,
+        ref_model_dir=ref,
+    )
 
 
 def test_a_base_reference_launch_composes_and_reaches_the_hook(tmp_path, models):
@@ -76,12 +83,20 @@ def test_a_base_reference_launch_composes_and_reaches_the_hook(tmp_path, models)
 def _reference(tmp_path: Path, ov: list[str], name: str) -> tuple[dict, str]:
     """verl's reference worker of ``ov`` built on CPU in a fresh process: (its state dict, the output)."""
     out = tmp_path / f"{name}.pt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     for key in (ref_model.REF_MODEL_ENV, "FEDAGENT_VERL_CRITIC_LOSS"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, str(TESTS / "verl_cpu_ref.py"), str(out), *ov], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / "verl_cpu_ref.py"), str(out), *ov],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out, weights_only=True), proc.stdout
 
@@ -101,7 +116,7 @@ def test_verls_reference_worker_holds_the_base_weights_when_armed(tmp_path, mode
     state, out = _reference(tmp_path, _overrides(tmp_path, start, base), "armed")
     assert _holds(state, base) and not _holds(state, start)
     assert ref_model.loaded_paths(out) == [str(base)]
-    assert f"actor model path: {start}" in out            # the actor (and rollout) still start from --model
+    assert f"actor model path: {start}" in out  # the actor (and rollout) still start from --model
 
     state, out = _reference(tmp_path, _overrides(tmp_path, start, None), "unarmed")
     assert _holds(state, start) and not _holds(state, base)
@@ -111,8 +126,12 @@ def test_verls_reference_worker_holds_the_base_weights_when_armed(tmp_path, mode
 def test_the_log_check_fails_closed(tmp_path):
     log = tmp_path / "verl.log"
     ref = Path("/m/base")
-    for text in ("", "step:1 - x:1\n", f"(WorkerDict pid=1) {ref_model.loaded_line('/m/base2')}\n",
-                 f"{ref_model.loaded_line(ref)}\n(WorkerDict pid=2) {ref_model.loaded_line('/m/start')}\n"):
+    for text in (
+        "",
+        "step:1 - x:1\n",
+        f"(WorkerDict pid=1) {ref_model.loaded_line('/m/base2')}\n",
+        f"{ref_model.loaded_line(ref)}\n(WorkerDict pid=2) {ref_model.loaded_line('/m/start')}\n",
+    ):
         log.write_text(text)
         with pytest.raises(RuntimeError, match="refusing the update"):
             ref_model.check_loaded(log, ref)
@@ -132,7 +151,7 @@ def test_arming_patches_verls_reference_worker_class_once(tmp_path, models):
         ref_model.arm(str(base))
         cls = engine_workers.ActorRolloutRefWorker.ref_worker_cls
         assert issubclass(cls, engine_workers.TrainingWorker) and cls is not original
-        assert engine_workers.ActorRolloutRefWorker.actor_worker_cls is original       # the actor is verl's
+        assert engine_workers.ActorRolloutRefWorker.actor_worker_cls is original  # the actor is verl's
         ref_model.arm(str(base))
         assert engine_workers.ActorRolloutRefWorker.ref_worker_cls is cls
         ref_model.arm(str(start))
@@ -146,6 +165,7 @@ def test_arming_patches_verls_reference_worker_class_once(tmp_path, models):
 
 # --- the job (fedagent.train.verl.backend) with the fake trainer -------------------------------------
 
+
 def _job(start: Path, ref: Path, out: Path, monkeypatch, trainer: str, record: Path):
     from env_fixtures import FakeTaskSource, serve_in_thread, short_tmp
 
@@ -158,11 +178,13 @@ def _job(start: Path, ref: Path, out: Path, monkeypatch, trainer: str, record: P
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     p = TrainParams(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2, kl_coef=0.01)
-    app = build_app(FakeTaskSource(n=6), "train", [f"fake-{i:03d}" for i in range(6)], mode="draw",
-                    pool_size=4, max_turns=1)
+    app = build_app(
+        FakeTaskSource(n=6), "train", [f"fake-{i:03d}" for i in range(6)], mode="draw", pool_size=4, max_turns=1
+    )
     with serve_in_thread(app, short_tmp() / "env.sock") as uds:
-        return train_client_verl(start, ref, {"uds": str(uds)}, round=2, client=0, params=p,
-                                 settings=VerlSettings(), out_dir=out)
+        return train_client_verl(
+            start, ref, {"uds": str(uds)}, round=2, client=0, params=p, settings=VerlSettings(), out_dir=out
+        )
 
 
 @pytest.mark.slow
@@ -180,8 +202,9 @@ def test_a_base_anchored_job_whose_reference_loaded_the_base_writes_its_update(t
 
 
 @pytest.mark.slow
-def test_a_base_anchored_job_whose_reference_was_not_loaded_from_the_base_leaves_no_update(tmp_path, models,
-                                                                                            monkeypatch):
+def test_a_base_anchored_job_whose_reference_was_not_loaded_from_the_base_leaves_no_update(
+    tmp_path, models, monkeypatch
+):
     """Fail closed: the plain fake trainer arms the hook but builds no verl reference worker, so no loaded
     line reaches the log (as when the patch never ran): the job errs and writes nothing."""
     start, base = models
@@ -211,24 +234,36 @@ def test_a_reference_of_another_architecture_is_refused_before_any_launch(tmp_pa
 
     monkeypatch.setattr(backend.launch, "isolated_job", no_launch)
     with pytest.raises(ValueError, match="not the architecture"):
-        backend.train_client_verl(start, tmp_path / "other", {"uds": "/nonexistent.sock"}, round=2, client=0,
-                                  params=TrainParams(kl_coef=0.01), settings=VerlSettings(), out_dir=tmp_path / "u")
+        backend.train_client_verl(
+            start,
+            tmp_path / "other",
+            {"uds": "/nonexistent.sock"},
+            round=2,
+            client=0,
+            params=TrainParams(kl_coef=0.01),
+            settings=VerlSettings(),
+            out_dir=tmp_path / "u",
+        )
 
 
 # --- the config --------------------------------------------------------------------------------------
 
+
 def test_the_config_takes_verl_with_the_base_reference(tmp_path):
     """verl + ref_anchor base + KL loads (plan time) and passes the verl job's own key checks; what the verl
     backend still cannot do is still refused."""
-    from fedagent.train.verl.backend import VERL_KEYS as jk     # the verl job's JobKeys
+    from fedagent.train.verl.backend import VERL_KEYS as jk  # the verl job's JobKeys
 
-    cfg = load_config(REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "base",
-                                                        "train.kl_coef": 0.01})
+    cfg = load_config(
+        REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "base", "train.kl_coef": 0.01}
+    )
     assert cfg["train"]["ref_anchor"] == "base" and cfg["train"]["backend"] == "verl"
     assert JOB_KEYS["train-client-verl"] is jk
     jk.check(jk.from_config(cfg))
     with pytest.raises(ConfigError, match="config key 'train.fedprox_mu'"):
-        load_config(REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "base",
-                                                      "train.kl_coef": 0.01, "train.fedprox_mu": 0.01})
+        load_config(
+            REPO / "config" / "config.yaml",
+            {"train.backend": "verl", "train.ref_anchor": "base", "train.kl_coef": 0.01, "train.fedprox_mu": 0.01},
+        )
     with pytest.raises(ConfigError, match="config key 'train.ref_anchor'"):
         load_config(REPO / "config" / "config.yaml", {"train.backend": "verl", "train.ref_anchor": "start"})

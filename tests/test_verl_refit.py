@@ -35,9 +35,15 @@ from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides, t
 def _overrides(tmp_path, **settings):
     p = workflow_train_params(REPO / "config" / "config.yaml")
     job = VerlJob(tag="fa-r001-c0-1-0123456789abcdef", workdir=tmp_path / "w", ray_tmp=Path("/tmp/fa-ray-x"))
-    return build_overrides(p, VerlSettings(**settings), job=job, model_dir=tmp_path / "model",
-                           rows=tmp_path / "rows.parquet", agent_loop_yaml=tmp_path / "agent_loop.yaml",
-                           rollout_seed=123)
+    return build_overrides(
+        p,
+        VerlSettings(**settings),
+        job=job,
+        model_dir=tmp_path / "model",
+        rows=tmp_path / "rows.parquet",
+        agent_loop_yaml=tmp_path / "agent_loop.yaml",
+        rollout_seed=123,
+    )
 
 
 def test_the_refit_launch_composes_through_its_own_entry_point(tmp_path, monkeypatch):
@@ -52,9 +58,13 @@ def test_the_refit_launch_composes_through_its_own_entry_point(tmp_path, monkeyp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"{refit.REFIT_ENV}: '1'" in out.stdout and "default_local_dir: " + str(tmp_path / "w" / "ckpt-fa-r001-c0-1-0123456789abcdef") in out.stdout
-    bad = subprocess.run([*cmd, "trainer.save_frequency=1", "--cfg", "job"], capture_output=True, text=True, env=env,
-                         timeout=240)
+    assert (
+        f"{refit.REFIT_ENV}: '1'" in out.stdout
+        and "default_local_dir: " + str(tmp_path / "w" / "ckpt-fa-r001-c0-1-0123456789abcdef") in out.stdout
+    )
+    bad = subprocess.run(
+        [*cmd, "trainer.save_frequency=1", "--cfg", "job"], capture_output=True, text=True, env=env, timeout=240
+    )
     assert bad.returncode != 0 and "save_frequency" in bad.stderr
 
 
@@ -76,8 +86,13 @@ assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL, attrs
 assert getattr(m.ActorRolloutRefWorker.ref_worker_cls, "_fedagent_ref_dir", None) == {str(ref)!r}
 print("both patched")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0 and "both patched" in out.stdout, out.stderr[-2000:]
 
 
@@ -118,12 +133,20 @@ class _FakeTrainer:
         self.calls, self.use_critic = calls, use_critic
         self.global_steps, self.local_trigger_step, self._restored_tq_prompt_count = 7, 3, 5
         self.replay_buffer = "first fit's"
-        rec = lambda name: (lambda *a, **k: calls.append(name))   # noqa: E731
+        rec = lambda name: lambda *a, **k: calls.append(name)  # noqa: E731
         self.logger = type("T", (), {"finish": lambda s, exit_code: calls.append(f"logger.finish({exit_code})")})()
         self.checkpoint_manager = type("C", (), {"sleep_replicas": lambda s: calls.append("sleep_replicas")})()
-        self.actor_rollout_wg = type("A", (), {refit.METHOD: lambda s, d, r: calls.append(f"reset_engines({d}, {r})")})()
-        self.critic_wg = type("K", (), {"reset": lambda s: calls.append("critic.reset"),
-                                        refit.PATH_METHOD: lambda s, d: calls.append(f"critic.path({d})")})()
+        self.actor_rollout_wg = type(
+            "A", (), {refit.METHOD: lambda s, d, r: calls.append(f"reset_engines({d}, {r})")}
+        )()
+        self.critic_wg = type(
+            "K",
+            (),
+            {
+                "reset": lambda s: calls.append("critic.reset"),
+                refit.PATH_METHOD: lambda s, d: calls.append(f"critic.path({d})"),
+            },
+        )()
         self._init_dataloader, self._init_dump_executor = rec("dataloader"), rec("dump_executor")
         self.on_init_end = rec("on_init_end")
 
@@ -144,14 +167,28 @@ def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_
     scheduler start over, the weights the rollout sync reads are the new start model's, the reference's
     and critic's their dirs', and the next step is bit-equal to a fresh engine's (actor and critic)."""
     env = {k: v for k, v in os.environ.items() if k != "FEDAGENT_TEST_RESET_VARIANT"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "verl_fsdp_reset.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "verl_fsdp_reset.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "result.json").read_text())
-    assert r == {"old_freed": [True] * 5, "optimizer_state": 0, "scheduler_step": 0,
-                 "actor_is_start": True, "ref_is_ref_dir": True, "ref_forward_only": True, "ref_offload": False,
-                 "critic_optimizer_state": 0, "critic_is_start": True,
-                 "step_as_fresh": True, "critic_step_as_fresh": True}
+    assert r == {
+        "old_freed": [True] * 5,
+        "optimizer_state": 0,
+        "scheduler_step": 0,
+        "actor_is_start": True,
+        "ref_is_ref_dir": True,
+        "ref_forward_only": True,
+        "ref_offload": False,
+        "critic_optimizer_state": 0,
+        "critic_is_start": True,
+        "step_as_fresh": True,
+        "critic_step_as_fresh": True,
+    }
     assert f"{refit.RESET_LINE}{tmp_path / 'round2'}" in proc.stdout
 
 
@@ -160,8 +197,12 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     import transfer_queue as tq
     from omegaconf import OmegaConf
 
-    store = {"train": {"uid-left": {"is_prompt": True, "status": "failure", "global_steps": 1},
-                       "uid-left_0": {"status": "finished"}}}
+    store = {
+        "train": {
+            "uid-left": {"is_prompt": True, "status": "failure", "global_steps": 1},
+            "uid-left_0": {"status": "finished"},
+        }
+    }
     monkeypatch.setattr(tq, "kv_list", lambda partition_id=None: {k: dict(v) for k, v in store.items()})
     monkeypatch.setattr(tq, "kv_clear", lambda keys, partition_id: [store[partition_id].pop(k) for k in keys])
 
@@ -170,20 +211,35 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     record = tmp_path / "episodes.jsonl"
     record.write_text('{"first": "fit", "t_first_generation": 12.25}\n{"t_first_generation": 11.5}\n')
     yaml_path = tmp_path / "agent_loop.yaml"
-    job_file = tmp_path / "job.json"             # the record file named through the agent loop's job file
-    job_file.write_text(json.dumps({"env_uds": "/x.sock", "env_url": None, "env_token": None,
-                                    "record_file": str(record)}))
+    job_file = tmp_path / "job.json"  # the record file named through the agent loop's job file
+    job_file.write_text(
+        json.dumps({"env_uds": "/x.sock", "env_url": None, "env_token": None, "record_file": str(record)})
+    )
     yaml_path.write_text(f"- name: x\n  job_file: {job_file}\n")
-    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt")},
-                               "critic": {"model": {"path": "/m/start/critic"}},
-                               "actor_rollout_ref": {"model": {"path": "/m/start"},
-                                                     "rollout": {"agent": {"agent_loop_config_path": str(yaml_path)}}}})
+    config = OmegaConf.create(
+        {
+            "trainer": {"default_local_dir": str(tmp_path / "ckpt")},
+            "critic": {"model": {"path": "/m/start/critic"}},
+            "actor_rollout_ref": {
+                "model": {"path": "/m/start"},
+                "rollout": {"agent": {"agent_loop_config_path": str(yaml_path)}},
+            },
+        }
+    )
     calls: list[str] = []
     tr = _FakeTrainer(calls, use_critic)
     refit.reset_for_refit(tr, config)
-    assert calls == ["logger.finish(0)", "sleep_replicas", "reset_engines(/m/start, /m/start)",
-                     *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
-                     "dataloader", "dump_executor", "replay_buffer", "load_checkpoint", "on_init_end"]
+    assert calls == [
+        "logger.finish(0)",
+        "sleep_replicas",
+        "reset_engines(/m/start, /m/start)",
+        *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
+        "dataloader",
+        "dump_executor",
+        "replay_buffer",
+        "load_checkpoint",
+        "on_init_end",
+    ]
     assert not (tmp_path / "ckpt").exists() and record.read_text() == ""
     out = capsys.readouterr().out
     assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in out and refit.first_fit_token_at(out) == 11.5
@@ -215,16 +271,21 @@ def test_a_refit_job_keeps_the_second_fits_steps_and_times_its_warm_start(fake_t
     t = m["timings_s"]
     # the cold start is the first fit's first token (before the refit), the warm one the second fit's
     assert 0 < t["launch_to_first_generation"] < t["launch_to_refit"] and t["refit_to_first_generation"] > 0
-    assert m["refit_steps_match"] is True           # the recorded steps carry the console lines' values
+    assert m["refit_steps_match"] is True  # the recorded steps carry the console lines' values
     assert m["num_episodes"] == P["groups_per_epoch"] * P["group_size"] and (round_dir / "0" / "metrics.json").is_file()
 
 
-@pytest.mark.parametrize("env, value, messages", [
-    ("FAKE_VERL_NO_RESET", "1", ["not reset"]),                                        # no worker reset line
-    ("FAKE_VERL_RESET_FROM", "{tmp}/elsewhere", ["elsewhere", "not only from"]),       # actor from another dir
-    ("FAKE_VERL_REF_RESET_FROM", "{tmp}/other-ref", ["KL reference was reset from"])])  # reference likewise
-def test_a_refit_job_not_reset_from_its_own_dirs_leaves_no_update(fake_trainer, tmp_path, monkeypatch, env, value,
-                                                                   messages):
+@pytest.mark.parametrize(
+    "env, value, messages",
+    [
+        ("FAKE_VERL_NO_RESET", "1", ["not reset"]),  # no worker reset line
+        ("FAKE_VERL_RESET_FROM", "{tmp}/elsewhere", ["elsewhere", "not only from"]),  # actor from another dir
+        ("FAKE_VERL_REF_RESET_FROM", "{tmp}/other-ref", ["KL reference was reset from"]),
+    ],
+)  # reference likewise
+def test_a_refit_job_not_reset_from_its_own_dirs_leaves_no_update(
+    fake_trainer, tmp_path, monkeypatch, env, value, messages
+):
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
     monkeypatch.setenv(env, value.format(tmp=tmp_path))
     model = build_tiny_model(tmp_path / "m", seed=1)
@@ -254,7 +315,7 @@ def test_the_refit_runner_fits_resets_and_fits_again_on_verls_composed_config(tm
 
         def fit(self, manager):
             calls.append(f"fit({manager})")
-            import verl.trainer.ppo.v1.trainer_base as tb   # as verl's fit builds its logger
+            import verl.trainer.ppo.v1.trainer_base as tb  # as verl's fit builds its logger
 
             tb.Tracking(project_name="p", experiment_name="e", default_backend=[]).log(data={"n": len(calls)}, step=1)
 
@@ -284,23 +345,53 @@ def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(t
     from fedagent.train.verl.launch import write_agent_loop_yaml
 
     p = TrainParams(max_turns=2)
-    path = write_agent_loop_yaml(tmp_path / "a.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
-                                 record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job.json",
-                                 model_dir=tmp_path / "m")
+    path = write_agent_loop_yaml(
+        tmp_path / "a.yaml",
+        env_uds="/tmp/x.sock",
+        env_url=None,
+        env_token=None,
+        p=p,
+        record_file=tmp_path / "ep.jsonl",
+        history_length=2,
+        job_file=tmp_path / "job.json",
+        model_dir=tmp_path / "m",
+    )
     (entry,) = yaml.safe_load(path.read_text())
     assert entry["job_file"] == str(tmp_path / "job.json") and not {"env_uds", "record_file", "model_dir"} & set(entry)
-    assert read_job_file(entry["job_file"]) == ("/tmp/x.sock", None, None, str(tmp_path / "ep.jsonl"), str(tmp_path / "m"))
-    with pytest.raises(ValueError, match="start model dir"):      # the loop's stop tokens need it
-        write_agent_loop_yaml(tmp_path / "c.yaml", env_uds="/tmp/x.sock", env_url=None, env_token=None, p=p,
-                              record_file=tmp_path / "ep.jsonl", history_length=2, job_file=tmp_path / "job2.json")
+    assert read_job_file(entry["job_file"]) == (
+        "/tmp/x.sock",
+        None,
+        None,
+        str(tmp_path / "ep.jsonl"),
+        str(tmp_path / "m"),
+    )
+    with pytest.raises(ValueError, match="start model dir"):  # the loop's stop tokens need it
+        write_agent_loop_yaml(
+            tmp_path / "c.yaml",
+            env_uds="/tmp/x.sock",
+            env_url=None,
+            env_token=None,
+            p=p,
+            record_file=tmp_path / "ep.jsonl",
+            history_length=2,
+            job_file=tmp_path / "job2.json",
+        )
     with pytest.raises(ValueError, match="one or the other"):
         read_job_file(entry["job_file"], "/tmp/other.sock")
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="missing"):
         read_job_file(str(tmp_path / "bad.json"))
-    (plain,) = yaml.safe_load(write_agent_loop_yaml(tmp_path / "b.yaml", env_uds="/tmp/x.sock", env_url=None,
-                                                    env_token=None, p=p, record_file=tmp_path / "ep.jsonl",
-                                                    history_length=2).read_text())
+    (plain,) = yaml.safe_load(
+        write_agent_loop_yaml(
+            tmp_path / "b.yaml",
+            env_uds="/tmp/x.sock",
+            env_url=None,
+            env_token=None,
+            p=p,
+            record_file=tmp_path / "ep.jsonl",
+            history_length=2,
+        ).read_text()
+    )
     assert plain["env_uds"] == "/tmp/x.sock" and "job_file" not in plain
 
 
@@ -324,15 +415,16 @@ def test_refit_started_fails_closed_on_every_missing_or_foreign_line():
     from fedagent.train.verl.backend import refit_started
 
     m, r = Path("/m/start"), Path("/m/base")
-    ok = (f"{refit.refit_line(5.0)}\n(W pid=1) {refit.RESET_LINE}{m}\n(W pid=1) {refit.REF_RESET_LINE}{r}\n")
+    ok = f"{refit.refit_line(5.0)}\n(W pid=1) {refit.RESET_LINE}{m}\n(W pid=1) {refit.REF_RESET_LINE}{r}\n"
     assert refit_started(ok, m, r) == 5.0
     no_ref_line = f"{refit.refit_line(5.0)}\n{refit.RESET_LINE}{m}\n"
-    assert refit_started(no_ref_line, m, None, has_ref=False) == 5.0      # kl_coef 0: verl built no reference
+    assert refit_started(no_ref_line, m, None, has_ref=False) == 5.0  # kl_coef 0: verl built no reference
     for log, ref, has_ref, match in [
-            (f"{refit.RESET_LINE}{m}\n", r, True, "did not refit"),
-            (f"{refit.refit_line(5.0)}\n", r, True, "not reset"),
-            (ok.replace(str(m), "/m/other", 1), r, True, "not only from"),
-            (ok, None, True, "KL reference was reset from"),            # the reference must be the start model
-            (no_ref_line, None, True, "KL reference was reset from")]:    # a KL term and no reference reset
+        (f"{refit.RESET_LINE}{m}\n", r, True, "did not refit"),
+        (f"{refit.refit_line(5.0)}\n", r, True, "not reset"),
+        (ok.replace(str(m), "/m/other", 1), r, True, "not only from"),
+        (ok, None, True, "KL reference was reset from"),  # the reference must be the start model
+        (no_ref_line, None, True, "KL reference was reset from"),
+    ]:  # a KL term and no reference reset
         with pytest.raises(RuntimeError, match=match):
             refit_started(log, m, ref, has_ref=has_ref)

@@ -24,8 +24,9 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_the_gpu_preset_warms_its_train_and_eval_shapes():
-    config, _ = effective_config(REPO / "config" / "config.yaml",
-                                 [REPO / "config" / "experiments" / "gpu-textworld.yaml"], [])
+    config, _ = effective_config(
+        REPO / "config" / "config.yaml", [REPO / "config" / "experiments" / "gpu-textworld.yaml"], []
+    )
     s = shapes_from_config(config)
     assert s.model_dir == Path("results") / "gpu-textworld" / "round_000" / "model"
     assert s.train == {"pool": 64, "width": 512, "new_tokens": 16, "micro": 32, "sampler": "graph"}
@@ -42,22 +43,38 @@ def test_smollm2_architecture_comes_from_the_gguf_without_the_model(tmp_path):
     with architecture_dir(s, give_up=lambda: True) as arch:
         assert arch is not None and arch != s.model_dir
         cfg = json.loads((arch / "config.json").read_text())
-        assert {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                    "intermediate_size", "vocab_size", "tie_word_embeddings")} == {
-            "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-            "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+        assert {
+            k: cfg[k]
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "intermediate_size",
+                "vocab_size",
+                "tie_word_embeddings",
+            )
+        } == {
+            "hidden_size": 576,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "vocab_size": 49152,
+            "tie_word_embeddings": True,
+        }
         assert "quantization_config" not in cfg
         assert load_tokenizer(arch).chat_template
-    assert not arch.exists()                         # a temporary dir, removed after the warm-up
+    assert not arch.exists()  # a temporary dir, removed after the warm-up
 
 
 def test_without_a_source_the_architecture_is_round_0s_model(tiny_dir, tmp_path):
     s = Shapes(tmp_path / "m", None, None, source=None)
     with architecture_dir(s, give_up=lambda: True) as arch:
-        assert arch is None                          # not there, and the server is gone
+        assert arch is None  # not there, and the server is gone
     s = Shapes(Path(tiny_dir), None, None, source="smollm2")
     with architecture_dir(s, give_up=lambda: True) as arch:
-        assert arch == Path(tiny_dir)                # the model itself once it exists
+        assert arch == Path(tiny_dir)  # the model itself once it exists
 
 
 def test_a_cpu_run_warms_nothing_on_cuda():
@@ -71,7 +88,13 @@ def test_the_warm_up_leaves_the_rng_state_as_it_found_it(tiny_dir):
     # see the same global RNG state as one forked without it.
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    parts = warm_up(Shapes(Path(tiny_dir), {"pool": 4, "width": 24, "new_tokens": 3, "micro": 2, "sampler": "eager"},
-                           {"batch": 4, "width": 24, "new_tokens": 3, "sampler": "eager"}), device="cpu")
+    parts = warm_up(
+        Shapes(
+            Path(tiny_dir),
+            {"pool": 4, "width": 24, "new_tokens": 3, "micro": 2, "sampler": "eager"},
+            {"batch": 4, "width": 24, "new_tokens": 3, "sampler": "eager"},
+        ),
+        device="cpu",
+    )
     assert set(parts) == {"model", "train", "eval"}
     assert torch.equal(torch.get_rng_state(), before)

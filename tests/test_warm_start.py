@@ -52,14 +52,14 @@ def test_webshop_oracle_wins_every_goal_it_plays(ws_games):
             if r.done:
                 break
         assert r.won and r.score == 1.0, tid
-        assert env.expert_action() is None          # nothing left to do once bought
+        assert env.expert_action() is None  # nothing left to do once bought
 
 
 def test_demo_pool_is_seeded_and_refuses_the_whole_catalogue():
     tasks = [f"t{i}" for i in range(20)]
     a = draw_demo_pool(tasks, 5, 42)
     assert a == draw_demo_pool(tasks, 5, 42) and len(set(a)) == 5 and set(a) <= set(tasks)
-    assert a == [t for t in tasks if t in a]        # catalogue order
+    assert a == [t for t in tasks if t in a]  # catalogue order
     assert a != draw_demo_pool(tasks, 5, 43)
     with pytest.raises(ValueError, match="warm_start.demos"):
         draw_demo_pool(tasks, 20, 42)
@@ -70,8 +70,21 @@ def test_demo_pool_never_overlaps_a_shard_or_the_validation_set(ws_games, tmp_pa
     pool, part = tmp_path / "demo_pool.json", tmp_path / "partition.json"
     r = _fedagent("demo-pool", "--games", str(ws_games), "--n", "16", "--seed", "42", "--out", str(pool))
     assert r.returncode == 0, r.stderr
-    r = _fedagent("partition", "--games", str(ws_games), "--clients", "4", "--strategy", strategy,
-                  "--seed", "42", "--exclude", str(pool), "--out", str(part))
+    r = _fedagent(
+        "partition",
+        "--games",
+        str(ws_games),
+        "--clients",
+        "4",
+        "--strategy",
+        strategy,
+        "--seed",
+        "42",
+        "--exclude",
+        str(pool),
+        "--out",
+        str(part),
+    )
     assert r.returncode == 0, r.stderr
     demos = set(json.loads(pool.read_text())["tasks"])
     index = json.loads((ws_games / "games.json").read_text())
@@ -96,10 +109,30 @@ def test_demonstration_turns_are_the_rollout_format(ws_games, tmp_path):
     tok = _tiny_tokenizer()
     src = WebShopTaskSource(ws_games)
     train = json.loads((ws_games / "games.json").read_text())["train"][:4]
-    with env_service(ws_games, "train", train, tmp_path / "svc", mode="index", pool_size=4, max_turns=8,
-                     source="webshop", expert=True) as env:
-        trajs = run_episodes(None, tok, env, [0, 1, 2, 3], max_turns=8, max_new_tokens=0, temperature=1.0,
-                             generator=None, session_prefix="d", max_prompt_tokens=4096, expert=True)
+    with env_service(
+        ws_games,
+        "train",
+        train,
+        tmp_path / "svc",
+        mode="index",
+        pool_size=4,
+        max_turns=8,
+        source="webshop",
+        expert=True,
+    ) as env:
+        trajs = run_episodes(
+            None,
+            tok,
+            env,
+            [0, 1, 2, 3],
+            max_turns=8,
+            max_new_tokens=0,
+            temperature=1.0,
+            generator=None,
+            session_prefix="d",
+            max_prompt_tokens=4096,
+            expert=True,
+        )
     end = tok.convert_tokens_to_ids("<|im_end|>")
     for t in trajs:
         assert t.won, t.summary()
@@ -128,14 +161,40 @@ def test_warm_start_job_trains_on_the_demos_and_writes_round_0(ws_games, tmp_pat
     r = _fedagent("tiny-model", "--seed", "3", "--out", str(base))
     assert r.returncode == 0, r.stderr
     pool = tmp_path / "demo_pool.json"
-    assert _fedagent("demo-pool", "--games", str(ws_games), "--n", "6", "--seed", "42", "--out", str(pool)).returncode == 0
-    params = json.dumps({"base_seed": 7, "epochs": 4, "lr": 3e-3, "mini_batch_size": 8, "micro_batch_size": 8,
-                         "only_won": True, "max_turns": 8, "max_prompt_tokens": 1024, "pool_size": 3})
+    assert (
+        _fedagent("demo-pool", "--games", str(ws_games), "--n", "6", "--seed", "42", "--out", str(pool)).returncode == 0
+    )
+    params = json.dumps(
+        {
+            "base_seed": 7,
+            "epochs": 4,
+            "lr": 3e-3,
+            "mini_batch_size": 8,
+            "micro_batch_size": 8,
+            "only_won": True,
+            "max_turns": 8,
+            "max_prompt_tokens": 1024,
+            "pool_size": 3,
+        }
+    )
     outs = []
     for k in range(2):
         out = tmp_path / f"warm{k}"
-        r = _fedagent("warm-start", "--model", str(base), "--games", str(ws_games), "--demo-pool", str(pool),
-                      "--params", params, "--threads", "1", "--out", str(out))
+        r = _fedagent(
+            "warm-start",
+            "--model",
+            str(base),
+            "--games",
+            str(ws_games),
+            "--demo-pool",
+            str(pool),
+            "--params",
+            params,
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         verify_manifest(out, check_hashes=True)
         outs.append(out)
@@ -169,8 +228,7 @@ def test_warm_started_run_through_snakemake(tmp_path):
     cfg["env"].update(train_games=3)
     cfg["train"].update(max_turns=4)
     cfg["eval"].update(max_turns=4)
-    cfg["warm_start"] = {"enabled": True, "demos": 1, "epochs": 1, "lr": 1e-3, "mini_batch_size": 4,
-                         "only_won": False}
+    cfg["warm_start"] = {"enabled": True, "demos": 1, "epochs": 1, "lr": 1e-3, "mini_batch_size": 4, "only_won": False}
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
     first = run_snakemake(work)
     jobs = {rule for rule, _ in executed_jobs(first)}
@@ -194,8 +252,25 @@ def test_textworld_walkthrough_expert_wins(tmp_path):
     from fedagent.envs.textworld_games import TextWorldTaskSource
 
     games = tmp_path / "games"
-    r = _fedagent("games", "--n-train", "2", "--n-val", "1", "--world-size", "1", "--nb-objects", "2",
-                  "--quest-length", "2", "--out", str(games), "--seed", "5", "--jobs", "1")
+    r = _fedagent(
+        "games",
+        "--n-train",
+        "2",
+        "--n-val",
+        "1",
+        "--world-size",
+        "1",
+        "--nb-objects",
+        "2",
+        "--quest-length",
+        "2",
+        "--out",
+        str(games),
+        "--seed",
+        "5",
+        "--jobs",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     src = TextWorldTaskSource(games)
     env = src.make_env(10, policy_commands=True)

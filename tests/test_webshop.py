@@ -54,7 +54,7 @@ def oracle_score(env, goal) -> tuple[float, float, int]:
     env.open_item(goal["asin"])
     turns = 0
     go = goal["goal_options"]
-    for value in (go.values() if isinstance(go, dict) else go):
+    for value in go.values() if isinstance(go, dict) else go:
         r = env.step(f"click[{value}]")
         assert not r.done
         turns += 1
@@ -66,12 +66,22 @@ def oracle_score(env, goal) -> tuple[float, float, int]:
 def test_catalogue_shape(base, games):
     index, products, goals = load_catalog(games)
     assert len(products) == N_PRODUCTS and {p["category"] for p in products} == set(
-        ("beauty", "electronics", "fashion", "food", "furniture"))
+        ("beauty", "electronics", "fashion", "food", "furniture")
+    )
     assert len(index["val"]) == VAL and len(index["train"]) == len(goals) - VAL
-    assert index["val"] + index["train"] == [g["goal_id"] for g in goals]        # val = the first VAL
+    assert index["val"] + index["train"] == [g["goal_id"] for g in goals]  # val = the first VAL
     p = products[0]
-    for key in ("Title", "Description", "BulletPoints", "Attributes", "options", "Price", "query",
-                "product_category", "features"):
+    for key in (
+        "Title",
+        "Description",
+        "BulletPoints",
+        "Attributes",
+        "options",
+        "Price",
+        "query",
+        "product_category",
+        "features",
+    ):
         assert p[key], key
     assert all(g["price_upper"] > next(q["Price"] for q in products if q["asin"] == g["asin"]) for g in goals)
     assert {base.task_type(t) for t in index["val"]} <= set(index["task_types"].values())
@@ -88,7 +98,8 @@ def test_oracle_scores_exactly_one_on_every_goal(base):
 
 def test_oracle_fails_with_the_reference_tuple_option_bug(base, monkeypatch):
     """The reference: clicked values vs goal (name, value) tuples, colour normalised one side."""
-    def ref_normalize(value):                      # accepts anything: a tuple is searched by membership
+
+    def ref_normalize(value):  # accepts anything: a tuple is searched by membership
         for color in reward.COLOR_SET:
             if color in value:
                 return color
@@ -104,7 +115,7 @@ def test_oracle_fails_with_the_reference_tuple_option_bug(base, monkeypatch):
     env = base.make_env(15)
     capped = [g["goal_id"] for g in base.goals.values() if oracle_score(env, g)[0] < 1.0]
     assert capped, "the oracle test must be able to see the tuple-vs-value bug"
-    assert len(capped) < len(base.goals) / 2      # like the reference: a minority of option goals
+    assert len(capped) < len(base.goals) / 2  # like the reference: a minority of option goals
 
 
 def test_parse_price_shapes():
@@ -147,7 +158,7 @@ def test_reward_parts_and_wrong_purchases(base):
 def test_oracle_on_real_data(tmp_path):
     out = tmp_path / "games"
     data = Path(os.environ["WEBSHOP_DATA"])
-    goals = "human" if (data / "items_human_ins.json").is_file() else "synthetic"     # the reference's goals
+    goals = "human" if (data / "items_human_ins.json").is_file() else "synthetic"  # the reference's goals
     build_catalog(out, data_seed=42, data=data, goal_source=goals, val_goals=500)
     src = WebShopTaskSource(out)
     env = src.make_env(15)
@@ -166,7 +177,7 @@ def test_pages_actions_and_format_obs(base):
     assert r.observation == "'Search'" and r.task == goal["instruction_text"]
     assert r.admissible_commands == ["search[<your query>]", "click[search]"]
     assert r.task_type == goal["category"]
-    assert env.step("click[search]").observation == "'Search'"              # no-op, as in WebShop
+    assert env.step("click[search]").observation == "'Search'"  # no-op, as in WebShop
     assert env.step("dance").observation == "'Search'"
     title = base.view.products[goal["asin"]]["Title"]
     s = env.step(f"search[{title}]")
@@ -174,19 +185,20 @@ def test_pages_actions_and_format_obs(base):
     assert parts[:3] == ["'Back to Search'", "'Page 1 (Total results: 50)'", "'Next >'"]
     assert all(p.startswith("'") and p.endswith("'") for p in parts)
     assert s.admissible_commands[:2] == ["click[back to search]", "click[next >]"]
-    assert f"click[{goal['asin'].lower()}]" in s.admissible_commands     # the title finds its product
+    assert f"click[{goal['asin'].lower()}]" in s.admissible_commands  # the title finds its product
     assert len([a for a in s.admissible_commands if a.startswith("click[b0")]) == 10
     s = env.step("click[next >]")
     assert "'Page 2 (Total results: 50)'" in s.observation and "click[< prev]" in s.admissible_commands
     s = env.step("click[< prev]")
     s = env.step(f"click[{goal['asin'].lower()}]")
-    assert {"click[description]", "click[features]", "click[reviews]", "click[attributes]",
-            "click[buy now]"} <= set(s.admissible_commands)
+    assert {"click[description]", "click[features]", "click[reviews]", "click[attributes]", "click[buy now]"} <= set(
+        s.admissible_commands
+    )
     s = env.step("click[features]")
     assert s.admissible_commands == ["click[back to search]", "click[< prev]"]
     s = env.step("click[< prev]")
     assert "click[buy now]" in s.admissible_commands
-    s = env.step("search[anything]")                                        # no search bar here: no-op
+    s = env.step("search[anything]")  # no search bar here: no-op
     assert "click[buy now]" in s.admissible_commands
     assert env.step("click[back to search]").observation == "'Search'"
 
@@ -197,35 +209,45 @@ def test_prompt_carries_the_formatted_page_byte_for_byte(games, base):
     from fedagent.rollout.prompts import template_of, windowed_prompt
 
     served = base.task_ids("val")[:4]
-    app = build_app(make_source("webshop", games, "val", tasks=served), "val", served, mode="index", pool_size=1,
-                    max_turns=15)
+    app = build_app(
+        make_source("webshop", games, "val", tasks=served), "val", served, mode="index", pool_size=1, max_turns=15
+    )
     with TestClient(app) as tc:
         tc.post("/create", json={"session_id": "s"})
         r = tc.post("/reset", json={"session_id": "s", "seed": 1}).json()
         assert template_of(r) == "webshop" and r["task"] == base.goals[served[1]]["instruction_text"]
         head = "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment."
-        think = ("Now it's your turn to take one action for the current step.\nYou should first reason step-by-step "
-                 "about the current situation, then think carefully which admissible action best advances the "
-                 "shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
-                 "finished your reasoning, you should choose an admissible action for current step and present it "
-                 "within <action> </action> tags.\n")
+        think = (
+            "Now it's your turn to take one action for the current step.\nYou should first reason step-by-step "
+            "about the current situation, then think carefully which admissible action best advances the "
+            "shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. \nOnce you've "
+            "finished your reasoning, you should choose an admissible action for current step and present it "
+            "within <action> </action> tags.\n"
+        )
         first = windowed_prompt(r["task"], r["observation"], r["admissible_commands"], [], template=template_of(r))
-        assert first == (f"{head} \nYour task is to: {r['task']}.\nYour current observation is: 'Search'.\n"
-                         "Your admissible actions of the current situation are: \n"
-                         "[\n'search[<your query>]',\n'click[search]',\n].\n\n" + think)
-        s = tc.post("/step", json={"session_id": "s", "text": "<think>x</think><action>search[office chair]</action>",
-                                   "step_id": 0}).json()
+        assert first == (
+            f"{head} \nYour task is to: {r['task']}.\nYour current observation is: 'Search'.\n"
+            "Your admissible actions of the current situation are: \n"
+            "[\n'search[<your query>]',\n'click[search]',\n].\n\n" + think
+        )
+        s = tc.post(
+            "/step",
+            json={"session_id": "s", "text": "<think>x</think><action>search[office chair]</action>", "step_id": 0},
+        ).json()
         page = s["observation"]
         assert page.startswith("'Back to Search' [SEP] 'Page 1 (Total results: ") and "WebShop [SEP]" not in page
-        later = windowed_prompt(r["task"], page, s["admissible_commands"], [(r["observation"], s["action"])],
-                                template=template_of(r))
+        later = windowed_prompt(
+            r["task"], page, s["admissible_commands"], [(r["observation"], s["action"])], template=template_of(r)
+        )
         actions = "\n".join(f"'{a}'," for a in s["admissible_commands"])
-        assert later == (f"{head}\nYour task is to: {r['task']}.\n"
-                         "Prior to this step, you have already taken 1 step(s). "
-                         "Below are the most recent 1 observations and the corresponding actions you took: "
-                         "[Observation 1: ''Search'', Action 1: 'search[office chair]']\n"
-                         f"You are now at step 2 and your current observation is: {page}.\n"
-                         f"Your admissible actions of the current situation are: \n[\n{actions}\n].\n\n" + think)
+        assert later == (
+            f"{head}\nYour task is to: {r['task']}.\n"
+            "Prior to this step, you have already taken 1 step(s). "
+            "Below are the most recent 1 observations and the corresponding actions you took: "
+            "[Observation 1: ''Search'', Action 1: 'search[office chair]']\n"
+            f"You are now at step 2 and your current observation is: {page}.\n"
+            f"Your admissible actions of the current situation are: \n[\n{actions}\n].\n\n" + think
+        )
         assert s["admissible_commands"][0] == "click[back to search]"
 
 
@@ -243,7 +265,7 @@ def test_format_obs_matches_the_reference_rules():
     task = "find me a red shirt"
     raw = SEP.join(["WebShop", "Instruction:", task, "Back to Search", "x"])
     assert format_obs(raw, task) == "'Back to Search' [SEP] 'x'"
-    assert format_obs(SEP.join(["WebShop", f" {task} ", "a"]), task) == "'a'"       # whitespace retry
+    assert format_obs(SEP.join(["WebShop", f" {task} ", "a"]), task) == "'a'"  # whitespace retry
     assert format_obs("no task here", task) == "no task here"
 
 
@@ -273,8 +295,10 @@ def test_goal_order_identical_across_8_concurrent_envs_and_runs(games, tmp_path)
     assert all(t == tables[0] for t in tables)
     assert any("price lower than" in task for _, task, _, _ in tables[0])
     # another process, another hash seed, built concurrently with this one: same bytes
-    code = ("import sys; from pathlib import Path; from fedagent.envs.webshop.build import build_catalog;"
-            f"build_catalog(Path(sys.argv[1]), data_seed=42, n_products={N_PRODUCTS}, val_goals={VAL})")
+    code = (
+        "import sys; from pathlib import Path; from fedagent.envs.webshop.build import build_catalog;"
+        f"build_catalog(Path(sys.argv[1]), data_seed=42, n_products={N_PRODUCTS}, val_goals={VAL})"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "12345"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"g{i}")], env=env) for i in range(2)]
     assert all(p.wait(120) == 0 for p in procs)
@@ -310,8 +334,10 @@ def test_loader_reads_standard_files_and_checks_manifest(tmp_path, games):
     for name in ("items_shuffle.json", "items_ins_v2.json"):
         (data / name).write_bytes((games / "raw" / name).read_bytes())
     files = data_files(data)
-    manifest = check_manifest(files, {n: hashlib.sha256((data / n).read_bytes()).hexdigest()
-                                      for n in ("items_shuffle.json", "items_ins_v2.json")})
+    manifest = check_manifest(
+        files,
+        {n: hashlib.sha256((data / n).read_bytes()).hexdigest() for n in ("items_shuffle.json", "items_ins_v2.json")},
+    )
     out = tmp_path / "from-data"
     index = build_catalog(out, data_seed=42, data=data, data_manifest=manifest, val_goals=VAL)
     assert index["data_files"] == manifest
@@ -335,11 +361,17 @@ def test_human_goals_and_product_cap(tmp_path, games):
     human = {}
     for raw in items[:60]:
         opts = [v[0]["value"] for v in raw["customization_options"].values()]
-        human[raw["asin"]] = [{"asin": raw["asin"], "instruction": ins[raw["asin"]]["instruction"] + ".",
-                               "instruction_attributes": ins[raw["asin"]]["instruction_attributes"],
-                               "instruction_options": opts}]
-    human[items[0]["asin"]].append({"instruction": "no attributes", "instruction_attributes": [],
-                                    "instruction_options": []})                 # skipped, as in WebShop
+        human[raw["asin"]] = [
+            {
+                "asin": raw["asin"],
+                "instruction": ins[raw["asin"]]["instruction"] + ".",
+                "instruction_attributes": ins[raw["asin"]]["instruction_attributes"],
+                "instruction_options": opts,
+            }
+        ]
+    human[items[0]["asin"]].append(
+        {"instruction": "no attributes", "instruction_attributes": [], "instruction_options": []}
+    )  # skipped, as in WebShop
     (data / "items_human_ins.json").write_text(json.dumps(human))
     out = tmp_path / "human"
     index = build_catalog(out, data_seed=42, data=data, goal_source="human", max_products=80, val_goals=20)
@@ -349,7 +381,7 @@ def test_human_goals_and_product_cap(tmp_path, games):
     env = src.make_env(15)
     for g in src.goals.values():
         assert isinstance(g["goal_options"], list)
-        assert "." not in g["instruction_text"].split(", and price")[0]       # the trailing '.' stripped
+        assert "." not in g["instruction_text"].split(", and price")[0]  # the trailing '.' stripped
         assert oracle_score(env, g)[0] == 1.0
     with pytest.raises(arms.ArmError, match="lookalike"):
         WebShopTaskSource(out, env_params={"arm": "lookalike"})
@@ -384,8 +416,8 @@ def test_catalog_split_keeps_every_served_target(base):
             spec = arms.ArmSpec(arm="catalog_split", env_div=env_div, keep_ratio=0.7, search_return_n=200)
             view = arms.build_view(products, spec, client=c, served_goals=goals)
             targets = {g["asin"] for g in goals}
-            assert targets <= set(view.products)                         # every served target kept
-            for g in goals[:10]:                                          # and findable
+            assert targets <= set(view.products)  # every served target kept
+            for g in goals[:10]:  # and findable
                 assert g["asin"] in view.search(base.view.products[g["asin"]]["Title"])
             d = N_PRODUCTS - len(targets)
             assert len(view.products) == len(targets) + round(0.7 * d)
@@ -394,35 +426,37 @@ def test_catalog_split_keeps_every_served_target(base):
         sizes[env_div] = cats
     shared = [len(sizes[0.0][0] & sizes[0.0][c]) / len(sizes[0.0][0] | sizes[0.0][c]) for c in (1, 2, 3)]
     indep = [len(sizes[1.0][0] & sizes[1.0][c]) / len(sizes[1.0][0] | sizes[1.0][c]) for c in (1, 2, 3)]
-    assert min(shared) > max(indep)                                       # env_div moves clients apart
+    assert min(shared) > max(indep)  # env_div moves clients apart
 
 
 def test_catalog_split_changes_only_the_catalogue(base):
     products = list(base.view.products.values())
     goals = _served(base)[1]
-    view = arms.build_view(products, arms.ArmSpec(arm="catalog_split", env_div=0.7, search_return_n=200),
-                           client=1, served_goals=goals)
+    view = arms.build_view(
+        products, arms.ArmSpec(arm="catalog_split", env_div=0.7, search_return_n=200), client=1, served_goals=goals
+    )
     full = arms.build_view(products, arms.ArmSpec(search_return_n=200))
     changed = 0
     for q in _queries(base):
-        expect = [a for a in full.search(q) if a in view.products]      # top-K first, then the filter
+        expect = [a for a in full.search(q) if a in view.products]  # top-K first, then the filter
         assert view.search(q) == expect
         changed += expect != full.search(q)
     assert changed > 0 and len(view.products) < len(full.products)
 
 
-@pytest.mark.parametrize("arm_name,variant", [("bm25_field_subset", 2), ("bm25_field_subset", 3),
-                                              ("bm25_reweight", 1), ("bm25_reweight", 3)])
+@pytest.mark.parametrize(
+    "arm_name,variant", [("bm25_field_subset", 2), ("bm25_field_subset", 3), ("bm25_reweight", 1), ("bm25_reweight", 3)]
+)
 def test_search_arms_change_only_the_ranking(base, arm_name, variant):
     products = list(base.view.products.values())
     frozen = copy.deepcopy(base.view.products)
     view = arms.build_view(products, arms.ArmSpec(arm=arm_name, variant=variant), client=0)
-    assert view.products == frozen                                        # same catalogue, untouched
+    assert view.products == frozen  # same catalogue, untouched
     qs = _queries(base)
-    assert sum(view.search(q) != base.view.search(q) for q in qs) > 0     # what the client sees changes
+    assert sum(view.search(q) != base.view.search(q) for q in qs) > 0  # what the client sees changes
     assert [view.search(q) for q in qs] == [view.search(q) for q in qs]  # fixed for the client
     default = arms.build_view(products, arms.ArmSpec(arm=arm_name, variant=0), client=0)
-    assert [default.search(q) for q in qs] == [base.view.search(q) for q in qs]   # entry 0 = unperturbed
+    assert [default.search(q) for q in qs] == [base.view.search(q) for q in qs]  # entry 0 = unperturbed
 
 
 @pytest.mark.parametrize("kind", arms.LOOKALIKES)
@@ -430,12 +464,16 @@ def test_lookalike_adds_clones_and_nothing_else(base, kind):
     products = list(base.view.products.values())
     frozen = copy.deepcopy(base.view.products)
     idx = arms.LOOKALIKES.index(kind)
-    view = arms.build_view(products, arms.ArmSpec(arm="lookalike", variant=idx, search_return_n=200), client=2,
-                           served_goals=list(base.goals.values()))
+    view = arms.build_view(
+        products,
+        arms.ArmSpec(arm="lookalike", variant=idx, search_return_n=200),
+        client=2,
+        served_goals=list(base.goals.values()),
+    )
     clones = {a: p for a, p in view.products.items() if a not in frozen}
     assert clones and all(a.startswith("LK") for a in clones)
     assert {a: p for a, p in view.products.items() if a in frozen} == frozen == base.view.products
-    assert not {g["asin"] for g in base.goals.values()} & set(clones)        # never a target
+    assert not {g["asin"] for g in base.goals.values()} & set(clones)  # never a target
     for a, p in clones.items():
         orig = frozen[a[2:]]
         assert p["Title"] == orig["Title"] and p["Attributes"] == orig["Attributes"]
@@ -463,14 +501,15 @@ def test_rank_wrapper_changes_only_the_order(base, kind):
     frozen = copy.deepcopy(base.view.products)
     n = 200
     full = arms.build_view(products, arms.ArmSpec(search_return_n=n))
-    view = arms.build_view(products, arms.ArmSpec(arm="rank_wrapper", variant=arms.RANK_WRAPPERS.index(kind),
-                                                  search_return_n=n), client=3)
+    view = arms.build_view(
+        products, arms.ArmSpec(arm="rank_wrapper", variant=arms.RANK_WRAPPERS.index(kind), search_return_n=n), client=3
+    )
     assert view.products == frozen
     qs = _queries(base)
     randoms = 0
     for q in qs:
         got, base_res = view.search(q), full.search(q)
-        assert got == view.search(q)                                       # fixed per (client, query)
+        assert got == view.search(q)  # fixed per (client, query)
         if kind == "v_inverted_topk":
             assert got == base_res[::-1]
         elif kind == "v_shuffled_topk":
@@ -481,10 +520,11 @@ def test_rank_wrapper_changes_only_the_order(base, kind):
         assert any(view.search(q) != full.search(q) for q in qs)
     if kind == "v_partial_random":
         assert 0 < randoms < len(qs)
-    other = arms.build_view(products, arms.ArmSpec(arm="rank_wrapper", variant=arms.RANK_WRAPPERS.index(kind),
-                                                   search_return_n=n), client=4)
+    other = arms.build_view(
+        products, arms.ArmSpec(arm="rank_wrapper", variant=arms.RANK_WRAPPERS.index(kind), search_return_n=n), client=4
+    )
     if kind != "v_inverted_topk":
-        assert [other.search(q) for q in qs] != [view.search(q) for q in qs]   # the seed is per client
+        assert [other.search(q) for q in qs] != [view.search(q) for q in qs]  # the seed is per client
 
 
 def test_variant_is_fixed_per_client_and_bad_specs_fail():
@@ -510,15 +550,22 @@ def test_service_serves_webshop_and_the_arm_reaches_it(games, base):
         h = tc.get("/health").json()
         assert h["env_info"]["arm"] == "catalog_split" and h["env_info"]["env_div"] == 0.7
         assert h["env_info"]["catalog_size"] < N_PRODUCTS and set(h["task_types"]) <= set(
-            ("beauty", "electronics", "fashion", "food", "furniture"))
+            ("beauty", "electronics", "fashion", "food", "furniture")
+        )
         items = [{"session_id": f"s{i}"} for i in range(4)]
         assert all(r["created"] for r in tc.post("/create_batch", json={"items": items}).json()["results"])
         resets = tc.post("/reset_batch", json={"items": [{"session_id": f"s{i}", "seed": 5} for i in range(4)]})
         tasks = {r["task"] for r in resets.json()["results"]}
-        assert len(tasks) == 1                                              # a GRPO group = one goal
-        steps = tc.post("/step_batch", json={"items": [
-            {"session_id": f"s{i}", "text": "<think>x</think><action>search[shoes]</action>", "step_id": 0}
-            for i in range(4)]}).json()["results"]
+        assert len(tasks) == 1  # a GRPO group = one goal
+        steps = tc.post(
+            "/step_batch",
+            json={
+                "items": [
+                    {"session_id": f"s{i}", "text": "<think>x</think><action>search[shoes]</action>", "step_id": 0}
+                    for i in range(4)
+                ]
+            },
+        ).json()["results"]
         assert all(s["observation"].startswith("'Back to Search'") for s in steps)
     plain = make_source("webshop", games, "val", tasks=base.task_ids("val"))
     assert plain.info == {"arm": "none", "search_return_n": 50, "catalog_size": N_PRODUCTS}

@@ -17,8 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workflow_helpers import (RUN, clone_workdir, executed_jobs, make_workdir, run_snakemake,
-                              snakemake_cmd, snakemake_env, tree_state)
+from workflow_helpers import (
+    RUN,
+    clone_workdir,
+    executed_jobs,
+    make_workdir,
+    run_snakemake,
+    snakemake_cmd,
+    snakemake_env,
+    tree_state,
+)
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -115,7 +123,7 @@ def test_d_changing_rounds(finished3, tmp_path):
     after = tree_state(work / RUN)
     for r in ("000", "001", "002", "003"):
         unchanged = {k: v for k, v in before.items() if k.startswith(f"round_{r}/")}
-        if r == "003":   # was the last round's model; now temporary, and used by round 4
+        if r == "003":  # was the last round's model; now temporary, and used by round 4
             unchanged = {k: v for k, v in unchanged.items() if not k.startswith("round_003/model/")}
         assert {k: v for k, v in after.items() if k.startswith(f"round_{r}/")} == unchanged, r
     rd = work / RUN
@@ -123,7 +131,7 @@ def test_d_changing_rounds(finished3, tmp_path):
     assert not (rd / "round_004" / "aggregate").exists() and not (rd / "round_004" / "clients" / "0").exists()
     model4 = rd / "round_004" / "model"
     assert (model4 / "manifest.json").is_file()
-    assert not any(p.stat().st_mode & 0o222 for p in [model4, *model4.rglob("*")])   # protected(): read-only
+    assert not any(p.stat().st_mode & 0o222 for p in [model4, *model4.rglob("*")])  # protected(): read-only
     for extra in ([], ["-n"]):
         proc = run_snakemake(work, "--configfile", "keep.yaml", *extra)
         assert executed_jobs(proc) == [], extra
@@ -141,10 +149,17 @@ def test_e_one_round_target_builds_only_what_it_needs(finished3, tmp_path):
     assert not (work / RUN / "round_003").exists() and not (work / RUN / "summary.csv").exists()
 
     # Must show 4: the same config gives byte-identical plans, selections and models.
-    for rel in ("plan/partition.json", "plan/val_set.json", "plan/games/games.json",
-                "round_001/selection.json", "round_002/selection.json",
-                "round_000/model/manifest.json", "round_001/model/manifest.json",
-                "round_002/model/manifest.json", "round_002/eval.json"):
+    for rel in (
+        "plan/partition.json",
+        "plan/val_set.json",
+        "plan/games/games.json",
+        "round_001/selection.json",
+        "round_002/selection.json",
+        "round_000/model/manifest.json",
+        "round_001/model/manifest.json",
+        "round_002/model/manifest.json",
+        "round_002/eval.json",
+    ):
         assert (work / RUN / rel).read_bytes() == (finished3 / RUN / rel).read_bytes(), rel
 
 
@@ -176,12 +191,17 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
 
     def one_done_other_running():
         done = [c for c in ("0", "1") if (clients / c / "manifest.json").exists()]
-        running = [c for c in ("0", "1") if (logs / f"train_client_{c}.log").exists()
-                   and not (clients / c).exists()]
+        running = [c for c in ("0", "1") if (logs / f"train_client_{c}.log").exists() and not (clients / c).exists()]
         return len(done) == 1 and len(running) == 1
 
-    proc = subprocess.Popen(snakemake_cmd(*one), cwd=work, env=snakemake_env(warm=False), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        snakemake_cmd(*one),
+        cwd=work,
+        env=snakemake_env(warm=False),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_for(one_done_other_running, 600, "one client finished and the other training", proc)
         time.sleep(1.5)  # well inside the second client's job
@@ -212,11 +232,18 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
     assert not list(clients.glob(".partial-*"))
 
     # SIGKILL of only the training process: the plain same command recovers.
-    proc = subprocess.Popen(snakemake_cmd("--config", "rounds=2"), cwd=work, env=snakemake_env(warm=False),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            text=True)
+    proc = subprocess.Popen(
+        snakemake_cmd("--config", "rounds=2"),
+        cwd=work,
+        env=snakemake_env(warm=False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
     try:
-        def trainer_pids():   # this run's own (other runs may train a round 2 on this machine)
+
+        def trainer_pids():  # this run's own (other runs may train a round 2 on this machine)
             pids = []
             for child in psutil.Process(proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
@@ -224,6 +251,7 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
                     if "train-client" in cmd and "--round" in cmd and cmd[cmd.index("--round") + 1] == "002":
                         pids.append(child.pid)
             return pids
+
         _wait_for(lambda: bool(trainer_pids()), 600, "a round-2 training process", proc)
         time.sleep(1.0)
         for pid in trainer_pids():
@@ -241,8 +269,11 @@ def test_c_sigkill_of_the_whole_tree_then_documented_recovery(tmp_path):
 
 def _would_remove(proc) -> set[str]:
     text = proc.stdout + proc.stderr
-    return {line.split("Would remove temporary output ", 1)[1].strip().removeprefix(f"{RUN}/")
-            for line in text.splitlines() if "Would remove temporary output " in line}
+    return {
+        line.split("Would remove temporary output ", 1)[1].strip().removeprefix(f"{RUN}/")
+        for line in text.splitlines()
+        if "Would remove temporary output " in line
+    }
 
 
 def test_keep_policy_plan_deletes_all_but_every_kth_and_last_model(tmp_path):
@@ -256,7 +287,7 @@ def test_keep_policy_plan_deletes_all_but_every_kth_and_last_model(tmp_path):
         assert {f"round_{r:03d}/clients/0", f"round_{r:03d}/clients/1", f"round_{r:03d}/aggregate"} <= removed
     jobs = executed_jobs(proc)
     assert {w for r, w in jobs if r == "merge_protected"} == {"round=002", "round=004"}
-    assert {w for r, w in jobs if r == "merge"} == {"round=005"}          # the last: kept, not protected
+    assert {w for r, w in jobs if r == "merge"} == {"round=005"}  # the last: kept, not protected
     assert {w for r, w in jobs if r == "merge_temporary"} == {"round=001", "round=003"}
 
 

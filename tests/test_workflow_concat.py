@@ -27,7 +27,7 @@ def test_concat_round_through_the_snakefile(tmp_path):
     plain = run_snakemake(work, "-n", "-p", "--config", "rounds=1")
     assert "fedagent train-client" in plain.stdout
     assert "rollout_mode" not in plain.stdout and "fedprox_mu" not in plain.stdout and "history" not in plain.stdout
-    assert "residual_dtype" not in plain.stdout   # nor train.residual_dtype at its default (float32)
+    assert "residual_dtype" not in plain.stdout  # nor train.residual_dtype at its default (float32)
 
     (work / "concat.yaml").write_text(CONCAT)
     run_snakemake(work, "--configfile", "concat.yaml")

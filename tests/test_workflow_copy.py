@@ -27,10 +27,15 @@ def test_copy_is_the_workflow_parts_plus_config_and_presets_without_caches(tmp_p
     cfg.write_text("rounds: 1\n")
     preset.write_text("rounds: 2\n")
     out = copy_workflow(repo, tmp_path / "w" / "deep", cfg, presets=[preset])
-    assert _files(out) == {"Snakefile": b"include: 'rules/a.smk'\n", "rules/a.smk": b"rule a: pass\n",
-                           "workflow/f.txt": b"workflow", "profiles/local/f.txt": b"profiles/local",
-                           "envs/f.txt": b"envs", "config/config.yaml": b"rounds: 1\n",
-                           "config/experiments/p-small.yaml": b"rounds: 2\n"}
+    assert _files(out) == {
+        "Snakefile": b"include: 'rules/a.smk'\n",
+        "rules/a.smk": b"rule a: pass\n",
+        "workflow/f.txt": b"workflow",
+        "profiles/local/f.txt": b"profiles/local",
+        "envs/f.txt": b"envs",
+        "config/config.yaml": b"rounds: 1\n",
+        "config/experiments/p-small.yaml": b"rounds: 2\n",
+    }
 
 
 def test_tests_and_bench_copy_the_same_workflow(tmp_path):
@@ -52,8 +57,16 @@ def test_the_package_imports_neither_tests_nor_bench():
     bad = []
     for path in sorted((REPO / "fedagent").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            bad += [f"{path.relative_to(REPO)}: {n}" for n in names
-                    if n.split(".")[0] in ("tests", "bench", "workflow_helpers", "small_presets")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            bad += [
+                f"{path.relative_to(REPO)}: {n}"
+                for n in names
+                if n.split(".")[0] in ("tests", "bench", "workflow_helpers", "small_presets")
+            ]
     assert bad == []

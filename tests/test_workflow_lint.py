@@ -19,11 +19,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 CASES = {
     "default": [],
-    "webshop-clients-hardness": ["--config", "env={kind: webshop}", "eval={clients: true}",
-                                 "partition={strategy: hardness, labels_model: random}"],
-    "matrix": ["--config", "matrix=gpu-textworld-quest2"],          # workflow/matrix.smk and its modules
-    "ppo-keep-temp": ["--config", "train={algorithm: ppo, group_size: 1, groups_per_epoch: 2}",
-                      "keep={client_updates: false, aggregates: false, models_every: 2, protect_models: true}"],
+    "webshop-clients-hardness": [
+        "--config",
+        "env={kind: webshop}",
+        "eval={clients: true}",
+        "partition={strategy: hardness, labels_model: random}",
+    ],
+    "matrix": ["--config", "matrix=gpu-textworld-quest2"],  # workflow/matrix.smk and its modules
+    "ppo-keep-temp": [
+        "--config",
+        "train={algorithm: ppo, group_size: 1, groups_per_epoch: 2}",
+        "keep={client_updates: false, aggregates: false, models_every: 2, protect_models: true}",
+    ],
 }
 
 
@@ -31,8 +38,14 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_snakemake_lint_is_clean(name):
     exe = Path(sys.executable).parent / "snakemake"
-    proc = subprocess.run([str(exe), "--lint", *CASES[name]], cwd=REPO, env=snakemake_env(warm=False),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(exe), "--lint", *CASES[name]],
+        cwd=REPO,
+        env=snakemake_env(warm=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Lints for" not in out and "Congratulations, your workflow is in a good condition!" in out, out[-3000:]

@@ -36,16 +36,29 @@ SERVER = ["--server-opt", "fedavgm", "--server-lr", "1.0", "--momentum", "0.9"]
 
 
 def _fedagent(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedagent.cli", *args], capture_output=True, text=True,
-                          env=snakemake_env())
+    return subprocess.run(
+        [sys.executable, "-m", "fedagent.cli", *args], capture_output=True, text=True, env=snakemake_env()
+    )
 
 
 def _verify(run: Path, r: int, aggregate: Path | None = None) -> subprocess.CompletedProcess:
     rd = run / f"round_{r:03d}"
     prev = run / f"round_{r - 1:03d}" / "model"
     clients = sorted(str(c) for c in (rd / "clients").iterdir())
-    return _fedagent("verify", "--prev", str(prev), "--clients", *clients, "--aggregate", str(aggregate or rd / "aggregate"),
-                     "--model", str(rd / "model"), "--prev-server-state", "none" if r == 1 else str(prev), *SERVER)
+    return _fedagent(
+        "verify",
+        "--prev",
+        str(prev),
+        "--clients",
+        *clients,
+        "--aggregate",
+        str(aggregate or rd / "aggregate"),
+        "--model",
+        str(rd / "model"),
+        "--prev-server-state",
+        "none" if r == 1 else str(prev),
+        *SERVER,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +97,7 @@ def test_verify_passes_on_both_rounds(ppo_run):
     for r in (1, 2):
         res = _verify(ppo_run, r)
         assert res.returncode == 0, res.stderr
-        assert "verify: OK" in res.stdout and "critic/ likewise" in res.stdout   # says the critic passed too
+        assert "verify: OK" in res.stdout and "critic/ likewise" in res.stdout  # says the critic passed too
 
 
 def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_path):
@@ -98,11 +111,11 @@ def test_verify_fails_on_a_tampered_critic_delta_naming_the_file(ppo_run, tmp_pa
     tensors = load_file(f)
     tensors["score.weight"][0, 0] += 1e-3
     save_file(tensors, f)
-    res = _verify(ppo_run, 2, aggregate=agg)   # manifest not re-signed: the manifest names the file
+    res = _verify(ppo_run, 2, aggregate=agg)  # manifest not re-signed: the manifest names the file
     assert res.returncode == 1
     assert "critic/delta.safetensors" in res.stderr, res.stderr
-    (agg / ".snakemake_timestamp").unlink(missing_ok=True)   # Snakemake's marker, not in a manifest
-    write_manifest(agg)                        # re-signed: the float64 recomputation catches it
+    (agg / ".snakemake_timestamp").unlink(missing_ok=True)  # Snakemake's marker, not in a manifest
+    write_manifest(agg)  # re-signed: the float64 recomputation catches it
     res = _verify(ppo_run, 2, aggregate=agg)
     assert res.returncode == 1
     assert "critic: aggregate: tensor 'score.weight'" in res.stderr, res.stderr
@@ -123,9 +136,24 @@ def test_verify_names_a_critic_swapped_in_from_another_client(ppo_run, tmp_path)
     (a / ".snakemake_timestamp").unlink(missing_ok=True)
     write_manifest(a)
     prev = ppo_run / "round_001" / "model"
-    res = _fedagent("verify", "--prev", str(prev), "--clients", str(a), str(b), "--aggregate", str(rd / "aggregate"),
-                    "--model", str(rd / "model"), "--prev-server-state", str(prev), *SERVER)
+    res = _fedagent(
+        "verify",
+        "--prev",
+        str(prev),
+        "--clients",
+        str(a),
+        str(b),
+        "--aggregate",
+        str(rd / "aggregate"),
+        "--model",
+        str(rd / "model"),
+        "--prev-server-state",
+        str(prev),
+        *SERVER,
+    )
     assert res.returncode == 1
-    assert (f"verify: FAIL critic: identity: {a / 'critic' / 'model.safetensors'} is not the critic that "
-            f"{a / 'metrics.json'} records") in res.stderr, res.stderr
+    assert (
+        f"verify: FAIL critic: identity: {a / 'critic' / 'model.safetensors'} is not the critic that "
+        f"{a / 'metrics.json'} records"
+    ) in res.stderr, res.stderr
     assert f"it is the critic of the update {b} (client {int(b.name)}, round 2)" in res.stderr, res.stderr

@@ -59,5 +59,5 @@ def test_webshop_grpo_two_rounds_two_clients(tmp_path):
             m = json.loads((run / f"round_{r:03d}/clients/{c}/metrics.json").read_text())
             assert m["num_samples"] > 0
         eval_info = _env_info(run / f"logs/round_{r:03d}/eval.log")
-        assert eval_info == {"arm": "none", "search_return_n": 50, "catalog_size": 200}   # unperturbed
+        assert eval_info == {"arm": "none", "search_return_n": 50, "catalog_size": 200}  # unperturbed
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(run_snakemake(work))

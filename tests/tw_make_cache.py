@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         return subprocess.run(real + argv).returncode
     i = argv.index("--output")
     out = Path(argv[i + 1])
-    key_args = argv[:i] + ["--output", out.name] + argv[i + 2:]
+    key_args = argv[:i] + ["--output", out.name] + argv[i + 2 :]
     key = hashlib.sha256(json.dumps([version("textworld"), key_args]).encode()).hexdigest()[:32]
     entry = Path(cache) / key
     if entry.is_dir():
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
             if out.with_suffix(suffix).is_file():
                 shutil.copyfile(out.with_suffix(suffix), staging / out.with_suffix(suffix).name)
         try:
-            os.rename(staging, entry)       # atomic; another process may have stored it first
+            os.rename(staging, entry)  # atomic; another process may have stored it first
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     return rc

@@ -36,7 +36,7 @@ def use_cpu_platform() -> None:
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
-    class _Device(types.ModuleType):          # torch.cpu plus the memory queries verl logs
+    class _Device(types.ModuleType):  # torch.cpu plus the memory queries verl logs
         def __getattr__(self, name):
             return getattr(torch.cpu, name)
 
@@ -61,7 +61,7 @@ def use_cpu_platform() -> None:
             return True
 
         def current_device(self):
-            return torch.device("cpu")     # FSDP's device_id
+            return torch.device("cpu")  # FSDP's device_id
 
         def device_count(self):
             return 1
@@ -137,13 +137,13 @@ def build_reference(cfg):
 
 def main(argv: list[str]) -> int:
     out, overrides = argv[0], argv[1:]
-    for o in overrides:                       # Ray's runtime_env env_vars, in every worker
+    for o in overrides:  # Ray's runtime_env env_vars, in every worker
         if o.startswith(ENV_PREFIX):
-            key, _, value = o[len(ENV_PREFIX):].partition("=")
+            key, _, value = o[len(ENV_PREFIX) :].partition("=")
             os.environ[key] = value
     from fedagent.train.verl import ray_hook
 
-    ray_hook.setup()                          # Ray's worker_process_setup_hook
+    ray_hook.setup()  # Ray's worker_process_setup_hook
     use_cpu_platform()
     import torch
     from verl_helpers import compose_ppo

@@ -58,25 +58,62 @@ def cpu_platform():
         vendor_name = property(lambda s: "cpu")
         device_module = property(lambda s: CPUModule())
 
-        def is_available(self): return True
-        def current_device(self): return torch.device("cpu")
-        def device_count(self): return 1
-        def set_device(self, i): pass
-        def synchronize(self, i=None): pass
-        def manual_seed(self, s): torch.manual_seed(s)  # noqa: E704 - verl's API; not called here
-        def manual_seed_all(self, s): torch.manual_seed(s)
-        def set_allocator_settings(self, s): pass
-        def empty_cache(self): pass
-        def get_device_capability(self, i=0): return (None, None)
-        def communication_backend_name(self): return "gloo"
-        def visible_devices_envvar(self): return "CUDA_VISIBLE_DEVICES"
-        def nvtx_range(self, msg): return contextlib.nullcontext()
-        def profiler_start(self): pass
-        def profiler_stop(self): pass
-        def ray_resource_name(self): return "CPU"
-        def ray_noset_envvars(self): return []
-        def is_ipc_supported(self): return False
-        def cudart(self): return None
+        def is_available(self):
+            return True
+
+        def current_device(self):
+            return torch.device("cpu")
+
+        def device_count(self):
+            return 1
+
+        def set_device(self, i):
+            pass
+
+        def synchronize(self, i=None):
+            pass
+
+        def manual_seed(self, s):
+            torch.manual_seed(s)  # noqa: E704 - verl's API; not called here
+
+        def manual_seed_all(self, s):
+            torch.manual_seed(s)
+
+        def set_allocator_settings(self, s):
+            pass
+
+        def empty_cache(self):
+            pass
+
+        def get_device_capability(self, i=0):
+            return (None, None)
+
+        def communication_backend_name(self):
+            return "gloo"
+
+        def visible_devices_envvar(self):
+            return "CUDA_VISIBLE_DEVICES"
+
+        def nvtx_range(self, msg):
+            return contextlib.nullcontext()
+
+        def profiler_start(self):
+            pass
+
+        def profiler_stop(self):
+            pass
+
+        def ray_resource_name(self):
+            return "CPU"
+
+        def ray_noset_envvars(self):
+            return []
+
+        def is_ipc_supported(self):
+            return False
+
+        def cudart(self):
+            return None
 
     return PlatformCPU()
 
@@ -87,7 +124,7 @@ def main(workdir: Path) -> None:
     platform_manager.set_platform(cpu_platform())
     import torch.distributed.fsdp._init_utils as fsdp_init
 
-    fsdp_init._check_module_states_for_sync_module_states = lambda states: None   # gloo broadcasts CPU tensors
+    fsdp_init._check_module_states_for_sync_module_states = lambda states: None  # gloo broadcasts CPU tensors
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rdzv", rank=0, world_size=1)
 
     from argparse import Namespace
@@ -106,8 +143,8 @@ def main(workdir: Path) -> None:
     from fedagent.train.verl import refit
     from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides
 
-    transformer_impl.load_fsdp_model_to_gpu = lambda module: None      # the module never leaves the CPU
-    torch.Tensor.pin_memory = lambda self, *a, **k: self   # FSDP's CPU offload (the reference) pins for a GPU
+    transformer_impl.load_fsdp_model_to_gpu = lambda module: None  # the module never leaves the CPU
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # FSDP's CPU offload (the reference) pins for a GPU
 
     def shifted(src: Path, dst: Path, delta: float) -> Path:
         """A copy of ``src`` with every weight (and its critic's) + ``delta``: a later round's model."""
@@ -118,16 +155,24 @@ def main(workdir: Path) -> None:
             save_file({k: v + delta for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
         return dst
 
-    first = write_tiny_model(workdir / "round1", 1, critic_args=Namespace(critic=True, critic_seed=2,
-                                                                          critic_path=None))
+    first = write_tiny_model(workdir / "round1", 1, critic_args=Namespace(critic=True, critic_seed=2, critic_path=None))
     start, ref_dir = shifted(first, workdir / "round2", 0.01), shifted(first, workdir / "base", -0.02)
     p = TrainParams(max_prompt_tokens=64, max_new_tokens=16, group_size=2, kl_coef=0.01, algorithm="ppo")
     job = VerlJob(tag="t", workdir=workdir, ray_tmp=workdir)
-    cfg = compose_ppo(build_overrides(p, VerlSettings(), job=job, model_dir=first, rows=workdir / "r.parquet",
-                                      agent_loop_yaml=workdir / "a.yaml", rollout_seed=0))
+    cfg = compose_ppo(
+        build_overrides(
+            p,
+            VerlSettings(),
+            job=job,
+            model_dir=first,
+            rows=workdir / "r.parquet",
+            agent_loop_yaml=workdir / "a.yaml",
+            rollout_seed=0,
+        )
+    )
     model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
     actor_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    with open_dict(cfg.actor_rollout_ref.ref):      # as verl's init_model derives the reference's config
+    with open_dict(cfg.actor_rollout_ref.ref):  # as verl's init_model derives the reference's config
         ref_node = cfg.actor_rollout_ref.ref
         ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
@@ -135,8 +180,8 @@ def main(workdir: Path) -> None:
         ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
         ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
     ref_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.ref)
-    critic_cfg = omega_conf_to_dataclass(cfg.critic)      # as verl's v1 trainer builds the critic's worker
-    critic_attn.arm()                                      # as our Ray hook arms a PPO job's workers
+    critic_cfg = omega_conf_to_dataclass(cfg.critic)  # as verl's v1 trainer builds the critic's worker
+    critic_attn.arm()  # as our Ray hook arms a PPO job's workers
 
     def built(cls, mc, cfg_, path, model_type):
         """verl's ``TrainingWorker.__init__`` + first ``reset()``: its model type and padding flags, then
@@ -150,8 +195,13 @@ def main(workdir: Path) -> None:
         return e
 
     def engine(cfg_, path, mc=None):
-        return built(transformer_impl.FSDPEngineWithLMHead, copy.deepcopy(model_config) if mc is None else mc,
-                     cfg_, path, "language_model")
+        return built(
+            transformer_impl.FSDPEngineWithLMHead,
+            copy.deepcopy(model_config) if mc is None else mc,
+            cfg_,
+            path,
+            "language_model",
+        )
 
     class Training:
         """verl's ``TrainingWorker`` as ``reset_engines`` uses it: ``.engine`` and verl's own ``reset``."""
@@ -164,14 +214,15 @@ def main(workdir: Path) -> None:
                 TrainingWorker.reset(self)
 
     def critic_engine(path):
-        return built(transformer_impl.FSDPEngineWithValueHead, copy.deepcopy(critic_cfg.model), critic_cfg, path,
-                     "value_model")
+        return built(
+            transformer_impl.FSDPEngineWithValueHead, copy.deepcopy(critic_cfg.model), critic_cfg, path, "value_model"
+        )
 
     def step(e, seed):
         e.module.train()
         ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
         e.optimizer_zero_grad()
-        if e.model_config.model_type == "value_model":      # the critic: a loss on its values
+        if e.model_config.model_type == "value_model":  # the critic: a loss on its values
             loss = e.module(input_ids=ids).logits.float().square().mean()
         else:
             loss = e.module(input_ids=ids, labels=ids).loss
@@ -179,7 +230,7 @@ def main(workdir: Path) -> None:
         return e.optimizer_step(), e.lr_scheduler_step()
 
     def weights(e):
-        params, _peft = e.get_per_tensor_param()       # what verl's rollout sync sends to vLLM
+        params, _peft = e.get_per_tensor_param()  # what verl's rollout sync sends to vLLM
         return {k: v.detach().float().clone() for k, v in params}
 
     def equal(got, path):
@@ -190,7 +241,7 @@ def main(workdir: Path) -> None:
     worker = type("ActorRolloutRefWorker", (), {})()
     worker.actor = Training(engine(actor_cfg, first, model_config))
     worker.ref = Training(engine(ref_cfg, first))
-    critic = Training(critic_engine(first / "critic"))     # verl's critic TrainingWorker (its own group)
+    critic = Training(critic_engine(first / "critic"))  # verl's critic TrainingWorker (its own group)
     for e in (worker.actor.engine, critic.engine):
         step(e, 1)
         step(e, 2)
@@ -203,9 +254,13 @@ def main(workdir: Path) -> None:
             pass
         e.save_checkpoint(local_path=str(workdir / f"ckpt-{e.model_config.model_type}"), global_step=1)
         e.to("cpu", model=True, optimizer=True, grad=True)
-    old = [weakref.ref(worker.actor.engine.module), weakref.ref(worker.actor.engine.optimizer),
-           weakref.ref(worker.ref.engine.module), weakref.ref(critic.engine.module),
-           weakref.ref(critic.engine.optimizer)]
+    old = [
+        weakref.ref(worker.actor.engine.module),
+        weakref.ref(worker.actor.engine.optimizer),
+        weakref.ref(worker.ref.engine.module),
+        weakref.ref(critic.engine.module),
+        weakref.ref(critic.engine.optimizer),
+    ]
     if variant == "path-after":
         refit.reset_engines(worker)
         worker.actor.engine.model_config.local_path = str(start)
@@ -214,23 +269,31 @@ def main(workdir: Path) -> None:
         refit.set_model_path(critic, str(start / "critic"))
     else:
         refit.reset_engines(worker, str(start), str(ref_dir))
-        refit.set_model_path(critic, str(start / "critic"))     # then critic_wg.reset(), as reset_trainer
+        refit.set_model_path(critic, str(start / "critic"))  # then critic_wg.reset(), as reset_trainer
         critic.reset()
     gc.collect()
     actor = worker.actor.engine
     result = {
         "old_freed": [r() is None for r in old],
-        "optimizer_state": len(actor.optimizer.state), "scheduler_step": actor.lr_scheduler.last_epoch,
-        "actor_is_start": equal(weights(actor), start), "ref_is_ref_dir": equal(weights(worker.ref.engine), ref_dir),
-        "ref_forward_only": bool(ref_cfg.engine.forward_only), "ref_offload": bool(ref_cfg.engine.param_offload),
+        "optimizer_state": len(actor.optimizer.state),
+        "scheduler_step": actor.lr_scheduler.last_epoch,
+        "actor_is_start": equal(weights(actor), start),
+        "ref_is_ref_dir": equal(weights(worker.ref.engine), ref_dir),
+        "ref_forward_only": bool(ref_cfg.engine.forward_only),
+        "ref_offload": bool(ref_cfg.engine.param_offload),
     }
-    result.update({"critic_optimizer_state": len(critic.engine.optimizer.state),
-                   "critic_is_start": equal(weights(critic.engine), start / "critic")})
+    result.update(
+        {
+            "critic_optimizer_state": len(critic.engine.optimizer.state),
+            "critic_is_start": equal(weights(critic.engine), start / "critic"),
+        }
+    )
 
     def as_fresh(e, fresh):
         after = step(e, 3)
         return after == step(fresh, 3) and all(
-            torch.equal(a, b) for a, b in zip(weights(e).values(), weights(fresh).values()))
+            torch.equal(a, b) for a, b in zip(weights(e).values(), weights(fresh).values())
+        )
 
     result["step_as_fresh"] = as_fresh(actor, engine(actor_cfg, start))
     result["critic_step_as_fresh"] = as_fresh(critic.engine, critic_engine(start / "critic"))

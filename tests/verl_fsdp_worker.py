@@ -10,7 +10,6 @@ full fp32 state dict (gathered) as the reference on rank 0.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,8 +30,14 @@ def run(rank: int, world: int, model_dir: str, out: str, strategy: str) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import ShardingStrategy
 
-        model = FSDP(model, device_mesh=mesh, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                     sync_module_states=False, use_orig_params=False, device_id=torch.device("cpu"))
+        model = FSDP(
+            model,
+            device_mesh=mesh,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            sync_module_states=False,
+            use_orig_params=False,
+            device_id=torch.device("cpu"),
+        )
     else:
         from torch.distributed.fsdp import fully_shard
 
@@ -51,15 +56,18 @@ def run(rank: int, world: int, model_dir: str, out: str, strategy: str) -> None:
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     cfg = OmegaConf.create({"save_contents": ["model"], "load_contents": ["model"]})
-    mgr = FSDPCheckpointManager(model, optimizer=None, processing_class=load_tokenizer(model_dir), checkpoint_config=cfg)
+    mgr = FSDPCheckpointManager(
+        model, optimizer=None, processing_class=load_tokenizer(model_dir), checkpoint_config=cfg
+    )
     mgr.save_checkpoint(f"{out}/global_step_2/actor", global_step=2)
 
     if strategy == "fsdp":
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+        with FSDP.state_dict_type(
+            model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+        ):
             full = model.state_dict()
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -22,7 +22,7 @@ def main(ov_path: str, out_path: str) -> None:
     from verl_helpers import compose_ppo
 
     config = compose_ppo(json.loads(open(ov_path).read()))
-    default_runtime_env = get_ppo_ray_runtime_env(config)          # as verl.trainer.main_ppo.run_ppo
+    default_runtime_env = get_ppo_ray_runtime_env(config)  # as verl.trainer.main_ppo.run_ppo
     ray_init_kwargs = config.ray_kwargs.get("ray_init", {})
     runtime_env = OmegaConf.merge(default_runtime_env, ray_init_kwargs.get("runtime_env", {}))
     ray_init_kwargs = OmegaConf.create({**ray_init_kwargs, "runtime_env": runtime_env})
@@ -53,8 +53,11 @@ def main(ov_path: str, out_path: str) -> None:
         keys = {str(Role.ActorRollout): ActorRolloutRefWorker, str(Role.Critic): TrainingWorker}
         wd = create_colocated_worker_cls({k: RayClassWithInitArgs(cls=r.remote(c)) for k, c in keys.items()})
         cls = wd.cls.__ray_actor_class__
-        return {name: getattr(getattr(cls, name), MAGIC_ATTR)["dispatch_mode"].name
-                for name in dir(cls) if "fedagent" in name}
+        return {
+            name: getattr(getattr(cls, name), MAGIC_ATTR)["dispatch_mode"].name
+            for name in dir(cls)
+            if "fedagent" in name
+        }
 
     out = ray.get(probe.remote())
     if os.environ.get("FEDAGENT_PROBE_COLOCATED"):

@@ -59,15 +59,22 @@ def warm_socket(env: dict) -> str | None:
         d = tempfile.mkdtemp(prefix="fa-tw-", dir="/tmp")
         sock = os.path.join(d, "s")
         exe = str(Path(sys.executable).parent / "fedagent")
-        server_env = dict(env)                  # snakemake_env dropped any FEDAGENT_WARM_SOCKET
-        subprocess.run([exe, "warm-server", "--socket", sock, "--preload", "train,eval,env,server", "--detach"],
-                       env=server_env, check=True, capture_output=True, text=True, timeout=300)
+        server_env = dict(env)  # snakemake_env dropped any FEDAGENT_WARM_SOCKET
+        subprocess.run(
+            [exe, "warm-server", "--socket", sock, "--preload", "train,eval,env,server", "--detach"],
+            env=server_env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
         def stop():
             import shutil
 
-            subprocess.run([exe, "warm-server", "--socket", sock, "--stop"], env=server_env,
-                           capture_output=True, timeout=120)
+            subprocess.run(
+                [exe, "warm-server", "--socket", sock, "--stop"], env=server_env, capture_output=True, timeout=120
+            )
             shutil.rmtree(d, ignore_errors=True)
 
         atexit.register(stop)
@@ -88,18 +95,21 @@ def snakemake_env(warm: bool = True) -> dict:
     return env
 
 
-def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900,
-                  warm: bool = True) -> subprocess.CompletedProcess:
+def run_snakemake(
+    workdir: Path, *args: str, check: bool = True, timeout: int = 900, warm: bool = True
+) -> subprocess.CompletedProcess:
     """Run Snakemake in ``workdir``; on failure show its output and the failed job logs.
 
     Heavy jobs go through a warm server (``warm``, :func:`warm_socket`); a plan (``-n``), lint or
     unlock runs no job and starts none."""
     warm = warm and not {"-n", "--dry-run", "--lint", "--unlock"} & set(args)
-    proc = subprocess.run(snakemake_cmd(*args), cwd=workdir, env=snakemake_env(warm), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        snakemake_cmd(*args), cwd=workdir, env=snakemake_env(warm), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-6000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -127,5 +137,8 @@ def executed_jobs(proc: subprocess.CompletedProcess) -> list[tuple[str, str]]:
 
 def tree_state(root: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime_ns) of every file under ``root`` — to prove nothing was touched."""
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }

@@ -1,4 +1,4 @@
-"""Named public architectures for random-weight base models (``model: random:<name>``, issue 29).
+"""Named public architectures for random-weight base models (``model: random:<name>``).
 
 Data only (stdlib): the config keys (:mod:`fedagent.core.config_rules` checks the name at plan
 time), the GPU memory estimate (:mod:`fedagent.model.memory`) and the base-model stage
@@ -31,12 +31,24 @@ ARCHITECTURES: dict[str, dict] = {
         "public_model": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
         "tokenizer": "smollm2",
         "config": {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
-            "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 64,
-            "vocab_size": 49152, "tie_word_embeddings": True, "rope_theta": 130000.0,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "hidden_act": "silu",
-            "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02, **_SMOLLM2_TOKEN_IDS,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "head_dim": 64,
+            "vocab_size": 49152,
+            "tie_word_embeddings": True,
+            "rope_theta": 130000.0,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-05,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "initializer_range": 0.02,
+            **_SMOLLM2_TOKEN_IDS,
         },
     },
     # Qwen/Qwen2.5-1.5B-Instruct config.json (1,543,714,304 parameters; q/k/v biases), with
@@ -45,13 +57,24 @@ ARCHITECTURES: dict[str, dict] = {
         "public_model": "Qwen/Qwen2.5-1.5B-Instruct",
         "tokenizer": "smollm2",
         "config": {
-            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-            "num_attention_heads": 12, "num_key_value_heads": 2,
-            "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1000000.0,
-            "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "hidden_act": "silu",
-            "use_sliding_window": False, "max_window_layers": 21, "sliding_window": None,
-            "initializer_range": 0.02, **_SMOLLM2_TOKEN_IDS,
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_size": 1536,
+            "intermediate_size": 8960,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "vocab_size": 151936,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-06,
+            "hidden_act": "silu",
+            "use_sliding_window": False,
+            "max_window_layers": 21,
+            "sliding_window": None,
+            "initializer_range": 0.02,
+            **_SMOLLM2_TOKEN_IDS,
         },
     },
     # SmolLM2-135M-Instruct's shape (this project's default model, 134,515,008 parameters): the
@@ -60,12 +83,24 @@ ARCHITECTURES: dict[str, dict] = {
         "public_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "tokenizer": "smollm2",
         "config": {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-            "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-            "vocab_size": 49152, "tie_word_embeddings": True, "rope_theta": 100000.0,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "hidden_act": "silu",
-            "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02, **_SMOLLM2_TOKEN_IDS,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "vocab_size": 49152,
+            "tie_word_embeddings": True,
+            "rope_theta": 100000.0,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-05,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "initializer_range": 0.02,
+            **_SMOLLM2_TOKEN_IDS,
         },
     },
 }
@@ -80,7 +115,7 @@ def random_target(source: str) -> str:
     """``<name or dir>`` of ``random:<name or dir>``."""
     if not is_random_source(source):
         raise ValueError(f"model {source!r} is not a random source ({RANDOM_PREFIX}<name or dir>)")
-    return source[len(RANDOM_PREFIX):]
+    return source[len(RANDOM_PREFIX) :]
 
 
 def random_source_problem(source: str, is_dir) -> str | None:
@@ -91,5 +126,7 @@ def random_source_problem(source: str, is_dir) -> str | None:
         return None
     if target and is_dir(target):
         return None
-    return (f"{source!r}: after {RANDOM_PREFIX!r} comes one of {sorted(ARCHITECTURES)} or a directory with a "
-            "config.json and tokenizer files (a random-weight model of that architecture)")
+    return (
+        f"{source!r}: after {RANDOM_PREFIX!r} comes one of {sorted(ARCHITECTURES)} or a directory with a "
+        "config.json and tokenizer files (a random-weight model of that architecture)"
+    )

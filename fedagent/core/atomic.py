@@ -60,8 +60,10 @@ def write_manifest(directory: Path) -> dict:
     paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and p.relative_to(directory).as_posix() != MANIFEST]
     with _hash_pool(len(paths)) as pool:
         digests = list(pool.map(sha256_file, paths))
-    files = {path.relative_to(directory).as_posix(): {"sha256": digest, "bytes": path.stat().st_size}
-             for path, digest in zip(paths, digests)}
+    files = {
+        path.relative_to(directory).as_posix(): {"sha256": digest, "bytes": path.stat().st_size}
+        for path, digest in zip(paths, digests)
+    }
     manifest = {"format": "fedagent-manifest-v1", "files": files}
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

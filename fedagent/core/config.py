@@ -31,11 +31,33 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedagent.core.config_rules import (CROSS_RULES, PLAN_ONLY_RULES, REQUIREMENTS, CrossRule, Requirement,  # noqa: F401 - re-exported
-                                        check_cross_fields, check_experiment_fields, cross_rule, run_cross_rules)
-from fedagent.core.schema import (MODEL_KEYWORDS, SCHEMA_PATH, ConfigError, check_value,  # noqa: F401 - re-exported
-                                  coerce_cli_strings, coerce_scalar, get_path, leaf_keys, load_schema, schema,
-                                  schema_types, set_path, subschema, validate_schema)
+from fedagent.core.config_rules import (  # noqa: F401 - re-exported
+    CROSS_RULES,
+    PLAN_ONLY_RULES,
+    REQUIREMENTS,
+    CrossRule,
+    Requirement,
+    check_cross_fields,
+    check_experiment_fields,
+    cross_rule,
+    run_cross_rules,
+)
+from fedagent.core.schema import (  # noqa: F401 - re-exported
+    MODEL_KEYWORDS,
+    SCHEMA_PATH,
+    ConfigError,
+    check_value,
+    coerce_cli_strings,
+    coerce_scalar,
+    get_path,
+    leaf_keys,
+    load_schema,
+    schema,
+    schema_types,
+    set_path,
+    subschema,
+    validate_schema,
+)
 
 
 def merge_into(dst: dict, src: Mapping) -> dict:
@@ -63,7 +85,7 @@ def load_file(path: Path) -> dict:
     return data
 
 
-def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:
+def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:  # noqa: F811 - the parameter names the schema it reads
     """``3.0`` → ``3`` at integer keys, in place (JSON Schema's integer accepts 3.0; ``range`` does not)."""
     for key in leaf_keys(schema):
         value = get_path(config, key, None)
@@ -85,9 +107,20 @@ def prepare_config(config: dict, cli: Mapping | None = None) -> dict:
 # --------------------------------------------------------------------------- job-side checks
 JOB_KEYS: dict[str, "JobKeys"] = {}
 # The modules that define a JobKeys (importing them fills JOB_KEYS; the tests do).
-JOB_MODULES = ("fedagent.model.critic", "fedagent.envs.textworld_games", "fedagent.partition", "fedagent.plan.val_set", "fedagent.plan.selection",
-               "fedagent.train.local", "fedagent.server.aggregate", "fedagent.server.optimizers", "fedagent.evaluate.validation",
-               "fedagent.train.verl.backend", "fedagent.plan.demo_pool", "fedagent.train.warm_start")
+JOB_MODULES = (
+    "fedagent.model.critic",
+    "fedagent.envs.textworld_games",
+    "fedagent.partition",
+    "fedagent.plan.val_set",
+    "fedagent.plan.selection",
+    "fedagent.train.local",
+    "fedagent.server.aggregate",
+    "fedagent.server.optimizers",
+    "fedagent.evaluate.validation",
+    "fedagent.train.verl.backend",
+    "fedagent.plan.demo_pool",
+    "fedagent.train.warm_start",
+)
 
 
 @dataclass(frozen=True)
@@ -148,8 +181,13 @@ def load_config(path: Path, overrides: dict | None = None) -> dict:
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent check-config``."""
     parser.add_argument("config", type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key (YAML value), e.g. --set rounds=70")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (YAML value), e.g. --set rounds=70",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from fedagent.core.architectures import is_random_source, random_source_problem
 from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path, subschema
-from fedagent.core.weights import NO_HEAD_HINT, has_value_head   # no torch: safetensors headers only
+from fedagent.core.weights import NO_HEAD_HINT, has_value_head  # no torch: safetensors headers only
+
 
 @dataclass(frozen=True)
 class CrossRule:
@@ -37,49 +38,67 @@ PLAN_ONLY_RULES: set[str] = {"model"}
 
 def cross_rule(key: str, needs: Iterable[str], violation: Mapping[str, Any]):
     """Register a :class:`CrossRule` (decorator over its ``check``)."""
+
     def register(check):
         CROSS_RULES.append(CrossRule(key, tuple(needs), check, dict(violation)))
         return check
+
     return register
 
 
-@cross_rule("clients.per_round", ["clients.per_round", "clients.total"],
-            violation={"clients.total": 2, "clients.per_round": 3})
+@cross_rule(
+    "clients.per_round", ["clients.per_round", "clients.total"], violation={"clients.total": 2, "clients.per_round": 3}
+)
 def _per_round_within_total(get):
     if get("clients.per_round") > get("clients.total"):
         return f"{get('clients.per_round')} exceeds clients.total={get('clients.total')}"
     return None
 
 
-@cross_rule("partition.min_tasks_per_client", ["partition.min_tasks_per_client", "env.train_games", "env.kind"],
-            violation={"env.train_games": 4, "partition.min_tasks_per_client": 5})
+@cross_rule(
+    "partition.min_tasks_per_client",
+    ["partition.min_tasks_per_client", "env.train_games", "env.kind"],
+    violation={"env.train_games": 4, "partition.min_tasks_per_client": 5},
+)
 def _min_tasks_within_catalogue(get):
     # TextWorld only: env.train_games is its catalogue size (WebShop's is built from its own keys).
     if get("env.kind") == "textworld" and get("partition.min_tasks_per_client") > get("env.train_games"):
-        return (f"{get('partition.min_tasks_per_client')} exceeds the {get('env.train_games')} train tasks "
-                "(env.train_games)")
+        return (
+            f"{get('partition.min_tasks_per_client')} exceeds the {get('env.train_games')} train tasks "
+            "(env.train_games)"
+        )
     return None
 
 
-@cross_rule("train.mini_batch_size",
-            ["train.mini_batch_size", "train.group_size", "train.groups_per_epoch", "train.max_turns", "rollout.mode"],
-            violation={"train.group_size": 2, "train.groups_per_epoch": 1, "train.max_turns": 2,
-                       "train.mini_batch_size": 5})
+@cross_rule(
+    "train.mini_batch_size",
+    ["train.mini_batch_size", "train.group_size", "train.groups_per_epoch", "train.max_turns", "rollout.mode"],
+    violation={"train.group_size": 2, "train.groups_per_epoch": 1, "train.max_turns": 2, "train.mini_batch_size": 5},
+)
 def _mini_batch_within_epoch(get):
-    if get("rollout.mode") == "concat":   # one sample per episode
+    if get("rollout.mode") == "concat":  # one sample per episode
         most, how = get("train.group_size") * get("train.groups_per_epoch"), "group_size × groups_per_epoch, concat"
-    else:                                 # one sample per turn
-        most, how = (get("train.group_size") * get("train.groups_per_epoch") * get("train.max_turns"),
-                     "group_size × groups_per_epoch × max_turns")
+    else:  # one sample per turn
+        most, how = (
+            get("train.group_size") * get("train.groups_per_epoch") * get("train.max_turns"),
+            "group_size × groups_per_epoch × max_turns",
+        )
     if get("train.mini_batch_size") > most:
         return f"{get('train.mini_batch_size')} is larger than the {most} samples one epoch can produce ({how})"
     return None
 
 
-@cross_rule("train.mini_batch_size",
-            ["train.backend", "train.mini_batch_size", "train.group_size", "train.groups_per_epoch"],
-            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.group_size": 2,
-                       "train.groups_per_epoch": 2, "train.mini_batch_size": 3})
+@cross_rule(
+    "train.mini_batch_size",
+    ["train.backend", "train.mini_batch_size", "train.group_size", "train.groups_per_epoch"],
+    violation={
+        "train.backend": "verl",
+        "train.ref_anchor": "round",
+        "train.group_size": 2,
+        "train.groups_per_epoch": 2,
+        "train.mini_batch_size": 3,
+    },
+)
 def _verl_mini_batch_is_whole_groups(get):
     # verl 0.9.1's v1 trainer updates on mini-batches of ppo_mini_batch_size × rollout.n rows and
     # wants ppo_mini_batch_size <= train_batch_size (prompts): only whole groups of one step's tasks
@@ -88,15 +107,24 @@ def _verl_mini_batch_is_whole_groups(get):
         return None
     m, n, g = get("train.mini_batch_size"), get("train.group_size"), get("train.groups_per_epoch")
     if m % n or m > n * g:
-        return (f"{m} with train.backend=verl: verl's mini-batch is a whole number of groups (train.group_size="
-                f"{n}) of one step's train.groups_per_epoch={g} tasks, so it must be a multiple of {n} and at most "
-                f"{n * g}; otherwise verl would update on different mini-batches than train.mini_batch_size says")
+        return (
+            f"{m} with train.backend=verl: verl's mini-batch is a whole number of groups (train.group_size="
+            f"{n}) of one step's train.groups_per_epoch={g} tasks, so it must be a multiple of {n} and at most "
+            f"{n * g}; otherwise verl would update on different mini-batches than train.mini_batch_size says"
+        )
     return None
 
 
-@cross_rule("train.verl.engines", ["train.verl.engines", "train.verl.warm_refit"],
-            violation={"train.backend": "verl", "train.ref_anchor": "round", "train.verl.engines": "run",
-                       "train.verl.warm_refit": True})
+@cross_rule(
+    "train.verl.engines",
+    ["train.verl.engines", "train.verl.warm_refit"],
+    violation={
+        "train.backend": "verl",
+        "train.ref_anchor": "round",
+        "train.verl.engines": "run",
+        "train.verl.warm_refit": True,
+    },
+)
 def _engines_or_refit(get):
     # plan time here; the verl job refuses the pair itself when reading train.verl (train/cli.verl_settings)
     # the probe refits inside one job, the engine sets across jobs (fedagent.train.verl.engines)
@@ -108,28 +136,36 @@ def _engines_or_refit(get):
 PLAN_ONLY_RULES.add("train.verl.engines")
 
 
-@cross_rule("env.pool_size", ["env.pool_size", "train.group_size"],
-            violation={"train.group_size": 4, "env.pool_size": 3})
+@cross_rule(
+    "env.pool_size", ["env.pool_size", "train.group_size"], violation={"train.group_size": 4, "env.pool_size": 3}
+)
 def _pool_holds_a_group(get):
     if get("env.pool_size") < get("train.group_size"):
-        return (f"{get('env.pool_size')} is smaller than train.group_size={get('train.group_size')} "
-                "(a GRPO group runs its sessions in lockstep)")
+        return (
+            f"{get('env.pool_size')} is smaller than train.group_size={get('train.group_size')} "
+            "(a GRPO group runs its sessions in lockstep)"
+        )
     return None
 
 
 @cross_rule("model", ["model"], violation={"model": "/nonexistent/model-dir"})
 def _model_exists(get):
     model = get("model")
-    if is_random_source(model):   # random:<architecture name or dir>: random weights (issue 29)
+    if is_random_source(model):  # random:<architecture name or dir>: random weights
         return random_source_problem(model, lambda p: (Path(p) / "config.json").is_file())
     if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
-        return (f"{model!r} is not one of {MODEL_KEYWORDS}, not random:<architecture> and not a local HF model "
-                "directory (no config.json there)")
+        return (
+            f"{model!r} is not one of {MODEL_KEYWORDS}, not random:<architecture> and not a local HF model "
+            "directory (no config.json there)"
+        )
     return None
 
 
-@cross_rule("train.group_size", ["train.algorithm", "train.group_size"],
-            violation={"train.algorithm": "grpo", "train.group_size": 1})
+@cross_rule(
+    "train.group_size",
+    ["train.algorithm", "train.group_size"],
+    violation={"train.algorithm": "grpo", "train.group_size": 1},
+)
 def _grpo_needs_a_group(get):
     if get("train.algorithm") == "grpo" and get("train.group_size") < 2:
         return f"{get('train.group_size')} with train.algorithm=grpo: a group needs at least 2 rollouts"
@@ -144,12 +180,14 @@ def val_pool_key(kind: str) -> str:
 @cross_rule("eval.n", ["eval.n", "env.kind", "env.val_games", "env.webshop.val_goals"], violation={"eval.n": 3})
 def _eval_n_within_the_validation_pool(get):
     # Index mode plays tasks[seed % pool]: past the pool, seeds replay tasks, and the report's
-    # interval would treat the repeats as independent draws (issue 31).
+    # interval would treat the repeats as independent draws.
     pool_key = val_pool_key(get("env.kind"))
     if get("eval.n") > get(pool_key):
-        return (f"{get('eval.n')} exceeds the validation pool ({pool_key}={get(pool_key)}): seeds past it would "
-                "replay the same tasks and the 95 % interval would count the repeats as independent draws; "
-                f"lower eval.n or raise {pool_key}")
+        return (
+            f"{get('eval.n')} exceeds the validation pool ({pool_key}={get(pool_key)}): seeds past it would "
+            "replay the same tasks and the 95 % interval would count the repeats as independent draws; "
+            f"lower eval.n or raise {pool_key}"
+        )
     return None
 
 
@@ -162,9 +200,11 @@ SERVER_DEFAULT_LR = {"fedavg": 1.0, "fedavgm": 1.0}
 def _adaptive_server_needs_an_lr(get):
     name = get("server.optimizer")
     if get("server.lr") is None and name not in SERVER_DEFAULT_LR:
-        return (f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
-                "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
-                "fedyogi 0.01; docs/architecture.md, Server optimizers)")
+        return (
+            f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
+            "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
+            "fedyogi 0.01; docs/architecture.md, Server optimizers)"
+        )
     return None
 
 
@@ -193,42 +233,98 @@ class Requirement:
 
 # Features implemented for one backend / rollout mode only (one cross rule each).
 REQUIREMENTS: tuple[Requirement, ...] = (
-    Requirement("train.fedprox_mu", "train.fedprox_mu", lambda mu: mu > 0, "train.backend", "local",
-                "FedProx is implemented for train.backend=local only (the verl backend would ignore it)",
-                {"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01}),
-    Requirement("rollout.mode", "rollout.mode", lambda mode: mode != "windowed", "train.backend", "local",
-                "{value!r} is implemented for train.backend=local only (verl trains windowed)",
-                {"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"}),
-    Requirement("train.clip_ratio_c", "train.clip_ratio_c", lambda c: c is None, "train.backend", "local",
-                "null (no dual-clip) is implemented for train.backend=local only (verl's vanilla policy loss always "
-                "caps at clip_ratio_c > 1; got {got!r})",
-                {"train.backend": "verl", "train.ref_anchor": "round", "train.clip_ratio_c": None}),
-    Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.device", "cuda",
-                "{value!r} trains on train.device=cuda only (the CPU path is fp32 and byte-deterministic; got {got!r})",
-                {"train.residual_dtype": "bfloat16"}),
-    Requirement("train.residual_dtype", "train.residual_dtype", lambda dt: dt != "float32", "train.backend", "local",
-                "{value!r} is implemented for train.backend=local only (verl keeps its own mixed precision)",
-                {"train.residual_dtype": "bfloat16", "train.device": "cuda", "train.backend": "verl",
-                 "train.ref_anchor": "round"}),
-    Requirement("train.activation_checkpointing", "train.activation_checkpointing", lambda on: bool(on),
-                "train.backend", "local",
-                "{value!r} is implemented for train.backend=local only (the verl backend would ignore it; got {got!r})",
-                {"train.activation_checkpointing": True, "train.backend": "verl", "train.ref_anchor": "round"}),
-    # Seen on the H200 (2026-12-03, bench/gpu_throughput.py --train-modes compiled_ckpt at 1.7B): the
+    Requirement(
+        "train.fedprox_mu",
+        "train.fedprox_mu",
+        lambda mu: mu > 0,
+        "train.backend",
+        "local",
+        "FedProx is implemented for train.backend=local only (the verl backend would ignore it)",
+        {"train.backend": "verl", "train.ref_anchor": "round", "train.fedprox_mu": 0.01},
+    ),
+    Requirement(
+        "rollout.mode",
+        "rollout.mode",
+        lambda mode: mode != "windowed",
+        "train.backend",
+        "local",
+        "{value!r} is implemented for train.backend=local only (verl trains windowed)",
+        {"train.backend": "verl", "train.ref_anchor": "round", "rollout.mode": "concat"},
+    ),
+    Requirement(
+        "train.clip_ratio_c",
+        "train.clip_ratio_c",
+        lambda c: c is None,
+        "train.backend",
+        "local",
+        "null (no dual-clip) is implemented for train.backend=local only (verl's vanilla policy loss always "
+        "caps at clip_ratio_c > 1; got {got!r})",
+        {"train.backend": "verl", "train.ref_anchor": "round", "train.clip_ratio_c": None},
+    ),
+    Requirement(
+        "train.residual_dtype",
+        "train.residual_dtype",
+        lambda dt: dt != "float32",
+        "train.device",
+        "cuda",
+        "{value!r} trains on train.device=cuda only (the CPU path is fp32 and byte-deterministic; got {got!r})",
+        {"train.residual_dtype": "bfloat16"},
+    ),
+    Requirement(
+        "train.residual_dtype",
+        "train.residual_dtype",
+        lambda dt: dt != "float32",
+        "train.backend",
+        "local",
+        "{value!r} is implemented for train.backend=local only (verl keeps its own mixed precision)",
+        {
+            "train.residual_dtype": "bfloat16",
+            "train.device": "cuda",
+            "train.backend": "verl",
+            "train.ref_anchor": "round",
+        },
+    ),
+    Requirement(
+        "train.activation_checkpointing",
+        "train.activation_checkpointing",
+        lambda on: bool(on),
+        "train.backend",
+        "local",
+        "{value!r} is implemented for train.backend=local only (the verl backend would ignore it; got {got!r})",
+        {"train.activation_checkpointing": True, "train.backend": "verl", "train.ref_anchor": "round"},
+    ),
+    # Seen on the GPU (bench/gpu_throughput.py --train-modes compiled_ckpt at 1.7B; docs/gpu.md): the
     # CUDA-graphed forward with checkpointed layers fails on its first backward ("accessing tensor
     # output of CUDAGraphs that has been overwritten by a subsequent run"). Refused before any job.
-    Requirement("train.compile_train", "train.compile_train", lambda on: bool(on),
-                "train.activation_checkpointing", False,
-                "{value!r} with train.activation_checkpointing: the compiled, CUDA-graphed training step with "
-                "checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
-                "set one of them to false",
-                {"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"}),
-    Requirement("rollout.mode", "train.algorithm", lambda algo: algo == "ppo", "rollout.mode", "windowed",
-                "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
-                {"train.algorithm": "ppo", "rollout.mode": "concat"}),
-    Requirement("warm_start.enabled", "warm_start.enabled", lambda on: bool(on), "rollout.mode", "windowed",
-                "the expert warm start plays its demonstrations windowed (got rollout.mode={got!r})",
-                {"warm_start.enabled": True, "rollout.mode": "concat"}),
+    Requirement(
+        "train.compile_train",
+        "train.compile_train",
+        lambda on: bool(on),
+        "train.activation_checkpointing",
+        False,
+        "{value!r} with train.activation_checkpointing: the compiled, CUDA-graphed training step with "
+        "checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
+        "set one of them to false",
+        {"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"},
+    ),
+    Requirement(
+        "rollout.mode",
+        "train.algorithm",
+        lambda algo: algo == "ppo",
+        "rollout.mode",
+        "windowed",
+        "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
+        {"train.algorithm": "ppo", "rollout.mode": "concat"},
+    ),
+    Requirement(
+        "warm_start.enabled",
+        "warm_start.enabled",
+        lambda on: bool(on),
+        "rollout.mode",
+        "windowed",
+        "the expert warm start plays its demonstrations windowed (got rollout.mode={got!r})",
+        {"warm_start.enabled": True, "rollout.mode": "concat"},
+    ),
 )
 for _req in REQUIREMENTS:
     cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
@@ -238,45 +334,76 @@ def _sampler_key_unused(key: str, engine: str, default):
     def check(get):
         section = key.split(".")[0]
         if get(f"{section}.backend") == engine and get(key) != default:
-            return (f"{get(key)!r} sets the local GPU path's static-cache sampler, which {section}.backend {engine} "
-                    f"does not use ({engine} runs its own engine): leave it at {default!r} or use {section}.backend local")
+            return (
+                f"{get(key)!r} sets the local GPU path's static-cache sampler, which {section}.backend {engine} "
+                f"does not use ({engine} runs its own engine): leave it at {default!r} or use {section}.backend local"
+            )
         return None
+
     return check
 
 
 # The static-cache sampler's keys with a backend that runs its own engine (verl's vLLM for training,
 # vLLM for the eval) would be silently unused: refused at plan time (no job carries {section}.backend).
 for _section, _engine in (("train", "verl"), ("eval", "vllm")):
-    for _key, _bad in (("sampler", "graph"), ("sampler_widths", [64]), ("sampler_fused", True),
-                       ("sampler_compile_prefill", True)):
-        _default = subschema(f"{_section}.{_key}")["default"]     # the schema's, never restated here
-        PLAN_ONLY_RULES.add(f"{_section}.{_key}")     # this rule: plan time only
-        cross_rule(f"{_section}.{_key}", [f"{_section}.{_key}", f"{_section}.backend"],
-                   violation={f"{_section}.{_key}": _bad, f"{_section}.device": "cuda", f"{_section}.backend": _engine,
-                              f"{_section}.max_prompt_tokens": 512,
-                              **({"train.ref_anchor": "round"} if _section == "train" else {})})(
-            _sampler_key_unused(f"{_section}.{_key}", _engine, _default))
+    for _key, _bad in (
+        ("sampler", "graph"),
+        ("sampler_widths", [64]),
+        ("sampler_fused", True),
+        ("sampler_compile_prefill", True),
+    ):
+        _default = subschema(f"{_section}.{_key}")["default"]  # the schema's, never restated here
+        PLAN_ONLY_RULES.add(f"{_section}.{_key}")  # this rule: plan time only
+        cross_rule(
+            f"{_section}.{_key}",
+            [f"{_section}.{_key}", f"{_section}.backend"],
+            violation={
+                f"{_section}.{_key}": _bad,
+                f"{_section}.device": "cuda",
+                f"{_section}.backend": _engine,
+                f"{_section}.max_prompt_tokens": 512,
+                **({"train.ref_anchor": "round"} if _section == "train" else {}),
+            },
+        )(_sampler_key_unused(f"{_section}.{_key}", _engine, _default))
 
 
-# Seen on the H200 (2026-12-04, bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B,
+# Seen on the GPU (bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B, docs/gpu.md;
 # 64 rows): the CUDA-graphed training step with its rows in two micro-batches fails in the second
 # ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"; one micro-batch
 # of all 64 rows ran). Refused before any job until a fix is measured on the GPU.
-@cross_rule("train.compile_train", ["train.compile_train", "train.micro_batch_size", "train.mini_batch_size"],
-            violation={"train.compile_train": True, "train.device": "cuda", "train.micro_batch_size": 2,
-                       "train.mini_batch_size": 4})
+@cross_rule(
+    "train.compile_train",
+    ["train.compile_train", "train.micro_batch_size", "train.mini_batch_size"],
+    violation={
+        "train.compile_train": True,
+        "train.device": "cuda",
+        "train.micro_batch_size": 2,
+        "train.mini_batch_size": 4,
+    },
+)
 def _compiled_step_takes_one_micro_batch(get):
     if get("train.compile_train") and get("train.micro_batch_size") < get("train.mini_batch_size"):
-        return (f"true with train.micro_batch_size={get('train.micro_batch_size')} < train.mini_batch_size="
-                f"{get('train.mini_batch_size')}: the compiled, CUDA-graphed training step fails on its second "
-                "micro-batch on the GPU (docs/results.md, 1.7B); set micro_batch_size to mini_batch_size or "
-                "compile_train to false")
+        return (
+            f"true with train.micro_batch_size={get('train.micro_batch_size')} < train.mini_batch_size="
+            f"{get('train.mini_batch_size')}: the compiled, CUDA-graphed training step fails on its second "
+            "micro-batch on the GPU (docs/results.md, 1.7B); set micro_batch_size to mini_batch_size or "
+            "compile_train to false"
+        )
     return None
 
 
-@cross_rule("warm_start.demos", ["warm_start.enabled", "warm_start.demos", "env.kind", "env.train_games",
-                                 "clients.total", "partition.min_tasks_per_client"],
-            violation={"warm_start.enabled": True, "warm_start.demos": 4})
+@cross_rule(
+    "warm_start.demos",
+    [
+        "warm_start.enabled",
+        "warm_start.demos",
+        "env.kind",
+        "env.train_games",
+        "clients.total",
+        "partition.min_tasks_per_client",
+    ],
+    violation={"warm_start.enabled": True, "warm_start.demos": 4},
+)
 def _demos_leave_the_clients_their_tasks(get):
     # TextWorld / ALFWorld catalogues have env.train_games train tasks (WebShop's goal count is the
     # catalogue's: the demo-pool job checks against that, passing it as env.train_games); the demo
@@ -285,28 +412,38 @@ def _demos_leave_the_clients_their_tasks(get):
         return None
     need = get("clients.total") * get("partition.min_tasks_per_client")
     if get("warm_start.demos") + need > get("env.train_games"):
-        return (f"{get('warm_start.demos')} demo tasks leave {get('env.train_games') - get('warm_start.demos')} of "
-                f"env.train_games={get('env.train_games')} for {get('clients.total')} clients × "
-                f"partition.min_tasks_per_client={get('partition.min_tasks_per_client')}")
+        return (
+            f"{get('warm_start.demos')} demo tasks leave {get('env.train_games') - get('warm_start.demos')} of "
+            f"env.train_games={get('env.train_games')} for {get('clients.total')} clients × "
+            f"partition.min_tasks_per_client={get('partition.min_tasks_per_client')}"
+        )
     return None
 
 
 def _gpu_mem_on_cpu(section: str, gpu_backend: str):
     def check(get):
-        if (get(f"{section}.gpu_mem_gb") is not None and get(f"{section}.device") == "cpu"
-                and get(f"{section}.backend") != gpu_backend):
-            return (f"{get(f'{section}.gpu_mem_gb')} GiB for a job on the CPU ({section}.device cpu, "
-                    f"{section}.backend {get(f'{section}.backend')}): set {section}.device cuda, or leave it null")
+        if (
+            get(f"{section}.gpu_mem_gb") is not None
+            and get(f"{section}.device") == "cpu"
+            and get(f"{section}.backend") != gpu_backend
+        ):
+            return (
+                f"{get(f'{section}.gpu_mem_gb')} GiB for a job on the CPU ({section}.device cpu, "
+                f"{section}.backend {get(f'{section}.backend')}): set {section}.device cuda, or leave it null"
+            )
         return None
+
     return check
 
 
 # GPU memory is declared by GPU jobs only (fedagent.model.memory.job_gpu_mib).
 for _section, _gpu_backend in (("train", "verl"), ("eval", "vllm")):
     PLAN_ONLY_RULES.add(f"{_section}.gpu_mem_gb")
-    cross_rule(f"{_section}.gpu_mem_gb",
-               [f"{_section}.gpu_mem_gb", f"{_section}.device", f"{_section}.backend"],
-               violation={f"{_section}.gpu_mem_gb": 8})(_gpu_mem_on_cpu(_section, _gpu_backend))
+    cross_rule(
+        f"{_section}.gpu_mem_gb",
+        [f"{_section}.gpu_mem_gb", f"{_section}.device", f"{_section}.backend"],
+        violation={f"{_section}.gpu_mem_gb": 8},
+    )(_gpu_mem_on_cpu(_section, _gpu_backend))
 
 
 def _sampler_widths(section: str):
@@ -315,31 +452,39 @@ def _sampler_widths(section: str):
         if not widths:
             return None
         if get(f"{section}.device") != "cuda":
-            return (f"{widths} is for the GPU path's static-cache sampler ({section}.device cuda; "
-                    f"got {get(f'{section}.device')!r})")
+            return (
+                f"{widths} is for the GPU path's static-cache sampler ({section}.device cuda; "
+                f"got {get(f'{section}.device')!r})"
+            )
         top = get(f"{section}.max_prompt_tokens")
         over = [w for w in widths if w >= top]
         if over:
             return f"{over}: each width must be below {section}.max_prompt_tokens={top} (the widest width)"
         return None
+
     return check
 
 
 # Width buckets of the static-cache sampler (fedagent.model.static_sampler): the GPU path (like
 # {train,eval}.sampler, not read by the verl / vLLM backends, which run their own engines).
 for _section in ("train", "eval"):
-    cross_rule(f"{_section}.sampler_widths",
-               [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.max_prompt_tokens"],
-               violation={f"{_section}.sampler_widths": [64]})(_sampler_widths(_section))
+    cross_rule(
+        f"{_section}.sampler_widths",
+        [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.max_prompt_tokens"],
+        violation={f"{_section}.sampler_widths": [64]},
+    )(_sampler_widths(_section))
 
 
 def _gpu_sampler_switch(key: str):
     def check(get):
         section = key.split(".")[0]
         if get(key) and get(f"{section}.device") != "cuda":
-            return (f"true is for the GPU path's static-cache sampler ({section}.device cuda; "
-                    f"got {get(f'{section}.device')!r})")
+            return (
+                f"true is for the GPU path's static-cache sampler ({section}.device cuda; "
+                f"got {get(f'{section}.device')!r})"
+            )
         return None
+
     return check
 
 
@@ -347,12 +492,18 @@ def _gpu_sampler_switch(key: str):
 # sampler: the GPU path only, never silently unused on the CPU.
 for _section in ("train", "eval"):
     for _switch in ("sampler_fused", "sampler_compile_prefill"):
-        cross_rule(f"{_section}.{_switch}", [f"{_section}.{_switch}", f"{_section}.device"],
-                   violation={f"{_section}.{_switch}": True})(_gpu_sampler_switch(f"{_section}.{_switch}"))
+        cross_rule(
+            f"{_section}.{_switch}",
+            [f"{_section}.{_switch}", f"{_section}.device"],
+            violation={f"{_section}.{_switch}": True},
+        )(_gpu_sampler_switch(f"{_section}.{_switch}"))
 
 
-@cross_rule("train.ppo.critic_path", ["train.algorithm", "train.ppo.critic_path"],
-            violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"})
+@cross_rule(
+    "train.ppo.critic_path",
+    ["train.algorithm", "train.ppo.critic_path"],
+    violation={"train.algorithm": "ppo", "train.ppo.critic_path": "/nonexistent/critic"},
+)
 def _critic_path_has_a_value_head(get):
     path = get("train.ppo.critic_path")
     if get("train.algorithm") != "ppo" or path is None:
@@ -397,27 +548,43 @@ def check_experiment_fields(config: dict) -> dict:
         if pinned >= clients["total"]:
             raise ConfigError(f"config key 'clients.pinned': {pinned} is not a client id (0..{clients['total'] - 1})")
         if clients["per_round"] != 1:
-            raise ConfigError("config key 'clients.per_round': must be 1 with clients.pinned (the pinned-local "
-                              f"baseline trains one client), got {clients['per_round']}")
+            raise ConfigError(
+                "config key 'clients.per_round': must be 1 with clients.pinned (the pinned-local "
+                f"baseline trains one client), got {clients['per_round']}"
+            )
     strategy = part["strategy"]
     if strategy == "hardness" and not (part.get("labels") or part.get("labels_model")):
-        raise ConfigError("config key 'partition.labels': strategy hardness needs a labels file "
-                          "(partition.labels) or a reference policy to build one (partition.labels_model)")
-    if (strategy == "hardness" and not part.get("labels") and part.get("labels_model") == "expert"
-            and env["kind"] != "alfworld"):
-        raise ConfigError("config key 'partition.labels_model': 'expert' plays the ALFWorld PDDL planner "
-                          f"(env.kind alfworld), not {env['kind']}")
+        raise ConfigError(
+            "config key 'partition.labels': strategy hardness needs a labels file "
+            "(partition.labels) or a reference policy to build one (partition.labels_model)"
+        )
+    if (
+        strategy == "hardness"
+        and not part.get("labels")
+        and part.get("labels_model") == "expert"
+        and env["kind"] != "alfworld"
+    ):
+        raise ConfigError(
+            "config key 'partition.labels_model': 'expert' plays the ALFWorld PDDL planner "
+            f"(env.kind alfworld), not {env['kind']}"
+        )
     if part.get("labels") and not Path(part["labels"]).is_file():
         raise ConfigError(f"config key 'partition.labels': {part['labels']} is not a file")
     if strategy == "env_disjoint" and env["kind"] != "alfworld":
-        raise ConfigError("config key 'partition.strategy': env_disjoint partitions ALFWorld scenes "
-                          f"(env.kind alfworld), not {env['kind']}")
+        raise ConfigError(
+            "config key 'partition.strategy': env_disjoint partitions ALFWorld scenes "
+            f"(env.kind alfworld), not {env['kind']}"
+        )
     if strategy == "preference" and env["kind"] == "textworld":
-        raise ConfigError("config key 'partition.strategy': preference mixes task types, and TextWorld "
-                          "games have one type (use env.kind alfworld)")
+        raise ConfigError(
+            "config key 'partition.strategy': preference mixes task types, and TextWorld "
+            "games have one type (use env.kind alfworld)"
+        )
     if strategy == "task_disjoint" and env["train_games"] < clients["total"]:
-        raise ConfigError(f"config key 'env.train_games': task_disjoint needs at least one task per client "
-                          f"({clients['total']}), got {env['train_games']}")
+        raise ConfigError(
+            f"config key 'env.train_games': task_disjoint needs at least one task per client "
+            f"({clients['total']}), got {env['train_games']}"
+        )
     alf = env.get("alfworld") or {}
     if alf.get("data") and env["kind"] != "alfworld":
         raise ConfigError("config key 'env.alfworld.data': set, but env.kind is not alfworld")
@@ -426,7 +593,7 @@ def check_experiment_fields(config: dict) -> dict:
     return config
 
 
-WEIGHTS_SUM_TOLERANCE = 1e-6   # the reference's check on its weights list
+WEIGHTS_SUM_TOLERANCE = 1e-6  # the reference's check on its weights list
 
 
 def _check_aggregate_weights(config: dict) -> None:
@@ -436,20 +603,27 @@ def _check_aggregate_weights(config: dict) -> None:
     agg = config.get("aggregate") or {}
     weighting, weights = agg.get("weighting", "uniform"), agg.get("weights")
     if weighting == "weights" and weights is None:
-        raise ConfigError("config key 'aggregate.weights': aggregate.weighting is 'weights' but no list is given "
-                          "(one weight per client, summing to 1)")
+        raise ConfigError(
+            "config key 'aggregate.weights': aggregate.weighting is 'weights' but no list is given "
+            "(one weight per client, summing to 1)"
+        )
     if weights is None:
         return
     if weighting != "weights":
-        raise ConfigError(f"config key 'aggregate.weights': set, but aggregate.weighting is {weighting!r} "
-                          "(use weighting: weights, or drop the list)")
+        raise ConfigError(
+            f"config key 'aggregate.weights': set, but aggregate.weighting is {weighting!r} "
+            "(use weighting: weights, or drop the list)"
+        )
     total = config["clients"]["total"]
     if len(weights) != total:
-        raise ConfigError(f"config key 'aggregate.weights': {len(weights)} weights for clients.total={total} "
-                          "(one per client)")
+        raise ConfigError(
+            f"config key 'aggregate.weights': {len(weights)} weights for clients.total={total} (one per client)"
+        )
     s = sum(float(w) for w in weights)
     if abs(s - 1.0) > WEIGHTS_SUM_TOLERANCE:
-        raise ConfigError(f"config key 'aggregate.weights': the weights sum to {s!r}, not 1 (± {WEIGHTS_SUM_TOLERANCE})")
+        raise ConfigError(
+            f"config key 'aggregate.weights': the weights sum to {s!r}, not 1 (± {WEIGHTS_SUM_TOLERANCE})"
+        )
 
 
 def _check_webshop(ws: dict) -> None:
@@ -461,7 +635,8 @@ def _check_webshop(ws: dict) -> None:
     if ws["data"] is None and ws["n_products"] * ws["goals_per_product"] <= ws["val_goals"]:
         raise ConfigError(
             f"config key 'env.webshop.val_goals': {ws['val_goals']} leaves no training goal out of at most "
-            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)")
+            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)"
+        )
     pools = {"bm25_field_subset": 8, "bm25_reweight": 8, "lookalike": 4, "rank_wrapper": 4}
     if ws["arm"] in pools and ws["variant_n"] > pools[ws["arm"]]:
         raise ConfigError(f"config key 'env.webshop.variant_n': {ws['arm']} has {pools[ws['arm']]} variants")

@@ -62,7 +62,7 @@ def stop_group(pgid: int, since: str | None, grace_s: float = 20.0) -> bool:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and group_alive(pgid, since):
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pgid, os.WNOHANG)       # our own child: reap it
+                os.waitpid(pgid, os.WNOHANG)  # our own child: reap it
             time.sleep(0.2)
         if not group_alive(pgid, since):
             return True

@@ -27,8 +27,8 @@ from pathlib import Path
 
 PROVENANCE_JSON = "provenance.json"
 CONFIG_HASH_ENV = "FEDAGENT_CONFIG_SHA256"
-RUN_MODE_ENV = "FEDAGENT_RUN_MODE"      # federated | centralized | local (workflow/common.smk)
-RUNS_ENV = "FEDAGENT_RUNS"              # JSON {absolute run dir: {config_sha256, run_mode}} (register_run)
+RUN_MODE_ENV = "FEDAGENT_RUN_MODE"  # federated | centralized | local (workflow/common.smk)
+RUNS_ENV = "FEDAGENT_RUNS"  # JSON {absolute run dir: {config_sha256, run_mode}} (register_run)
 PACKAGES = ("fedagent", "torch", "transformers", "safetensors", "numpy", "textworld", "snakemake")
 _CODE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +41,7 @@ def config_sha256(config: dict) -> str:
 @functools.lru_cache(maxsize=1)
 def git_state(root: Path = _CODE_ROOT) -> dict:
     """{commit, dirty} of the git tree holding the fedagent code (nulls if it is not one)."""
+
     def git(*args: str) -> str | None:
         try:
             proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
@@ -105,8 +106,15 @@ def run_record(directory: Path | str | None, environ=os.environ) -> dict:
     return {"config_sha256": environ.get(CONFIG_HASH_ENV), "run_mode": environ.get(RUN_MODE_ENV)}
 
 
-def provenance(job: str, *, params: dict | None = None, seeds: dict | None = None, backend: str = "local",
-               extra: dict | None = None, directory: Path | str | None = None) -> dict:
+def provenance(
+    job: str,
+    *,
+    params: dict | None = None,
+    seeds: dict | None = None,
+    backend: str = "local",
+    extra: dict | None = None,
+    directory: Path | str | None = None,
+) -> dict:
     """The provenance record of one job (see the module docstring); ``directory``: where it is written
     (a matrix's jobs take their run's config hash and mode by it)."""
     run = run_record(directory)

@@ -63,8 +63,11 @@ def schema_types(sub: Mapping) -> set[str]:
         types |= schema_types(alt)
     if not types and "enum" in sub:
         for v in sub["enum"]:
-            types.add({bool: "boolean", int: "integer", float: "number", str: "string",
-                       type(None): "null"}.get(type(v), "string"))
+            types.add(
+                {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}.get(
+                    type(v), "string"
+                )
+            )
     return types
 
 
@@ -138,9 +141,17 @@ def coerce_scalar(key: str, text: str, types: set[str]) -> Any:
             if not math.isfinite(value):
                 raise ConfigError(f"config key '{key}': {text!r} is not a finite number")
             return value
-    want = " or ".join({"integer": "an integer", "number": "a number", "boolean": "a boolean (true/false)",
-                        "null": "null", "object": 'a mapping (--config "key={a: 1}")',
-                        "array": "a list"}.get(t, t) for t in sorted(types))
+    want = " or ".join(
+        {
+            "integer": "an integer",
+            "number": "a number",
+            "boolean": "a boolean (true/false)",
+            "null": "null",
+            "object": 'a mapping (--config "key={a: 1}")',
+            "array": "a list",
+        }.get(t, t)
+        for t in sorted(types)
+    )
     raise ConfigError(f"config key '{key}': {text!r} (from the command line) is not {want}")
 
 
@@ -163,8 +174,9 @@ def coerce_cli_strings(config: dict, cli: Mapping, schema: dict | None = None, p
             config[name] = coerce_scalar(path, config[name], schema_types(sub))
         elif isinstance(value, list) and isinstance(config[name], list) and isinstance(sub.get("items"), dict):
             types = schema_types(sub["items"])
-            config[name] = [coerce_scalar(f"{path}[{i}]", v, types) if isinstance(v, str) else v
-                            for i, v in enumerate(config[name])]
+            config[name] = [
+                coerce_scalar(f"{path}[{i}]", v, types) if isinstance(v, str) else v for i, v in enumerate(config[name])
+            ]
     return config
 
 

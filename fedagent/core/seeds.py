@@ -63,11 +63,10 @@ def torch_generator(base_seed: int, purpose: str, device: str = "cpu", **coords:
     return gen
 
 
-REQUEST_FIELD = 1 << 20      # sessions and turns of one group are packed into the index below this bound
+REQUEST_FIELD = 1 << 20  # sessions and turns of one group are packed into the index below this bound
 
 
-def request_seed(base_seed: int, *, round: int, client: int, epoch: int, group: int, session: int,
-                 turn: int) -> int:
+def request_seed(base_seed: int, *, round: int, client: int, epoch: int, group: int, session: int, turn: int) -> int:
     """The sampling seed of one generation request of a verl rollout (31 bits, as vLLM's per-request
     ``SamplingParams.seed``): a pure function of the job's coordinates and the request's place in its
     epoch (task group, GRPO session, turn), so a job samples the same way whichever engine serves it.

@@ -18,8 +18,13 @@ def remove_own(path: str | Path, prefix: str, root: str | Path | None = None) ->
     process's temp root); True if it was removed."""
     d = Path(str(path))
     root = Path(root or tempfile.gettempdir()).resolve()
-    if (d.is_absolute() and d.name.startswith(prefix) and not d.is_symlink() and d.is_dir()
-            and d.parent.resolve() == root):
+    if (
+        d.is_absolute()
+        and d.name.startswith(prefix)
+        and not d.is_symlink()
+        and d.is_dir()
+        and d.parent.resolve() == root
+    ):
         shutil.rmtree(d, ignore_errors=True)
         return True
     return False

@@ -71,7 +71,7 @@ def proc_start_time() -> float:
     try:
         with open("/proc/self/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])          # field 22 of stat(5): starttime, in clock ticks
+        start_ticks = int(fields[19])  # field 22 of stat(5): starttime, in clock ticks
         boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
         return boot + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):

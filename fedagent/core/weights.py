@@ -15,7 +15,7 @@ HEAD_WEIGHT, HEAD_BIAS = "score.weight", "score.bias"
 HEAD_NAMINGS = {"score": (HEAD_WEIGHT, HEAD_BIAS), "trl": ("v_head.summary.weight", "v_head.summary.bias")}
 HEAD_TENSORS = frozenset(n for pair in HEAD_NAMINGS.values() for n in pair)
 NO_HEAD_HINT = "score.weight [1, hidden], or TRL's v_head.summary.weight [1, hidden], in its safetensors"
-HIDDEN_PROBE = "model.embed_tokens.weight"   # [vocab, hidden] of the backbone, when it has that name
+HIDDEN_PROBE = "model.embed_tokens.weight"  # [vocab, hidden] of the backbone, when it has that name
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -57,8 +57,13 @@ def value_head_naming(names: dict[str, list[int]]) -> str | None:
         w, b = names.get(wn), names.get(bn)
         if w is None and b is None:
             continue
-        fits = (w is not None and len(w) == 2 and w[0] == 1 and (hidden is None or w[1] == hidden)
-                and (b is None or b == [1]))
+        fits = (
+            w is not None
+            and len(w) == 2
+            and w[0] == 1
+            and (hidden is None or w[1] == hidden)
+            and (b is None or b == [1])
+        )
         found.append(naming if fits else None)
     return found[0] if len(found) == 1 else None
 

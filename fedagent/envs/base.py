@@ -15,7 +15,7 @@ class ResetResult:
     """What an environment reports at the start of an episode."""
 
     observation: str
-    task: str                      # the goal text shown to the agent
+    task: str  # the goal text shown to the agent
     admissible_commands: list[str]
     task_id: str
     task_type: str
@@ -26,11 +26,11 @@ class StepResult:
     """What an environment reports after one action."""
 
     observation: str
-    reward: float                  # sparse env reward (already scaled, e.g. 10 * won)
+    reward: float  # sparse env reward (already scaled, e.g. 10 * won)
     done: bool
     won: bool
     admissible_commands: list[str] = field(default_factory=list)
-    score: float = 0.0             # graded diagnostic score in [0, 1]
+    score: float = 0.0  # graded diagnostic score in [0, 1]
 
 
 class TextEnv(Protocol):

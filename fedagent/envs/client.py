@@ -20,8 +20,8 @@ from typing import Any, Iterator, Sequence
 
 import httpx
 
-TOKEN_HEADER = "x-fedagent-token"   # the service imports it from here (keeps clients light)
-MAX_BATCH_ITEMS = 256                # items per /*_batch request (service limit; *_many split)
+TOKEN_HEADER = "x-fedagent-token"  # the service imports it from here (keeps clients light)
+MAX_BATCH_ITEMS = 256  # items per /*_batch request (service limit; *_many split)
 MAX_RETRIES = 8
 BACKOFF_BASE = 0.3
 BACKOFF_CAP = 4.0
@@ -74,15 +74,17 @@ class EnvClient:
             transport = httpx.HTTPTransport(uds=uds) if uds is not None else httpx.HTTPTransport()
         headers = {TOKEN_HEADER: token} if token else {}
         self._http = httpx.Client(
-            transport=transport, base_url=base_url or "http://envservice",
-            headers=headers, timeout=timeout,
+            transport=transport,
+            base_url=base_url or "http://envservice",
+            headers=headers,
+            timeout=timeout,
         )
         self.max_retries = int(max_retries)
         self._sleep = sleep
-        self._rng = random.Random()          # jitter only; seeded from the OS on purpose
+        self._rng = random.Random()  # jitter only; seeded from the OS on purpose
         self._step_ids: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.retries = 0                     # transport errors retried (for tests/logs)
+        self.retries = 0  # transport errors retried (for tests/logs)
 
     # ---------------------------------------------------------------- plumbing
     def _backoff(self, attempt: int) -> float:
@@ -154,8 +156,9 @@ class EnvClient:
             if missing:
                 raise RuntimeError(f"step of session {missing[0]!r} before reset (on this client)")
             step_ids = [self._step_ids[sid] for sid in sids]
-        bodies = [{"session_id": sid, "text": text, "step_id": step_id}
-                  for (sid, text), step_id in zip(items, step_ids)]
+        bodies = [
+            {"session_id": sid, "text": text, "step_id": step_id} for (sid, text), step_id in zip(items, step_ids)
+        ]
 
         def book(i: int, _result: dict) -> None:
             self._step_ids[sids[i]] = step_ids[i] + 1
@@ -200,7 +203,7 @@ class EnvClient:
         results: list[dict] = []
         failures: list[tuple[int, str, int, str]] = []
         for k in range(0, len(bodies), MAX_BATCH_ITEMS):
-            chunk = bodies[k:k + MAX_BATCH_ITEMS]
+            chunk = bodies[k : k + MAX_BATCH_ITEMS]
             out = self._call("POST", path, {"items": chunk}, timeout=timeout)["results"]
             if len(out) != len(chunk):
                 raise EnvServiceError(200, path, f"{len(out)} results for {len(chunk)} items")
@@ -208,8 +211,9 @@ class EnvClient:
                 for i, r in enumerate(out, start=k):
                     if "error" in r:
                         err = r["error"]
-                        failures.append((i, bodies[i]["session_id"], int(err.get("status", 0)),
-                                         str(err.get("detail", ""))))
+                        failures.append(
+                            (i, bodies[i]["session_id"], int(err.get("status", 0)), str(err.get("detail", "")))
+                        )
                     elif book is not None:
                         book(i, r)
             results.extend(out)

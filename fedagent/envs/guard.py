@@ -47,7 +47,7 @@ class GuardMiddleware:
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return                                  # client went away before the body
+                return  # client went away before the body
             body += message.get("body", b"")
             if len(body) > max_body:
                 return await _plain(send, 413, f"request body over {max_body} bytes")
@@ -66,7 +66,11 @@ class GuardMiddleware:
 
 async def _plain(send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -27,8 +27,8 @@ from fedagent.core.atomic import atomic_write_json, atomic_write_text
 from fedagent.envs.client import EnvClient
 from fedagent.envs.serve import NO_ACCELERATOR_ENV, TOKEN_ENV
 
-UDS_MAX = 100          # AF_UNIX sun_path is 108 bytes on Linux (104 on macOS); keep a margin
-SHORT_PREFIX = "fa-"   # a socket dir under the temp root, for a workdir too deep for a socket path
+UDS_MAX = 100  # AF_UNIX sun_path is 108 bytes on Linux (104 on macOS); keep a margin
+SHORT_PREFIX = "fa-"  # a socket dir under the temp root, for a workdir too deep for a socket path
 STOP_GRACE_S = 5.0
 
 
@@ -100,18 +100,45 @@ def env_service(
         source = games_source(games_dir)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    tag = f"{split}-{os.getpid()}-{secrets.token_hex(3)}"   # unique per call, not per result
+    tag = f"{split}-{os.getpid()}-{secrets.token_hex(3)}"  # unique per call, not per result
     tasks_file = workdir / f"env-{tag}-tasks.json"
     ready_file = workdir / f"env-{tag}-ready.json"
     log_path = workdir / f"env-{tag}.log"
     atomic_write_json(tasks_file, {"tasks": list(task_ids)})
     short_dir = None
     uds = None
-    cmd = [sys.executable, "-m", "fedagent.cli", "serve-env", "--games", str(Path(games_dir).resolve()),
-           "--source", source, "--split", split, "--tasks-file", str(tasks_file), "--mode", mode,
-           "--pool-size", str(pool_size), "--max-turns", str(max_turns), "--ready-file", str(ready_file)]
-    cmd += ["--env-threads", "1" if env_threads else "0", "--env-procs", str(env_procs),
-            "--answer-format", answer_format, "--projection", projection]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedagent.cli",
+        "serve-env",
+        "--games",
+        str(Path(games_dir).resolve()),
+        "--source",
+        source,
+        "--split",
+        split,
+        "--tasks-file",
+        str(tasks_file),
+        "--mode",
+        mode,
+        "--pool-size",
+        str(pool_size),
+        "--max-turns",
+        str(max_turns),
+        "--ready-file",
+        str(ready_file),
+    ]
+    cmd += [
+        "--env-threads",
+        "1" if env_threads else "0",
+        "--env-procs",
+        str(env_procs),
+        "--answer-format",
+        answer_format,
+        "--projection",
+        projection,
+    ]
     if client_id is not None:
         cmd += ["--client-id", str(client_id)]
     if expert:
@@ -124,7 +151,7 @@ def env_service(
     # the job's environment a warm server forks it with): serve.NO_ACCELERATOR_ENV.
     env = {**os.environ, **NO_ACCELERATOR_ENV}
     if tcp:
-        token = token or secrets.token_hex(16)       # loopback is shared by every local user
+        token = token or secrets.token_hex(16)  # loopback is shared by every local user
         cmd += ["--host", "127.0.0.1", "--port", "0"]
     else:
         uds = workdir / f"env-{tag}.sock"
@@ -135,10 +162,9 @@ def env_service(
             atomic_write_text(workdir / f"env-{tag}.short", str(short_dir))
         cmd += ["--uds", str(uds)]
     if token:
-        env[TOKEN_ENV] = token                        # not on argv: argv is world-readable
+        env[TOKEN_ENV] = token  # not on argv: argv is world-readable
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
     pending = PendingEnv(proc, ready_file, log_path, token, startup_timeout)
     try:
         yield pending if not wait else pending.ready()
@@ -161,8 +187,9 @@ class PendingEnv:
     returns the client (the same check, timeout and errors as ``wait=True``).
     """
 
-    def __init__(self, proc: subprocess.Popen, ready_file: Path, log_path: Path, token: str | None,
-                 startup_timeout: float):
+    def __init__(
+        self, proc: subprocess.Popen, ready_file: Path, log_path: Path, token: str | None, startup_timeout: float
+    ):
         self.proc, self.ready_file, self.log_path, self.token = proc, ready_file, log_path, token
         self.deadline = time.monotonic() + startup_timeout
         self.startup_timeout = startup_timeout
@@ -177,14 +204,14 @@ class PendingEnv:
             if proc.poll() is not None:
                 raise EnvServiceStartError(
                     f"env service exited with code {proc.returncode} during startup; log {log_path}:\n"
-                    + _log_tail(log_path))
+                    + _log_tail(log_path)
+                )
             if ready_file.exists():
                 where = json.loads(ready_file.read_text())
                 if "uds" in where:
                     client = EnvClient(uds=where["uds"], token=token, max_retries=2)
                 else:
-                    client = EnvClient(base_url=f"http://{where['host']}:{where['port']}", token=token,
-                                       max_retries=2)
+                    client = EnvClient(base_url=f"http://{where['host']}:{where['port']}", token=token, max_retries=2)
                 try:
                     health = client.health()
                     if health.get("ok"):
@@ -194,14 +221,17 @@ class PendingEnv:
                 client.shutdown()
             if time.monotonic() > self.deadline:
                 raise EnvServiceStartError(
-                    f"env service not healthy after {self.startup_timeout} s; log {log_path}:\n"
-                    + _log_tail(log_path))
-            time.sleep(0.01)    # a train job's first token may wait on this (the file check is cheap)
-        client.max_retries = 8                        # startup probing done: full retry budget
+                    f"env service not healthy after {self.startup_timeout} s; log {log_path}:\n" + _log_tail(log_path)
+                )
+            time.sleep(0.01)  # a train job's first token may wait on this (the file check is cheap)
+        client.max_retries = 8  # startup probing done: full retry budget
         # Where the service listens, for processes of the job that open their own client
         # (the verl backend's agent loops): {"uds": path} or {"base_url": url, "token": t}.
-        client.address = ({"uds": where["uds"]} if "uds" in where else
-                          {"base_url": f"http://{where['host']}:{where['port']}", "token": token})
+        client.address = (
+            {"uds": where["uds"]}
+            if "uds" in where
+            else {"base_url": f"http://{where['host']}:{where['port']}", "token": token}
+        )
         self.client = client
         return client
 

@@ -18,16 +18,19 @@ import threading
 from typing import Any
 
 
-def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int, ...] = (),
-            expert: bool = False) -> None:
-    for fd in close_fds:      # forked: the service's ends of every pipe so far (EOF must reach us)
+def _worker(
+    conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int, ...] = (), expert: bool = False
+) -> None:
+    for fd in close_fds:  # forked: the service's ends of every pipe so far (EOF must reach us)
         try:
             os.close(fd)
         except OSError:
             pass
-    envs = [task_source.make_env(max_turns, policy_commands=True) if expert else task_source.make_env(max_turns)
-            for _ in range(n_envs)]
-    conn.send(("ok", n_envs))                 # ready
+    envs = [
+        task_source.make_env(max_turns, policy_commands=True) if expert else task_source.make_env(max_turns)
+        for _ in range(n_envs)
+    ]
+    conn.send(("ok", n_envs))  # ready
     while True:
         try:
             msg = conn.recv()
@@ -51,8 +54,15 @@ def _worker(conn, task_source, max_turns: int, n_envs: int, close_fds: tuple[int
 class EnvWorker:
     """One worker process owning ``n_envs`` envs; calls are serialized per worker."""
 
-    def __init__(self, ctx, task_source, max_turns: int, n_envs: int, siblings: tuple["EnvWorker", ...] = (),
-                 expert: bool = False):
+    def __init__(
+        self,
+        ctx,
+        task_source,
+        max_turns: int,
+        n_envs: int,
+        siblings: tuple["EnvWorker", ...] = (),
+        expert: bool = False,
+    ):
         """Start the process (envs are built inside it; ``expert``: with their expert). Forked, it closes
         its copies of the service's pipe ends (its own and ``siblings``'), so it still sees EOF when the
         service dies."""
@@ -60,8 +70,9 @@ class EnvWorker:
         close_fds = ()
         if ctx.get_start_method() == "fork":
             close_fds = tuple(w.conn.fileno() for w in siblings) + (self.conn.fileno(),)
-        self.proc = ctx.Process(target=_worker, args=(child, task_source, max_turns, n_envs, close_fds, expert),
-                                daemon=True)
+        self.proc = ctx.Process(
+            target=_worker, args=(child, task_source, max_turns, n_envs, close_fds, expert), daemon=True
+        )
         self.proc.start()
         child.close()
         self.lock = threading.Lock()
@@ -135,13 +146,21 @@ def default_start_method() -> str:
     """
     try:
         threads = len(os.listdir("/proc/self/task"))
-    except OSError:                      # not Linux: no cheap, safe fork to rely on
+    except OSError:  # not Linux: no cheap, safe fork to rely on
         return "spawn"
     return "fork" if threads == 1 else "spawn"
 
 
-def process_envs(task_source, max_turns: int, pool_size: int, n_procs: int, *,
-                 start_method: str | None = None, ready_timeout: float = 120.0, expert: bool = False):
+def process_envs(
+    task_source,
+    max_turns: int,
+    pool_size: int,
+    n_procs: int,
+    *,
+    start_method: str | None = None,
+    ready_timeout: float = 120.0,
+    expert: bool = False,
+):
     """``pool_size`` env proxies spread round-robin over ``n_procs`` workers; returns (envs, workers).
 
     ``start_method`` None: :func:`default_start_method`. ``expert``: envs made with their expert

@@ -65,7 +65,7 @@ class HealthResponse(BaseModel):
     task_types: dict[str, int]
     max_turns: int
     counters: dict[str, int]
-    env_info: dict[str, Any] = {}   # what the task source reports (WebShop: arm, catalog_size, variant)
+    env_info: dict[str, Any] = {}  # what the task source reports (WebShop: arm, catalog_size, variant)
 
 
 class SessionResponse(BaseModel):
@@ -73,8 +73,8 @@ class SessionResponse(BaseModel):
 
     ok: bool
     session_id: str
-    created: bool = False      # /create: this call borrowed the env (False: already existed)
-    existed: bool = False      # /close: the session was open
+    created: bool = False  # /create: this call borrowed the env (False: already existed)
+    existed: bool = False  # /close: the session was open
 
 
 class ResetResponse(BaseModel):
@@ -85,7 +85,7 @@ class ResetResponse(BaseModel):
     admissible_commands: list[str]
     task_id: str
     task_type: str
-    prompt_template: str       # the prompt family of this env (fedagent.rollout.prompts.PROMPT_TEMPLATES)
+    prompt_template: str  # the prompt family of this env (fedagent.rollout.prompts.PROMPT_TEMPLATES)
 
 
 class StepResponse(BaseModel):

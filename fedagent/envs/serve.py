@@ -10,7 +10,7 @@ An env service never touches an accelerator: before anything else it puts
 with them, so a spawned service has them from its first instruction and a service forked by the
 warm server gets them with the job's environment). On a GPU node a library imported by an
 environment would otherwise take the card: ``bm25s`` (WebShop's search) imports JAX when it is
-installed, and JAX's GPU client preallocates 75 % of device memory in every service (issue 27).
+installed, and JAX's GPU client preallocates 75 % of device memory in every service.
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def hide_accelerators() -> dict[str, str]:
     jax = sys.modules.get("jax")
     if jax is not None:
         try:
-            platforms = jax.config.jax_platforms      # what jax read at its import
+            platforms = jax.config.jax_platforms  # what jax read at its import
         except AttributeError:
             platforms = None
         if platforms != NO_ACCELERATOR_ENV["JAX_PLATFORMS"]:
             raise AcceleratorEnvError(
                 f"jax was imported before the env service could set JAX_PLATFORMS=cpu (its platforms: "
                 f"{platforms!r}; a warm server that preloads jax?): it would take the GPU. Start the warm "
-                "server without jax in its preload, or with JAX_PLATFORMS=cpu")
+                "server without jax in its preload, or with JAX_PLATFORMS=cpu"
+            )
     os.environ.update(NO_ACCELERATOR_ENV)
     return {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}
 
@@ -73,8 +74,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedagent serve-env``."""
     parser.add_argument("--games", required=True, type=Path, help="games directory (TextWorld or ALFWorld root)")
     parser.add_argument("--source", choices=["textworld", "alfworld", "webshop"], default="textworld")
-    parser.add_argument("--env-params", default=None,
-                        help="JSON object of env knobs (WebShop: the arm, see fedagent.envs.webshop.arms.ArmSpec)")
+    parser.add_argument(
+        "--env-params",
+        default=None,
+        help="JSON object of env knobs (WebShop: the arm, see fedagent.envs.webshop.arms.ArmSpec)",
+    )
     parser.add_argument("--split", required=True, help="train/val (TextWorld) or an ALFWorld split")
     tasks = parser.add_mutually_exclusive_group(required=True)
     tasks.add_argument("--tasks-file", type=Path, help='JSON list of task ids (or {"tasks": [...]})')
@@ -82,13 +86,24 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["draw", "index"], default="draw")
     parser.add_argument("--pool-size", type=int, default=4)
     parser.add_argument("--max-turns", type=int, default=50)
-    parser.add_argument("--answer-format", choices=["think_action", "action"], default="think_action",
-                        help="what an answer must hold to be a valid turn (rollout.answer_format)")
-    parser.add_argument("--projection", choices=["reference", "noop"], default="reference",
-                        help="what the env does with an invalid answer (rollout.projection)")
+    parser.add_argument(
+        "--answer-format",
+        choices=["think_action", "action"],
+        default="think_action",
+        help="what an answer must hold to be a valid turn (rollout.answer_format)",
+    )
+    parser.add_argument(
+        "--projection",
+        choices=["reference", "noop"],
+        default="reference",
+        help="what the env does with an invalid answer (rollout.projection)",
+    )
     parser.add_argument("--client-id", default=None)
-    parser.add_argument("--expert", action="store_true",
-                        help="envs with their expert and the /expert_batch endpoint (the warm start's demos)")
+    parser.add_argument(
+        "--expert",
+        action="store_true",
+        help="envs with their expert and the /expert_batch endpoint (the warm start's demos)",
+    )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--uds", type=Path, help="Unix socket path")
     where.add_argument("--port", type=int, help="TCP port on --host (0 = OS-assigned)")
@@ -97,10 +112,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help=f"shared token (or env {TOKEN_ENV})")
     parser.add_argument("--create-timeout", type=float, default=None)
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--env-threads", type=int, choices=[0, 1], default=1,
-                        help="1: env calls in a thread per env; 0: inline on the event loop")
-    parser.add_argument("--env-procs", type=int, default=0,
-                        help="host the envs in this many worker processes (0: in the service process)")
+    parser.add_argument(
+        "--env-threads",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="1: env calls in a thread per env; 0: inline on the event loop",
+    )
+    parser.add_argument(
+        "--env-procs",
+        type=int,
+        default=0,
+        help="host the envs in this many worker processes (0: in the service process)",
+    )
 
 
 def load_task_list(path: Path) -> list[str]:
@@ -142,8 +166,10 @@ def bind_socket(args: argparse.Namespace) -> tuple[socket.socket, dict]:
         where = {"uds": path}
     else:
         if not is_loopback(args.host):
-            raise ValueError(f"--host {args.host!r} is not a loopback address: the env service binds a Unix "
-                             "socket or loopback TCP only (it runs environments for whoever connects)")
+            raise ValueError(
+                f"--host {args.host!r} is not a loopback address: the env service binds a Unix "
+                "socket or loopback TCP only (it runs environments for whoever connects)"
+            )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((args.host, args.port))
         where = {"host": args.host, "port": sock.getsockname()[1]}
@@ -159,18 +185,21 @@ async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if ready_file is not None and server.started:
-        atomic_write_json(ready_file, {"pid": os.getpid(), **where,
-                                       "accelerator_env": {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}})
+        atomic_write_json(
+            ready_file,
+            {"pid": os.getpid(), **where, "accelerator_env": {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}},
+        )
     while not task.done():
-        if os.getppid() != parent:          # parent died: we were re-parented
+        if os.getppid() != parent:  # parent died: we were re-parented
             print("serve-env: parent process gone, shutting down", file=sys.stderr, flush=True)
             server.should_exit = True
         await asyncio.wait({task}, timeout=1.0)
     await task
 
 
-def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: dict | None = None,
-                client_id: str | None = None):
+def make_source(
+    kind: str, games: Path, split: str, *, tasks=None, env_params: dict | None = None, client_id: str | None = None
+):
     """The task source of a service: a TextWorld games dir, an ALFWorld root (one split) or a
     WebShop task directory (its view built for ``client_id``'s arm over the served ``tasks``)."""
     if kind != "webshop" and env_params:
@@ -178,8 +207,9 @@ def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: d
     if kind == "webshop":
         from fedagent.envs.webshop.source import WebShopTaskSource
 
-        return WebShopTaskSource(games, env_params=env_params, served=tasks,
-                                 client_id=int(client_id) if client_id is not None else None)
+        return WebShopTaskSource(
+            games, env_params=env_params, served=tasks, client_id=int(client_id) if client_id is not None else None
+        )
     if kind == "textworld":
         from fedagent.envs.textworld_games import TextWorldTaskSource
 
@@ -187,7 +217,7 @@ def make_source(kind: str, games: Path, split: str, *, tasks=None, env_params: d
     if kind == "alfworld":
         from fedagent.envs.alfworld import AlfworldTaskSource
 
-        if (Path(games) / "games.json").is_file():      # a run's catalogue (plan/games)
+        if (Path(games) / "games.json").is_file():  # a run's catalogue (plan/games)
             from fedagent.envs.alfworld.catalogue import source_from_catalogue
 
             return source_from_catalogue(games, split)[0]
@@ -201,19 +231,21 @@ def _exit_on_signal(signum, _frame):
 
 def run(args: argparse.Namespace) -> int:
     """Build the app for the games directory and serve it until SIGTERM/SIGINT."""
-    hide_accelerators()            # first: before any environment's library is imported
+    hide_accelerators()  # first: before any environment's library is imported
     import uvicorn
 
     from fedagent.envs.service import build_app
 
     if args.uds is None and not is_loopback(args.host):  # before any work: one message naming the flag
-        print(f"serve-env: --host {args.host!r} is not a loopback address (Unix socket or loopback only)",
-              file=sys.stderr)
+        print(
+            f"serve-env: --host {args.host!r} is not a loopback address (Unix socket or loopback only)", file=sys.stderr
+        )
         return 2
     listed = None if args.all else load_task_list(args.tasks_file)
     env_params = json.loads(args.env_params) if args.env_params else None
-    source = make_source(args.source, args.games, args.split, tasks=listed, env_params=env_params,
-                         client_id=args.client_id)
+    source = make_source(
+        args.source, args.games, args.split, tasks=listed, env_params=env_params, client_id=args.client_id
+    )
     if args.all:
         split = args.split
         if args.source == "alfworld" and (Path(args.games) / "games.json").is_file():
@@ -224,13 +256,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         tasks = listed
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    app = build_app(source, args.split, tasks, mode=args.mode, pool_size=args.pool_size,
-                    max_turns=args.max_turns, client_id=args.client_id, token=token,
-                    create_timeout=args.create_timeout, env_threads=bool(args.env_threads), env_procs=args.env_procs,
-                    answer_format=args.answer_format, projection=args.projection, expert=args.expert)
+    app = build_app(
+        source,
+        args.split,
+        tasks,
+        mode=args.mode,
+        pool_size=args.pool_size,
+        max_turns=args.max_turns,
+        client_id=args.client_id,
+        token=token,
+        create_timeout=args.create_timeout,
+        env_threads=bool(args.env_threads),
+        env_procs=args.env_procs,
+        answer_format=args.answer_format,
+        projection=args.projection,
+        expert=args.expert,
+    )
     sock, where = bind_socket(args)
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=3, lifespan="on")
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; turn that into a normal
     # exit so the `finally` below removes the socket file.

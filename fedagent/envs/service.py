@@ -1,6 +1,6 @@
 """The HTTP environment service: a pool of env instances behind five idempotent endpoints.
 
-Protocol (FACTS §4, issue 3):
+Protocol (the reference's env-service protocol):
 
 - ``GET /health``: ok, pool free/total, sessions, split, client id, task count/sha256, mode.
 - ``POST /create {session_id}``: borrow an env; blocks (async) while the pool is empty.
@@ -54,12 +54,28 @@ from pydantic import BaseModel, ValidationError
 from fedagent.envs.base import StepResult, TaskSource
 from fedagent.envs.guard import GuardMiddleware
 from fedagent.envs.sessions import EnvPool, Session, ThreadCalls  # noqa: F401 - re-exported
-from fedagent.envs.protocol import (BATCH_PATHS, MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES,  # noqa: F401 - MAX_TEXT_CHARS
-                                    MAX_TEXT_CHARS, BatchRequest, HealthResponse, ResetBatchResponse, ResetRequest,
-                                    ResetResponse, SessionBatchResponse, SessionRequest, SessionResponse,
-                                    StepBatchResponse, StepRequest, StepResponse, ExpertBatchResponse, ExpertResponse)
+from fedagent.envs.protocol import (  # noqa: F401 - MAX_TEXT_CHARS re-exported
+    BATCH_PATHS,
+    MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
+    MAX_TEXT_CHARS,
+    BatchRequest,
+    HealthResponse,
+    ResetBatchResponse,
+    ResetRequest,
+    ResetResponse,
+    SessionBatchResponse,
+    SessionRequest,
+    SessionResponse,
+    StepBatchResponse,
+    StepRequest,
+    StepResponse,
+    ExpertBatchResponse,
+    ExpertResponse,
+)
 from fedagent.rollout.parsing import fallback_chars, parse_action
 from fedagent.rollout.prompts import PROMPT_TEMPLATES
+
 
 def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
     """The pure seed → task map: index mode ``tasks[seed % n]``, draw mode a local-RNG draw."""
@@ -76,8 +92,7 @@ def _item_error(status: int, detail: str) -> dict:
 
 def _brief(exc: ValidationError) -> str:
     """A one-line summary of a pydantic error (location: message, first three)."""
-    parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or 'item'}: {e.get('msg', '')}"
-             for e in exc.errors()[:3]]
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or 'item'}: {e.get('msg', '')}" for e in exc.errors()[:3]]
     return "; ".join(parts)
 
 
@@ -120,11 +135,13 @@ def build_app(
     require_think = answer_format == "think_action"
     prompt_template = getattr(task_source, "prompt_template", None)
     if prompt_template not in PROMPT_TEMPLATES:
-        raise ValueError(f"task source {type(task_source).__name__} names no known prompt_template "
-                         f"(one of {PROMPT_TEMPLATES}), got {prompt_template!r}")
-    tail = fallback_chars(prompt_template, projection)   # also refuses an unknown projection
+        raise ValueError(
+            f"task source {type(task_source).__name__} names no known prompt_template "
+            f"(one of {PROMPT_TEMPLATES}), got {prompt_template!r}"
+        )
+    tail = fallback_chars(prompt_template, projection)  # also refuses an unknown projection
     execute_invalid = projection == "reference"
-    task_types = {t: task_source.task_type(t) for t in tasks}   # also fails early on unknown ids
+    task_types = {t: task_source.task_type(t) for t in tasks}  # also fails early on unknown ids
     env_info = dict(getattr(task_source, "info", None) or {})
     tasks_sha = hashlib.sha256("\n".join(tasks).encode()).hexdigest()
     type_counts: dict[str, int] = {}
@@ -138,20 +155,18 @@ def build_app(
         from fedagent.envs.pool import process_envs
 
         env_list, workers = process_envs(task_source, max_turns, pool_size, env_procs, expert=expert)
-        env_threads = True                    # proxies block on a pipe: keep them off the loop
+        env_threads = True  # proxies block on a pipe: keep them off the loop
     elif expert:
         env_list = [task_source.make_env(max_turns, policy_commands=True) for _ in range(pool_size)]
     else:
         env_list = [task_source.make_env(max_turns) for _ in range(pool_size)]
     pool_ = EnvPool(env_list)
     # One thread per env: env calls block (TextWorld/jericho) and sessions run in parallel.
-    executor = (ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env")
-                if env_threads else None)
+    executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="env") if env_threads else None
     thread_calls = ThreadCalls(executor) if executor is not None else None
     all_envs = list(pool_._free)
     sessions: dict[str, Session] = {}
-    counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0,
-                "batches": 0}
+    counters = {"creates": 0, "borrows": 0, "closes": 0, "resets": 0, "steps": 0, "replays": 0, "batches": 0}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -161,19 +176,19 @@ def build_app(
         for env in all_envs:
             try:
                 env.close()
-            except Exception:   # noqa: BLE001 - best effort at shutdown
+            except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
         for worker in workers:
             worker.shutdown()
 
-    app = FastAPI(title="fedagent env service", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)
-    app.add_middleware(GuardMiddleware, max_body=max_body, token=token,
-                       path_caps={p: max_batch_body for p in BATCH_PATHS})
+    app = FastAPI(title="fedagent env service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.add_middleware(
+        GuardMiddleware, max_body=max_body, token=token, path_caps={p: max_batch_body for p in BATCH_PATHS}
+    )
 
     async def in_thread(fn, *args):
         if executor is None:
-            return fn(*args)        # inline: no thread hand-offs (see env_threads)
+            return fn(*args)  # inline: no thread hand-offs (see env_threads)
         return await thread_calls.run(asyncio.get_running_loop(), fn, *args)
 
     def pool() -> EnvPool:
@@ -195,8 +210,8 @@ def build_app(
         if s is None:
             raise HTTPException(404, f"unknown session {session_id!r} (create it first)")
         try:
-            await asyncio.shield(s.ready)   # a create of this id may still be borrowing
-        except Exception as exc:   # that create failed: the session never existed
+            await asyncio.shield(s.ready)  # a create of this id may still be borrowing
+        except Exception as exc:  # that create failed: the session never existed
             raise HTTPException(404, f"session {session_id!r} failed to create: {exc}") from exc
         if s.closed:
             raise HTTPException(404, f"session {session_id!r} was closed")
@@ -207,10 +222,19 @@ def build_app(
     async def health() -> HealthResponse:
         """Liveness and pool accounting."""
         return HealthResponse(
-            ok=True, pool_free=pool().free, pool_total=pool().total, sessions=len(sessions),
-            split=split, client_id=client_id, mode=mode, num_tasks=len(tasks),
-            tasks_sha256=tasks_sha, task_types=type_counts, max_turns=max_turns,
-            counters=dict(counters), env_info=env_info,
+            ok=True,
+            pool_free=pool().free,
+            pool_total=pool().total,
+            sessions=len(sessions),
+            split=split,
+            client_id=client_id,
+            mode=mode,
+            num_tasks=len(tasks),
+            tasks_sha256=tasks_sha,
+            task_types=type_counts,
+            max_turns=max_turns,
+            counters=dict(counters),
+            env_info=env_info,
         )
 
     @app.post("/create", response_model=SessionResponse)
@@ -224,27 +248,28 @@ def build_app(
         s = sessions.get(req.session_id)
         if s is not None:
             try:
-                await asyncio.shield(s.ready)    # the first create's borrow, never a second one
-            except Exception as exc:   # the first borrow failed (timeout): report it the same way
+                await asyncio.shield(s.ready)  # the first create's borrow, never a second one
+            except Exception as exc:  # the first borrow failed (timeout): report it the same way
                 raise HTTPException(503, f"create of {req.session_id!r} failed: {exc!r}") from exc
             if s.closed:
                 raise HTTPException(409, f"session {req.session_id!r} was closed while being created")
             return SessionResponse(ok=True, session_id=req.session_id, created=False)
         s = Session(req.session_id, ready=asyncio.get_running_loop().create_future())
-        sessions[req.session_id] = s          # reserve the slot *before* the blocking borrow
+        sessions[req.session_id] = s  # reserve the slot *before* the blocking borrow
         try:
             env = await pool().borrow(create_timeout)
         except BaseException as exc:
             if sessions.get(req.session_id) is s:
                 del sessions[req.session_id]
-            s.ready.set_exception(RuntimeError("pool borrow timed out" if isinstance(exc, asyncio.TimeoutError)
-                                               else "create aborted"))
+            s.ready.set_exception(
+                RuntimeError("pool borrow timed out" if isinstance(exc, asyncio.TimeoutError) else "create aborted")
+            )
             s.ready.exception()  # mark retrieved: waiters may not exist
             if isinstance(exc, asyncio.TimeoutError):
                 raise HTTPException(503, f"no env free within {create_timeout} s") from exc
             raise
         counters["borrows"] += 1
-        if s.closed:                          # closed while we waited: give the env straight back
+        if s.closed:  # closed while we waited: give the env straight back
             pool().release(env)
             s.ready.set_result(None)
             raise HTTPException(409, f"session {req.session_id!r} was closed while being created")
@@ -264,10 +289,19 @@ def build_app(
             s.task_id, s.task_type = r.task_id, r.task_type
             s.next_step_id, s.turns, s.done, s.replay = 0, 0, False, None
             s.last_obs, s.last_admissible, s.last_score, s.last_won = (
-                r.observation, list(r.admissible_commands), 0.0, False)
-            return ResetResponse(observation=r.observation, task=r.task,
-                                 admissible_commands=list(r.admissible_commands),
-                                 task_id=r.task_id, task_type=r.task_type, prompt_template=prompt_template)
+                r.observation,
+                list(r.admissible_commands),
+                0.0,
+                False,
+            )
+            return ResetResponse(
+                observation=r.observation,
+                task=r.task,
+                admissible_commands=list(r.admissible_commands),
+                task_id=r.task_id,
+                task_type=r.task_type,
+                prompt_template=prompt_template,
+            )
 
     @app.post("/reset", response_model=ResetResponse)
     async def reset(req: ResetRequest) -> ResetResponse:
@@ -293,7 +327,7 @@ def build_app(
             if s.done:
                 # Past the end: nothing changes, nothing is earned.
                 r = StepResult(s.last_obs, 0.0, True, s.last_won, s.last_admissible, s.last_score)
-            elif parsed.valid or execute_invalid:   # reference: a format error still acts
+            elif parsed.valid or execute_invalid:  # reference: a format error still acts
                 r = await in_thread(s.env.step, parsed.action)
             else:
                 # projection noop, invalid format: a no-op turn that still costs budget.
@@ -304,10 +338,18 @@ def build_app(
             s.done, s.last_obs, s.last_admissible = done, r.observation, list(r.admissible_commands)
             s.last_score, s.last_won = float(r.score), bool(r.won)
             resp = StepResponse(
-                observation=r.observation, reward=float(r.reward), done=done, won=bool(r.won),
-                is_action_valid=parsed.valid, action=parsed.action,
-                admissible_commands=list(r.admissible_commands), task_id=s.task_id,
-                task_type=s.task_type, score=float(r.score), step_id=req.step_id, turns=s.turns,
+                observation=r.observation,
+                reward=float(r.reward),
+                done=done,
+                won=bool(r.won),
+                is_action_valid=parsed.valid,
+                action=parsed.action,
+                admissible_commands=list(r.admissible_commands),
+                task_id=s.task_id,
+                task_type=s.task_type,
+                score=float(r.score),
+                step_id=req.step_id,
+                turns=s.turns,
             ).model_dump()
             s.replay = (req.step_id, req.text, resp)
             s.next_step_id += 1
@@ -328,7 +370,7 @@ def build_app(
             out = await handler(req)
         except HTTPException as exc:
             return _item_error(exc.status_code, str(exc.detail))
-        except Exception as exc:   # noqa: BLE001 - an env that raised fails only its own item
+        except Exception as exc:  # noqa: BLE001 - an env that raised fails only its own item
             return _item_error(500, f"{what} of {req.session_id!r} failed: {type(exc).__name__}: {exc}")
         return out.model_dump() if isinstance(out, BaseModel) else out
 
@@ -352,8 +394,11 @@ def build_app(
         # Only well-formed ids can borrow; a malformed one (even unhashable) is its item's own 422.
         new = {sid for item in req.items if isinstance(sid := item.get("session_id"), str)} - sessions.keys()
         if len(new) > pool().total:
-            raise HTTPException(409, f"create_batch of {len(new)} new sessions cannot be served by a pool "
-                                     f"of {pool().total} envs; send at most {pool().total} at once")
+            raise HTTPException(
+                409,
+                f"create_batch of {len(new)} new sessions cannot be served by a pool "
+                f"of {pool().total} envs; send at most {pool().total} at once",
+            )
         return await _run_batch("create", SessionRequest, _create, req.items)
 
     @app.post("/reset_batch", response_model=ResetBatchResponse)
@@ -398,7 +443,7 @@ def build_app(
             # Still waiting for an env: the pending create hands it back when it arrives.
             return SessionResponse(ok=True, session_id=req.session_id, existed=True)
         if s.ready.exception() is None and s.env is not None:
-            async with s.lock:               # let an in-flight reset/step finish with the env
+            async with s.lock:  # let an in-flight reset/step finish with the env
                 env, s.env = s.env, None
             if env is not None:
                 pool().release(env)
@@ -413,4 +458,3 @@ def build_app(
     app.state.counters = counters
     app.state.pool = pool
     return app
-

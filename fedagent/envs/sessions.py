@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+
 class EnvPool:
     """A fixed set of envs; ``borrow`` waits (async, FIFO) while none is free."""
 
@@ -35,7 +36,7 @@ class EnvPool:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except BaseException:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result())     # handed over just as we gave up: give it back
+                self.release(fut.result())  # handed over just as we gave up: give it back
             else:
                 fut.cancel()
                 if fut in self._waiters:
@@ -57,7 +58,7 @@ class Session:
     """Server-side state of one session."""
 
     session_id: str
-    ready: asyncio.Future                   # resolves when the env is borrowed
+    ready: asyncio.Future  # resolves when the env is borrowed
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     env: Any = None
     closed: bool = False
@@ -70,7 +71,7 @@ class Session:
     last_admissible: list[str] = field(default_factory=list)
     last_score: float = 0.0
     last_won: bool = False
-    replay: tuple[int, str, dict] | None = None   # (step_id, text, response) of the last step
+    replay: tuple[int, str, dict] | None = None  # (step_id, text, response) of the last step
 
 
 class ThreadCalls:
@@ -98,15 +99,15 @@ class ThreadCalls:
     def _call(self, loop, fut, fn, args) -> None:
         try:
             self._done.append((fut, fn(*args), None))
-        except BaseException as exc:   # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
             self._done.append((fut, None, exc))
         with self._lock:
             if self._drain_pending:
-                return                   # the pending drain will also take this result
+                return  # the pending drain will also take this result
             self._drain_pending = True
         try:
             loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:             # loop closed at shutdown: nobody is waiting
+        except RuntimeError:  # loop closed at shutdown: nobody is waiting
             pass
 
     def _drain(self) -> None:
@@ -118,7 +119,7 @@ class ThreadCalls:
                 continue
             if exc is None:
                 fut.set_result(out)
-            elif isinstance(exc, StopIteration):   # a future refuses StopIteration itself
+            elif isinstance(exc, StopIteration):  # a future refuses StopIteration itself
                 fut.set_exception(RuntimeError(f"env call raised {exc!r}"))
             else:
                 fut.set_exception(exc)

@@ -46,7 +46,7 @@ def engine_text(action: str) -> str:
 def clean_observation(text: str, objective: str | None = None) -> str:
     """Strip banner (everything before the objective), prompt/status tail and epilogue."""
     if objective and objective in text:
-        text = text[text.index(objective):]
+        text = text[text.index(objective) :]
     text = _PROMPT_TAIL.sub("", text)
     if "*** The End ***" in text:
         text = _EPILOGUE.sub("", text)
@@ -59,16 +59,23 @@ def _request_infos(policy_commands: bool = False):
     import textworld
 
     return textworld.EnvInfos(
-        admissible_commands=True, won=True, lost=True, score=True, max_score=True,
-        objective=True, feedback=True, policy_commands=policy_commands,
+        admissible_commands=True,
+        won=True,
+        lost=True,
+        score=True,
+        max_score=True,
+        objective=True,
+        feedback=True,
+        policy_commands=policy_commands,
     )
 
 
 class TextWorldEnv:
     """A pool slot able to play the games in ``game_paths`` (id → .z8 path)."""
 
-    def __init__(self, game_paths: Mapping[str, Path], *, max_turns: int = 50, cache_size: int = 8,
-                 policy_commands: bool = False):
+    def __init__(
+        self, game_paths: Mapping[str, Path], *, max_turns: int = 50, cache_size: int = 8, policy_commands: bool = False
+    ):
         """Remember the games; nothing is loaded until the first reset. ``policy_commands``: ask
         TextWorld for the winning commands from every state (the expert, :meth:`expert_action`)."""
         if max_turns < 1:
@@ -111,8 +118,7 @@ class TextWorldEnv:
         self._turns, self._done = 0, False
         obs = clean_observation(state["feedback"], self._objective)
         self._plan = list(state.get("policy_commands") or []) if self.policy_commands else []
-        self._last = StepResult(obs, 0.0, False, False, list(state["admissible_commands"]),
-                                self._score(state))
+        self._last = StepResult(obs, 0.0, False, False, list(state["admissible_commands"]), self._score(state))
         return ResetResult(obs, self._objective, list(state["admissible_commands"]), task_id, TASK_TYPE)
 
     @staticmethod

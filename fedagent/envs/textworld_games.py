@@ -37,9 +37,9 @@ from fedagent.core.seeds import derive_seed
 
 TASK_TYPE = "textworld"
 GAMES_JSON = "games.json"
-VAL_INDEX_OFFSET = 1_000_000      # val seeds come from a far-away index range
-MAX_ATTEMPTS = 20                  # duplicate-content regenerations per game
-_SERIAL = slice(0x12, 0x18)        # Z-machine header: 6 ASCII digits of the compile date
+VAL_INDEX_OFFSET = 1_000_000  # val seeds come from a far-away index range
+MAX_ATTEMPTS = 20  # duplicate-content regenerations per game
+_SERIAL = slice(0x12, 0x18)  # Z-machine header: 6 ASCII digits of the compile date
 FIXED_SERIAL = b"000000"
 DEFAULT_KNOBS = {"world_size": 2, "nb_objects": 4, "quest_length": 2}
 
@@ -101,12 +101,18 @@ def make_one(out_dir: Path, gid: str, seed: int, knobs: dict) -> Path:
         z8.with_suffix(suffix).unlink(missing_ok=True)
     cmd = _tw_make() + [
         "custom",
-        "--world-size", str(knobs["world_size"]),
-        "--nb-objects", str(knobs["nb_objects"]),
-        "--quest-length", str(knobs["quest_length"]),
-        "--seed", str(seed),
-        "--output", str(z8),
-        "--silent", "-f",
+        "--world-size",
+        str(knobs["world_size"]),
+        "--nb-objects",
+        str(knobs["nb_objects"]),
+        "--quest-length",
+        str(knobs["quest_length"]),
+        "--seed",
+        str(seed),
+        "--output",
+        str(z8),
+        "--silent",
+        "-f",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not z8.is_file():
@@ -151,8 +157,10 @@ def generate_games(
             while key in seen:
                 attempt += 1
                 if attempt > MAX_ATTEMPTS:
-                    raise RuntimeError(f"{gid}: still a duplicate of {seen[key]} after {MAX_ATTEMPTS} attempts; "
-                                       "increase world size / objects / quest length")
+                    raise RuntimeError(
+                        f"{gid}: still a duplicate of {seen[key]} after {MAX_ATTEMPTS} attempts; "
+                        "increase world size / objects / quest length"
+                    )
                 seeds[gid] = game_seed(base_seed, idx, attempt)
                 make_one(gdir, gid, seeds[gid], knobs)
                 key = content_key(gdir / f"{gid}.json")
@@ -184,7 +192,7 @@ def _sha256(path: Path) -> str:
 class TextWorldTaskSource:
     """A verified games directory as a :class:`fedagent.envs.base.TaskSource`."""
 
-    prompt_template = "textworld"   # the generic text-game prompt (fedagent.rollout.prompts)
+    prompt_template = "textworld"  # the generic text-game prompt (fedagent.rollout.prompts)
 
     def __init__(self, games_dir: Path, *, check_hashes: bool = True, served=None):
         """Verify ``games_dir``'s manifest and load its games.json.
@@ -199,8 +207,9 @@ class TextWorldTaskSource:
         if served is not None:
             stems = {str(t) for t in served}
 
-            def hash_only(rel: str) -> bool:   # a game's files are games/<id>.* (generate_games)
+            def hash_only(rel: str) -> bool:  # a game's files are games/<id>.* (generate_games)
                 return not rel.startswith("games/") or Path(rel).name.split(".", 1)[0] in stems
+
         verify_manifest(self.games_dir, check_hashes=check_hashes, hash_only=hash_only)
         self.games = json.loads((self.games_dir / GAMES_JSON).read_text())
         if self.games.get("sha256") != id_list_sha256(self.games["train"], self.games["val"]):
@@ -231,9 +240,17 @@ class TextWorldTaskSource:
 
 
 # The `fedagent games` job's flags and the config keys they come from (rules/plan.smk).
-GAMES_KEYS = JobKeys("games", {"seed": "seed", "n_train": "env.train_games", "n_val": "env.val_games",
-                               "world_size": "env.world_size", "nb_objects": "env.nb_objects",
-                               "quest_length": "env.quest_length"})
+GAMES_KEYS = JobKeys(
+    "games",
+    {
+        "seed": "seed",
+        "n_train": "env.train_games",
+        "n_val": "env.val_games",
+        "world_size": "env.world_size",
+        "nb_objects": "env.nb_objects",
+        "quest_length": "env.quest_length",
+    },
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -253,10 +270,18 @@ def run(args: argparse.Namespace) -> int:
     """Generate the pools; print a one-line summary."""
     GAMES_KEYS.check({name: getattr(args, name) for name in GAMES_KEYS.keys})
     games = generate_games(
-        args.out, base_seed=args.seed, n_train=args.n_train, n_val=args.n_val,
-        jobs=args.jobs, quarantine_root=args.quarantine, world_size=args.world_size,
-        nb_objects=args.nb_objects, quest_length=args.quest_length,
+        args.out,
+        base_seed=args.seed,
+        n_train=args.n_train,
+        n_val=args.n_val,
+        jobs=args.jobs,
+        quarantine_root=args.quarantine,
+        world_size=args.world_size,
+        nb_objects=args.nb_objects,
+        quest_length=args.quest_length,
     )
-    print(f"games: {len(games['train'])} train + {len(games['val'])} val in {args.out} "
-          f"(sha256 {games['sha256'][:12]}, regenerated {len(games['regenerated'])})")
+    print(
+        f"games: {len(games['train'])} train + {len(games['val'])} val in {args.out} "
+        f"(sha256 {games['sha256'][:12]}, regenerated {len(games['regenerated'])})"
+    )
     return 0

@@ -60,8 +60,10 @@ def describe(policy: str, expert_p: float | None = None) -> str:
     if policy == "random":
         return "random walker: a uniformly random admissible command each turn (model-free)"
     if policy == "expert":
-        return (f"noisy planner: the ALFWorld PDDL planner's next command with probability {expert_p}, "
-                "else a uniformly random admissible command (scripted, model-free)")
+        return (
+            f"noisy planner: the ALFWorld PDDL planner's next command with probability {expert_p}, "
+            "else a uniformly random admissible command (scripted, model-free)"
+        )
     return f"model {policy}: sampled in the training rollout mode"
 
 
@@ -93,12 +95,19 @@ def random_walk_labels(env, n_tasks: int, base_seed: int, max_turns: int) -> lis
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent labels``."""
-    parser.add_argument("--policy", required=True,
-                        help="reference policy: HF model dir, 'smollm2', 'tiny', 'random' (uniform admissible "
-                             "commands) or 'expert' (ALFWorld: the planner's next command with probability "
-                             "--expert-p, else a random admissible one)")
-    parser.add_argument("--expert-p", type=float, default=None,
-                        help="--policy expert: probability of the planner's command each turn, in [0, 1]")
+    parser.add_argument(
+        "--policy",
+        required=True,
+        help="reference policy: HF model dir, 'smollm2', 'tiny', 'random' (uniform admissible "
+        "commands) or 'expert' (ALFWorld: the planner's next command with probability "
+        "--expert-p, else a random admissible one)",
+    )
+    parser.add_argument(
+        "--expert-p",
+        type=float,
+        default=None,
+        help="--policy expert: probability of the planner's command each turn, in [0, 1]",
+    )
     parser.add_argument("--games", type=Path, required=True, help="games directory (plan/games)")
     parser.add_argument("--params", default="{}", help="JSON object of rollout params (see evaluate.EvalParams)")
     parser.add_argument("--threads", type=int, default=1)
@@ -129,35 +138,57 @@ def run(args: argparse.Namespace) -> int:
         from fedagent.envs.lifecycle import games_source
 
         if games_source(args.games) != "alfworld":
-            raise SystemExit(f"fedagent labels: --policy expert needs ALFWorld games, {args.games} holds "
-                             f"{games_source(args.games)!r}")
+            raise SystemExit(
+                f"fedagent labels: --policy expert needs ALFWorld games, {args.games} holds "
+                f"{games_source(args.games)!r}"
+            )
         if not 0.0 <= args.expert_p <= 1.0:
             raise SystemExit(f"fedagent labels: --expert-p must be in [0, 1], got {args.expert_p}")
         source, _ = source_from_catalogue(args.games, "train")
         samples = noisy_expert_labels(source, train, params.base_seed, args.expert_p, params.max_turns)
         result = {"samples": samples, "params": dataclasses.asdict(params)}
-        extra = {"expert_p": args.expert_p,
-                 "episodes": {s["task_id"]: {k: s[k] for k in ("turns", "plan_len", "expert_moves")}
-                              for s in samples}}
+        extra = {
+            "expert_p": args.expert_p,
+            "episodes": {s["task_id"]: {k: s[k] for k in ("turns", "plan_len", "expert_moves")} for s in samples},
+        }
     elif args.policy == "random":
-        with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
-                             max_turns=params.max_turns) as env:
+        with job_env_service(
+            args.games, "train", train, out, mode="index", pool_size=params.pool_size, max_turns=params.max_turns
+        ) as env:
             samples = random_walk_labels(env, len(train), params.base_seed, params.max_turns)
         result = {"samples": samples, "params": dataclasses.asdict(params)}
     else:
         with tempfile.TemporaryDirectory(prefix=".labels-", dir=out.parent) as tmp:
             model_dir = resolve_policy(args.policy, Path(tmp), params.base_seed)
             model, tok = load_policy(model_dir, args.threads)
-            with job_env_service(args.games, "train", train, out, mode="index", pool_size=params.pool_size,
-                                 max_turns=params.max_turns, projection=params.projection) as env:
+            with job_env_service(
+                args.games,
+                "train",
+                train,
+                out,
+                mode="index",
+                pool_size=params.pool_size,
+                max_turns=params.max_turns,
+                projection=params.projection,
+            ) as env:
                 result = evaluate(model, tok, env, list(range(len(train))), params, round=0)
     labels = {s["task_id"]: bool(s["won"]) for s in result["samples"]}
     if sorted(labels) != sorted(train):
         raise RuntimeError("labels: the episodes did not cover every train task exactly once")
     easy = sum(labels.values())
-    atomic_write_json(out, {"labels": labels, "policy": args.policy, "reference": describe(args.policy, args.expert_p),
-                            "n": len(labels), "easy": easy,
-                            "easy_rate": easy / len(labels), "params": result["params"],
-                            "games_sha256": index["sha256"], **extra})
+    atomic_write_json(
+        out,
+        {
+            "labels": labels,
+            "policy": args.policy,
+            "reference": describe(args.policy, args.expert_p),
+            "n": len(labels),
+            "easy": easy,
+            "easy_rate": easy / len(labels),
+            "params": result["params"],
+            "games_sha256": index["sha256"],
+            **extra,
+        },
+    )
     print(json.dumps({"n": len(labels), "easy": easy, "easy_rate": easy / len(labels)}))
     return 0

@@ -35,17 +35,17 @@ class EvalParams:
     max_new_tokens: int = 40
     max_prompt_tokens: int = 1024
     pool_size: int = 8
-    env_procs: int = 0                    # env.procs
+    env_procs: int = 0  # env.procs
     batch: int = 8
-    answer_format: str = "think_action"   # rollout.answer_format
-    projection: str = "reference"         # rollout.projection (the env service's)
-    rollout_mode: str = "windowed"        # rollout.mode (eval plays the training rollout mode)
-    history: int = 2                      # rollout.history
-    device: str = "cpu"                   # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
+    answer_format: str = "think_action"  # rollout.answer_format
+    projection: str = "reference"  # rollout.projection (the env service's)
+    rollout_mode: str = "windowed"  # rollout.mode (eval plays the training rollout mode)
+    history: int = 2  # rollout.history
+    device: str = "cpu"  # cpu | cuda (cuda: bf16 weights, compiled static-cache sampler)
     sampler: str = "compile"
-    sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
-    sampler_fused: bool = False        # cuda: the model's q/k/v and gate/up projections merged (one GEMM each)
-    sampler_compile_prefill: bool = False   # cuda: the sampler's prefill through torch.compile too
+    sampler_widths: list[int] = field(default_factory=list)  # cuda: the sampler's narrower widths (buckets)
+    sampler_fused: bool = False  # cuda: the model's q/k/v and gate/up projections merged (one GEMM each)
+    sampler_compile_prefill: bool = False  # cuda: the sampler's prefill through torch.compile too
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalParams":
@@ -62,10 +62,20 @@ class EvalParams:
 
 
 # Which config key each EvalParams field comes from (workflow/common.smk's EVAL_PARAMS).
-EVAL_KEYS = JobKeys.for_dataclass("eval", EvalParams, "eval", {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "env_procs": "env.procs", "answer_format": "rollout.answer_format",
-                                    "rollout_mode": "rollout.mode", "history": "rollout.history",
-                                    "projection": "rollout.projection"})
+EVAL_KEYS = JobKeys.for_dataclass(
+    "eval",
+    EvalParams,
+    "eval",
+    {
+        "base_seed": "seed",
+        "pool_size": "env.pool_size",
+        "env_procs": "env.procs",
+        "answer_format": "rollout.answer_format",
+        "rollout_mode": "rollout.mode",
+        "history": "rollout.history",
+        "projection": "rollout.projection",
+    },
+)
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
@@ -96,31 +106,50 @@ def summarize(trajs: Sequence, round: int) -> dict:
         "return_mean": math.fsum(t.episode_return for t in trajs) / n if n else 0.0,
         "ci95": wilson_interval(wins, n),
         "per_task_type": {k: {"n": v["n"], "success_rate": v["wins"] / v["n"]} for k, v in sorted(per_type.items())},
-        "samples": [{"seed": t.seed, "task_id": t.task_id, "task_type": t.task_type, "won": t.won,
-                     "score": t.score, "n_turns": t.n_turns, "actions": [x.action for x in t.turns]}
-                    for t in trajs],
+        "samples": [
+            {
+                "seed": t.seed,
+                "task_id": t.task_id,
+                "task_type": t.task_type,
+                "won": t.won,
+                "score": t.score,
+                "n_turns": t.n_turns,
+                "actions": [x.action for x in t.turns],
+            }
+            for t in trajs
+        ],
     }
 
 
-def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int,
-             sampler=None) -> dict:
+def evaluate(model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int, sampler=None) -> dict:
     """Play one episode per seed with the fixed eval generator; return the eval.json dict."""
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.core.seeds import torch_generator
 
     gen = torch_generator(params.base_seed, "eval_sampling")
     trajs = run_episodes_batched(
-        model, tokenizer, env, list(seeds), batch_size=min(params.batch, params.pool_size),
-        session_prefix=f"eval-r{round}", max_turns=params.max_turns, max_new_tokens=params.max_new_tokens,
-        temperature=params.temperature, generator=gen, max_prompt_tokens=params.max_prompt_tokens,
-        answer_format=params.answer_format, sampler=sampler, rollout_mode=params.rollout_mode,
-        history_length=params.history)
+        model,
+        tokenizer,
+        env,
+        list(seeds),
+        batch_size=min(params.batch, params.pool_size),
+        session_prefix=f"eval-r{round}",
+        max_turns=params.max_turns,
+        max_new_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        generator=gen,
+        max_prompt_tokens=params.max_prompt_tokens,
+        answer_format=params.answer_format,
+        sampler=sampler,
+        rollout_mode=params.rollout_mode,
+        history_length=params.history,
+    )
     out = summarize(trajs, round)
     turns = [x for t in trajs for x in t.turns]
     out["invalid_rate"] = (sum(1 for x in turns if not x.valid) / len(turns)) if turns else 0.0
     out["params"] = dataclasses.asdict(params)
     for k in ("sampler_widths", "sampler_fused", "sampler_compile_prefill"):
-        if not out["params"][k]:      # only when set / on (eval.json of other runs as they were)
+        if not out["params"][k]:  # only when set / on (eval.json of other runs as they were)
             out["params"].pop(k)
     return out
 
@@ -144,8 +173,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client", type=int, default=None, help="a client update's eval (eval.clients)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="eval.json path")
-    parser.add_argument("--timings", type=Path, default=None,
-                        help="where to write the job's phase timings (JSON; wall clock, informational)")
+    parser.add_argument(
+        "--timings",
+        type=Path,
+        default=None,
+        help="where to write the job's phase timings (JSON; wall clock, informational)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     if label not in (None, "base", "warm_start"):
         raise ValueError(f"eval label must be 'base' or 'warm_start', got {label!r}")
     vllm_settings = raw.pop("vllm", None)
-    # model: random:<architecture> (issue 29): the run's weights are random; eval.json says so
+    # model: random:<architecture>: the run's weights are random; eval.json says so
     random_weights = raw.pop("random_weights", None)
     if backend not in ("local", "vllm"):
         raise ValueError(f"eval backend must be 'local' or 'vllm', got {backend!r}")
@@ -185,10 +218,20 @@ def _run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Validation always runs on the unperturbed env: no env params (no WebShop arm) here. The
     # service starts first and comes up while this process loads (and warms) the model.
-    with job_env_service(args.games, "val", tasks, out, mode="index", pool_size=params.pool_size,
-                         max_turns=params.max_turns, answer_format=params.answer_format,
-                         projection=params.projection, source=games_kind(args.games), env_procs=params.env_procs,
-                         wait=False) as pending:
+    with job_env_service(
+        args.games,
+        "val",
+        tasks,
+        out,
+        mode="index",
+        pool_size=params.pool_size,
+        max_turns=params.max_turns,
+        answer_format=params.answer_format,
+        projection=params.projection,
+        source=games_kind(args.games),
+        env_procs=params.env_procs,
+        wait=False,
+    ) as pending:
         sampler = None
         if backend == "vllm":
             from fedagent.core.atomic import verify_manifest
@@ -198,8 +241,11 @@ def _run(args: argparse.Namespace) -> int:
             settings = dataclass_from_dict(VllmEvalSettings, dict(vllm_settings or {}), "eval.vllm")
             verify_manifest(Path(args.model))
             model, tok = None, load_tokenizer(args.model)
-            sampler = VllmSampler(make_llm(args.model, settings, params.base_seed),
-                                  stop_token_ids_for_dir(tok, args.model), params.base_seed)
+            sampler = VllmSampler(
+                make_llm(args.model, settings, params.base_seed),
+                stop_token_ids_for_dir(tok, args.model),
+                params.base_seed,
+            )
         else:
             model, tok = load_policy(args.model, args.threads, device=params.device)
         if backend == "local" and params.device == "cuda":
@@ -208,11 +254,17 @@ def _run(args: argparse.Namespace) -> int:
             from fedagent.model.static_sampler import StaticSampler
 
             model = model.to(torch.bfloat16)
-            sampler = StaticSampler(model, tok, batch_size=min(params.batch, params.pool_size),
-                                    max_prompt_tokens=params.max_prompt_tokens,
-                                    max_new_tokens=params.max_new_tokens, mode=params.sampler,
-                                    widths=params.sampler_widths, fused=params.sampler_fused,
-                                    compile_prefill=params.sampler_compile_prefill)
+            sampler = StaticSampler(
+                model,
+                tok,
+                batch_size=min(params.batch, params.pool_size),
+                max_prompt_tokens=params.max_prompt_tokens,
+                max_new_tokens=params.max_new_tokens,
+                mode=params.sampler,
+                widths=params.sampler_widths,
+                fused=params.sampler_fused,
+                compile_prefill=params.sampler_compile_prefill,
+            )
         clock.mark("model_loaded")
         if backend == "local" and params.device == "cuda" and params.sampler != "eager":
             sampler.warmup(params.temperature)
@@ -242,12 +294,20 @@ def _run(args: argparse.Namespace) -> int:
     atomic_write_json(out, result)
     if args.timings is not None:
         # Beside eval.json, not in it: eval.json is byte-identical across re-runs; wall time is not.
-        # On the GPU also the job's peak memory (must-show 3 of issue 29: recorded per job)
+        # On the GPU also the job's peak memory (recorded per job, beside its declared gpu_mem_mb)
         from fedagent.model.memory import gpu_peak_mib
 
         peak = gpu_peak_mib(params.device) if backend == "local" else {}
-        stats = getattr(sampler, "stats", None)     # the static sampler's shapes against the prompts (GPU path)
-        atomic_write_json(args.timings, {"round": args.round, "device": params.device, **clock.summary(), **peak,
-                                         **({"sampler": stats()} if stats is not None else {})})
+        stats = getattr(sampler, "stats", None)  # the static sampler's shapes against the prompts (GPU path)
+        atomic_write_json(
+            args.timings,
+            {
+                "round": args.round,
+                "device": params.device,
+                **clock.summary(),
+                **peak,
+                **({"sampler": stats()} if stats is not None else {}),
+            },
+        )
     print(json.dumps({k: result[k] for k in ("round", "n", "success_rate", "score_mean", "ci95")}))
     return 0

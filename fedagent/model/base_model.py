@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from fedagent.core.atomic import atomic_dir
+
 # Where the GGUF lives (a module of its own: the random-architecture source reads the same tokenizer).
 from fedagent.model.smollm2_gguf import SMOLLM2_PACKAGE, BaseModelError, smollm2_gguf_path  # noqa: F401
 
@@ -69,8 +70,9 @@ def _save_fp32(model, tokenizer, out: Path, provenance: dict) -> None:
     tokenizer.save_pretrained(out)
 
 
-def build_base_model(source: str, out: Path, quarantine_root: Path | None = None, critic_args=None,
-                     seed: int | None = None) -> None:
+def build_base_model(
+    source: str, out: Path, quarantine_root: Path | None = None, critic_args=None, seed: int | None = None
+) -> None:
     """Write the fp32 HF directory for ``source`` (``smollm2``, a local HF dir or ``random:…``) at ``out``.
 
     ``critic_args`` (the CLI's ``--critic*`` flags): PPO's round-1 critic in ``out/critic``
@@ -97,8 +99,9 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
     else:
         path = Path(source)
         if not (path / "config.json").is_file():
-            raise BaseModelError(f"model: {source!r} is neither 'smollm2', 'tiny', 'random:<name or dir>' nor a "
-                                 "local HF model directory")
+            raise BaseModelError(
+                f"model: {source!r} is neither 'smollm2', 'tiny', 'random:<name or dir>' nor a local HF model directory"
+            )
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)  # never unpickle weights
         provenance = {"source": "local", "path": str(path)}
@@ -107,15 +110,22 @@ def build_base_model(source: str, out: Path, quarantine_root: Path | None = None
     with atomic_dir(out, quarantine_root) as staging:
         _save_fp32(model, tokenizer, staging, provenance)
         critic = critic_from_args(critic_args, staging, source) if critic_args is not None else None
-        write_provenance(staging, job="base_model", params=dict(provenance),
-                         extra={"source": provenance, **({"critic": critic} if critic else {})})
+        write_provenance(
+            staging,
+            job="base_model",
+            params=dict(provenance),
+            extra={"source": provenance, **({"critic": critic} if critic else {})},
+        )
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent base-model``."""
-    parser.add_argument("--source", required=True,
-                        help="'smollm2', a local HF model directory, or random:<architecture name or dir> "
-                             "(random weights, for speed and memory only)")
+    parser.add_argument(
+        "--source",
+        required=True,
+        help="'smollm2', a local HF model directory, or random:<architecture name or dir> "
+        "(random weights, for speed and memory only)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="a random: source's weight seed (the config's seed)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None)

@@ -1,4 +1,4 @@
-"""A random-weight base model of a named public architecture (``model: random:<name>``, issue 29).
+"""A random-weight base model of a named public architecture (``model: random:<name>``).
 
 No model of the reference's size can be fetched on these machines, and what a run at that size
 measures — memory, speed, the kernels' shapes — does not depend on the weights' values. So the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fedagent.core.architectures import ARCHITECTURES, RANDOM_WEIGHTS_NOTE, random_source_problem, random_target
 
-PIECE = 1 << 24                      # elements per drawn piece (64 MiB of fp32); part of the output's definition
+PIECE = 1 << 24  # elements per drawn piece (64 MiB of fp32); part of the output's definition
 SEED_PURPOSE = "random_model_init"
 
 
@@ -85,7 +85,9 @@ def load_tokenizer_for(source: str):
     else:
         tokenizer = AutoTokenizer.from_pretrained(target)
     if tokenizer.chat_template is None:
-        raise RandomModelError(f"config key 'model': {source!r}: its tokenizer has no chat template (needed for prompts)")
+        raise RandomModelError(
+            f"config key 'model': {source!r}: its tokenizer has no chat template (needed for prompts)"
+        )
     return tokenizer
 
 
@@ -99,8 +101,9 @@ def tensor_specs(config) -> list[tuple[str, str, tuple[int, ...]]]:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = model.state_dict()
     tied = getattr(config, "tie_word_embeddings", False)
-    return [(name, "F32", tuple(t.shape)) for name, t in sorted(state.items())
-            if not (tied and name == "lm_head.weight")]
+    return [
+        (name, "F32", tuple(t.shape)) for name, t in sorted(state.items()) if not (tied and name == "lm_head.weight")
+    ]
 
 
 def init_kind(name: str, ndim: int) -> str:
@@ -108,7 +111,7 @@ def init_kind(name: str, ndim: int) -> str:
     ``zeros`` (biases) or ``normal`` (matrices and the embedding)."""
     if name.endswith(".bias"):
         return "zeros"
-    if ndim == 1:   # Llama/Qwen2's only 1-D weights are the RMSNorms'
+    if ndim == 1:  # Llama/Qwen2's only 1-D weights are the RMSNorms'
         return "ones"
     return "normal"
 
@@ -166,30 +169,41 @@ def record(source: str, seed: int, config) -> dict:
     """What ``provenance.json`` says about the weights (also the base-model job's params)."""
     target = random_target(source)
     named = ARCHITECTURES.get(target)
-    return {"source": source, "weights": "random", "seed": int(seed),
-            "architecture": target if named else str(Path(target).resolve()),
-            **({"public_model": named["public_model"]} if named else {}),
-            "model_class": config.architectures[0],
-            "init": (f"normal(0, {float(getattr(config, 'initializer_range', 0.02))}) matrices and embedding, "
-                     f"RMSNorm weights 1, biases 0; tensor i of the sorted names from torch_generator(seed, "
-                     f"'{SEED_PURPOSE}', index=i) in pieces of {PIECE} elements"),
-            "note": RANDOM_WEIGHTS_NOTE}
+    return {
+        "source": source,
+        "weights": "random",
+        "seed": int(seed),
+        "architecture": target if named else str(Path(target).resolve()),
+        **({"public_model": named["public_model"]} if named else {}),
+        "model_class": config.architectures[0],
+        "init": (
+            f"normal(0, {float(getattr(config, 'initializer_range', 0.02))}) matrices and embedding, "
+            f"RMSNorm weights 1, biases 0; tensor i of the sorted names from torch_generator(seed, "
+            f"'{SEED_PURPOSE}', index=i) in pieces of {PIECE} elements"
+        ),
+        "note": RANDOM_WEIGHTS_NOTE,
+    }
 
 
-def build_random_model(source: str, out: Path, seed: int, quarantine_root: Path | None = None,
-                       critic_args=None) -> dict:
+def build_random_model(
+    source: str, out: Path, seed: int, quarantine_root: Path | None = None, critic_args=None
+) -> dict:
     """Write round 0's model for a ``random:`` source at ``out`` (atomic, with manifest)."""
     from fedagent.core.atomic import atomic_dir
     from fedagent.core.provenance import write_provenance
 
     if seed is None:
-        raise RandomModelError(f"model {source!r}: a random-weight model needs a seed (base-model --seed; "
-                               "the workflow passes config key 'seed')")
+        raise RandomModelError(
+            f"model {source!r}: a random-weight model needs a seed (base-model --seed; "
+            "the workflow passes config key 'seed')"
+        )
     config = architecture_config(source)
     tokenizer = load_tokenizer_for(source)
     if len(tokenizer) > config.vocab_size:
-        raise RandomModelError(f"config key 'model': {source!r}: the tokenizer has {len(tokenizer)} tokens, "
-                               f"more than the architecture's vocab_size {config.vocab_size}")
+        raise RandomModelError(
+            f"config key 'model': {source!r}: the tokenizer has {len(tokenizer)} tokens, "
+            f"more than the architecture's vocab_size {config.vocab_size}"
+        )
     rec = record(source, seed, config)
     with atomic_dir(Path(out), quarantine_root) as staging:
         write_architecture(source, staging, tokenizer)
@@ -199,8 +213,11 @@ def build_random_model(source: str, out: Path, seed: int, quarantine_root: Path 
             from fedagent.model.critic import critic_from_args
 
             critic = critic_from_args(critic_args, staging, source)
-        write_provenance(staging, job="base_model", params={"source": source, "seed": int(seed)},
-                         seeds={"base_seed": int(seed)},
-                         extra={"source": rec, **({"critic": critic} if critic else {})})
+        write_provenance(
+            staging,
+            job="base_model",
+            params={"source": source, "seed": int(seed)},
+            seeds={"base_seed": int(seed)},
+            extra={"source": rec, **({"critic": critic} if critic else {})},
+        )
     return rec
-

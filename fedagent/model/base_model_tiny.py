@@ -129,8 +129,17 @@ def build_tokenizer():
     return fast
 
 
-def build_model(vocab_size: int, seed: int, *, hidden: int = 64, layers: int = 2, heads: int = 4,
-                kv_heads: int = 2, intermediate: int = 128, max_positions: int = 4096):
+def build_model(
+    vocab_size: int,
+    seed: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 4096,
+):
     """A LlamaForCausalLM (tied embeddings) with weights drawn from a seed-derived generator."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -138,10 +147,19 @@ def build_model(vocab_size: int, seed: int, *, hidden: int = 64, layers: int = 2
     from fedagent.core.seeds import torch_generator
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     model = LlamaForCausalLM(config).to(torch.float32)
     gen = torch_generator(seed, "tiny_model_init")
@@ -157,8 +175,9 @@ def build_model(vocab_size: int, seed: int, *, hidden: int = 64, layers: int = 2
     return model
 
 
-def write_tiny_model(out_dir: Path, seed: int, quarantine: Path | None = None,
-                     tokenizer_dir: Path | None = None, critic_args=None) -> Path:
+def write_tiny_model(
+    out_dir: Path, seed: int, quarantine: Path | None = None, tokenizer_dir: Path | None = None, critic_args=None
+) -> Path:
     """Build tokenizer + model and write them atomically as an fp32 HF directory.
 
     ``critic_args`` (``--critic*`` flags): PPO's round-1 critic too (fedagent.model.critic).
@@ -180,8 +199,13 @@ def write_tiny_model(out_dir: Path, seed: int, quarantine: Path | None = None,
         from fedagent.model.critic import critic_from_args
 
         critic = critic_from_args(critic_args, staging, "tiny") if critic_args is not None else None
-        write_provenance(staging, job="base_model", params={"source": "tiny", "seed": seed},
-                         seeds={"base_seed": seed}, **({"extra": {"critic": critic}} if critic else {}))
+        write_provenance(
+            staging,
+            job="base_model",
+            params={"source": "tiny", "seed": seed},
+            seeds={"base_seed": seed},
+            **({"extra": {"critic": critic}} if critic else {}),
+        )
     return Path(out_dir)
 
 
@@ -190,8 +214,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output HF model directory")
     parser.add_argument("--seed", type=int, required=True, help="base seed of the weight draws")
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
-    parser.add_argument("--tokenizer", type=Path, default=None,
-                        help="reuse this HF tokenizer directory instead of the built-in tiny BPE")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="reuse this HF tokenizer directory instead of the built-in tiny BPE",
+    )
     from fedagent.model.critic import add_critic_args
 
     add_critic_args(parser)

@@ -31,8 +31,16 @@ from pathlib import Path
 
 from fedagent.core.architectures import is_random_source
 from fedagent.core.config import MODEL_KEYWORDS, ConfigError, JobKeys
-from fedagent.core.weights import (HEAD_NAMINGS, HEAD_TENSORS, INDEX_FILE, NO_HEAD_HINT,  # noqa: F401 - re-exported
-                                   SINGLE_FILE, has_value_head, safetensors_names, value_head_naming)
+from fedagent.core.weights import (
+    HEAD_NAMINGS,
+    HEAD_TENSORS,
+    INDEX_FILE,
+    NO_HEAD_HINT,  # noqa: F401 - re-exported
+    SINGLE_FILE,
+    has_value_head,
+    safetensors_names,
+    value_head_naming,
+)
 from fedagent.model.critic_dir import CRITIC_DIR
 
 # critic_init values recorded in provenance.json (the reference's names)
@@ -60,24 +68,33 @@ def resolve_start_critic(source: str, critic_path: str | None) -> tuple[str, Pat
         if not p.is_dir():
             raise ConfigError(f"config key 'train.ppo.critic_path': {critic_path!r} is not a directory")
         if has_value_head(p) is not True:
-            raise ConfigError(f"config key 'train.ppo.critic_path': {critic_path!r} holds no value head "
-                              f"({NO_HEAD_HINT}); omit the key to start a fresh head")
+            raise ConfigError(
+                f"config key 'train.ppo.critic_path': {critic_path!r} holds no value head "
+                f"({NO_HEAD_HINT}); omit the key to start a fresh head"
+            )
         return EXPLICIT, p, f"critic: explicit train.ppo.critic_path {p}"
     if source not in MODEL_KEYWORDS and not is_random_source(source):
         sib = Path(source) / CRITIC_DIR
         if sib.is_dir():
             if has_value_head(sib) is not True:
-                raise ConfigError(f"config key 'model': the critic beside it, {sib}, holds no value head "
-                                  f"({NO_HEAD_HINT}); set train.ppo.critic_path or remove that directory")
+                raise ConfigError(
+                    f"config key 'model': the critic beside it, {sib}, holds no value head "
+                    f"({NO_HEAD_HINT}); set train.ppo.critic_path or remove that directory"
+                )
             return SIBLING, sib, f"critic: the critic beside the start model, {sib}"
         if (Path(source) / "server.json").is_file():
             bar = "!" * 78
-            return FRESH, None, (
-                f"{bar}\n[warn] PPO warm start from {source} (a trained fedagent global model) with a FRESH\n"
-                f"[warn] value head: no {sib} and no train.ppo.critic_path. The policy is warm but\n"
-                "[warn] its value baseline is random, so GAE advantages are noise until the critic\n"
-                "[warn] catches up. Remedies: set train.ppo.critic_path to a trained critic, or start\n"
-                f"[warn] from a model dir that holds one in critic/.\n{bar}")
+            return (
+                FRESH,
+                None,
+                (
+                    f"{bar}\n[warn] PPO warm start from {source} (a trained fedagent global model) with a FRESH\n"
+                    f"[warn] value head: no {sib} and no train.ppo.critic_path. The policy is warm but\n"
+                    "[warn] its value baseline is random, so GAE advantages are noise until the critic\n"
+                    "[warn] catches up. Remedies: set train.ppo.critic_path to a trained critic, or start\n"
+                    f"[warn] from a model dir that holds one in critic/.\n{bar}"
+                ),
+            )
     return FRESH, None, "critic: fresh value head on the base backbone (expected for a pretrained base)"
 
 
@@ -101,7 +118,7 @@ def _token_classifier_config(actor_config):
 
     cfg = copy.deepcopy(actor_config)
     cfg.num_labels = 1
-    cfg.classifier_dropout = 0.0   # verl's critic turns it off too; we score in eval mode anyway
+    cfg.classifier_dropout = 0.0  # verl's critic turns it off too; we score in eval mode anyway
     cfg.architectures = None
     return cfg
 
@@ -142,15 +159,19 @@ def load_critic(critic_dir: Path, device: str = "cpu"):
     if naming is None:
         raise ValueError(f"{critic_dir}: no value head ({NO_HEAD_HINT})")
     if naming == "score":
-        critic = AutoModelForTokenClassification.from_pretrained(str(critic_dir), dtype=torch.float32,
-                                                                 use_safetensors=True, classifier_dropout=0.0)
+        critic = AutoModelForTokenClassification.from_pretrained(
+            str(critic_dir), dtype=torch.float32, use_safetensors=True, classifier_dropout=0.0
+        )
     else:
         from safetensors.torch import load_file
 
         cfg = _token_classifier_config(AutoConfig.from_pretrained(str(critic_dir)))
         critic = AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
-        files = sorted({f for f in json.loads((Path(critic_dir) / INDEX_FILE).read_text())["weight_map"].values()}) \
-            if (Path(critic_dir) / INDEX_FILE).is_file() else [SINGLE_FILE]
+        files = (
+            sorted({f for f in json.loads((Path(critic_dir) / INDEX_FILE).read_text())["weight_map"].values()})
+            if (Path(critic_dir) / INDEX_FILE).is_file()
+            else [SINGLE_FILE]
+        )
         rename = dict(zip(HEAD_NAMINGS[naming], HEAD_NAMINGS["score"]))
         state = {}
         for name in files:
@@ -172,8 +193,7 @@ def save_critic(critic, out_dir: Path) -> None:
     critic.to(device="cpu", dtype=torch.float32).save_pretrained(str(out_dir))
 
 
-def write_start_critic(actor_dir: Path, out_dir: Path, *, source: str, critic_path: str | None,
-                       seed: int) -> dict:
+def write_start_critic(actor_dir: Path, out_dir: Path, *, source: str, critic_path: str | None, seed: int) -> dict:
     """Write round 1's critic for the policy just saved in ``actor_dir`` (a staging dir).
 
     Returns the record for provenance.json: ``{critic_init, start_critic, value_head_seed}``.
@@ -188,19 +208,26 @@ def write_start_critic(actor_dir: Path, out_dir: Path, *, source: str, critic_pa
     else:
         problem = backbone_mismatch(actor_dir, path)
         if problem:
-            raise ConfigError(f"config key '{'train.ppo.critic_path' if mode == EXPLICIT else 'model'}': "
-                              f"critic {path}: {problem}")
+            raise ConfigError(
+                f"config key '{'train.ppo.critic_path' if mode == EXPLICIT else 'model'}': critic {path}: {problem}"
+            )
         critic = load_critic(path)
     save_critic(critic, out_dir)
-    return {"critic_init": mode, "start_critic": str(path) if path is not None else None,
-            "value_head_seed": seed if path is None else None}
+    return {
+        "critic_init": mode,
+        "start_critic": str(path) if path is not None else None,
+        "value_head_seed": seed if path is None else None,
+    }
 
 
 def add_critic_args(parser) -> None:
     """``--critic``, ``--critic-seed``, ``--critic-path`` of ``fedagent base-model`` / ``tiny-model``."""
-    parser.add_argument("--critic", action="store_true",
-                        help="PPO: also write round 1's critic in critic/ (train.ppo.critic_path, the critic "
-                             "beside the source model, or a fresh value head)")
+    parser.add_argument(
+        "--critic",
+        action="store_true",
+        help="PPO: also write round 1's critic in critic/ (train.ppo.critic_path, the critic "
+        "beside the source model, or a fresh value head)",
+    )
     parser.add_argument("--critic-seed", type=int, default=None, help="seed of a fresh value head (the run's seed)")
     parser.add_argument("--critic-path", default=None, help="train.ppo.critic_path: an HF dir with a value head")
 
@@ -213,5 +240,6 @@ def critic_from_args(args, staging: Path, source: str) -> dict | None:
         raise ConfigError("--critic needs --critic-seed (the run's seed)")
     from fedagent.model.critic_dir import critic_of
 
-    return write_start_critic(staging, critic_of(staging), source=source, critic_path=args.critic_path,
-                              seed=args.critic_seed)
+    return write_start_critic(
+        staging, critic_of(staging), source=source, critic_path=args.critic_path, seed=args.critic_seed
+    )

@@ -49,8 +49,10 @@ def critic_pairs(prev_dir: Path, client_dirs: Sequence[Path]) -> tuple[Path, lis
             raise CriticLayoutError(f"client {having[0]}: carries a critic/ but prev {prev_dir} has none")
         return None
     if lacking:
-        raise CriticLayoutError(f"client {lacking[0]}: no critic/ although prev {prev_dir} has one "
-                                "(a PPO round needs every client's critic)")
+        raise CriticLayoutError(
+            f"client {lacking[0]}: no critic/ although prev {prev_dir} has one "
+            "(a PPO round needs every client's critic)"
+        )
     return critic_of(prev_dir), [critic_of(d) for d in client_dirs]
 
 

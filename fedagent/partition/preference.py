@@ -23,7 +23,7 @@ from fedagent.partition.context import PartitionContext, as_clients
 
 STRATEGY = "preference"
 FASHION = "fashion"
-FASHION_RATIO = 0.2    # the reference's fashion_sample_ratio
+FASHION_RATIO = 0.2  # the reference's fashion_sample_ratio
 
 
 def category_marginal(cats: list[str], by_cat: dict[str, list[int]]) -> np.ndarray:
@@ -73,13 +73,13 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
             if cnt:
                 pool = by_cat[k]
                 chosen += [pool[j] for j in rng.choice(len(pool), size=int(cnt), replace=False)]
-        if len(chosen) < L:   # top up from unused tasks
+        if len(chosen) < L:  # top up from unused tasks
             used = set(chosen)
             rest = [i for i in range(len(ctx.task_ids)) if i not in used]
             chosen += [rest[j] for j in rng.choice(len(rest), size=min(L - len(chosen), len(rest)), replace=False)]
         shards.append(chosen)
         qs.append([float(x) for x in q])
     stats = {"categories": cats, "pi": [float(x) for x in pi], "omega": omega, "q": qs}
-    if fashion_kept is not None:   # only then: other pools' partition.json stays as it was
+    if fashion_kept is not None:  # only then: other pools' partition.json stays as it was
         stats["fashion"] = {"pool": len(full[FASHION]), "kept_per_client": fashion_kept, "ratio": ratio}
     return as_clients(ctx.task_ids, shards), stats

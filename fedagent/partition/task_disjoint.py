@@ -33,6 +33,6 @@ def partition(ctx: PartitionContext) -> tuple[dict[str, list[str]], dict]:
     clients, start = {}, 0
     for i in range(c):
         size = base + (1 if i < extra else 0)
-        clients[str(i)] = list(ctx.task_ids[start:start + size])
+        clients[str(i)] = list(ctx.task_ids[start : start + size])
         start += size
     return clients, {"min_tasks_applied": False}

@@ -22,8 +22,9 @@ def default_r(n_clients: int, n_items: int, low: float, center: float, high: flo
     return float(min(max(raw, n_clients * low / n_items), n_clients * high / n_items))
 
 
-def beta_sizes(rng: np.random.Generator, n_clients: int, *, target: float, low: int, center: float,
-               high: int, dispersion: float) -> np.ndarray:
+def beta_sizes(
+    rng: np.random.Generator, n_clients: int, *, target: float, low: int, center: float, high: int, dispersion: float
+) -> np.ndarray:
     """Per-client integer sizes in [low, high] summing to ``target`` (clamped to [C·low, C·high]).
 
     x ~ Beta(m·s, (1−m)·s) with m = (center−low)/(high−low) (clipped to [1e-6, 1−1e-6]) and
@@ -48,7 +49,7 @@ def beta_sizes(rng: np.random.Generator, n_clients: int, *, target: float, low: 
     cont = np.clip(cont, low, high)
     sizes = np.floor(cont).astype(np.int64)
     need = target - int(sizes.sum())
-    order = np.argsort(-(cont - sizes), kind="stable")      # largest remainder first
+    order = np.argsort(-(cont - sizes), kind="stable")  # largest remainder first
     if need > 0:
         sizes[order[:need]] += 1
     elif need < 0:

@@ -21,9 +21,17 @@ from fedagent.plan.tasks import load_games_index
 
 # The catalogue's real size stands for env.train_games (as in the partition job): the cross rule
 # that keeps the clients their tasks is checked against it.
-DEMO_POOL_KEYS = JobKeys("demo-pool", {"n": "warm_start.demos", "enabled": "warm_start.enabled",
-                                       "kind": "env.kind", "n_train": "env.train_games",
-                                       "clients": "clients.total", "min_tasks": "partition.min_tasks_per_client"})
+DEMO_POOL_KEYS = JobKeys(
+    "demo-pool",
+    {
+        "n": "warm_start.demos",
+        "enabled": "warm_start.enabled",
+        "kind": "env.kind",
+        "n_train": "env.train_games",
+        "clients": "clients.total",
+        "min_tasks": "partition.min_tasks_per_client",
+    },
+)
 
 
 def check_job_keys(values: dict) -> None:
@@ -31,14 +39,26 @@ def check_job_keys(values: dict) -> None:
     DEMO_POOL_KEYS.check(values)
 
 
-def draw_demo_pool(train_tasks: list[str], n: int, data_seed: int, *, clients: int = 1, min_tasks: int = 1) -> list[str]:
+def draw_demo_pool(
+    train_tasks: list[str], n: int, data_seed: int, *, clients: int = 1, min_tasks: int = 1
+) -> list[str]:
     """``n`` distinct tasks of ``train_tasks``, in catalogue order; the rest must still give
     ``clients`` clients ``min_tasks`` each (ConfigError naming warm_start.demos otherwise)."""
-    check_job_keys({"n": n, "enabled": True, "kind": "textworld", "n_train": len(train_tasks),
-                    "clients": clients, "min_tasks": min_tasks})
+    check_job_keys(
+        {
+            "n": n,
+            "enabled": True,
+            "kind": "textworld",
+            "n_train": len(train_tasks),
+            "clients": clients,
+            "min_tasks": min_tasks,
+        }
+    )
     if n >= len(train_tasks):
-        raise ValueError(f"warm_start.demos={n} would take all {len(train_tasks)} train tasks of the catalogue "
-                         "(the clients need the rest)")
+        raise ValueError(
+            f"warm_start.demos={n} would take all {len(train_tasks)} train tasks of the catalogue "
+            "(the clients need the rest)"
+        )
     picked = set(python_rng(data_seed, "demo_pool").sample(range(len(train_tasks)), n))
     return [t for i, t in enumerate(train_tasks) if i in picked]
 
@@ -62,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent demo-pool``: writes demo_pool.json."""
     index = load_games_index(args.games)
     tasks = draw_demo_pool(list(index["train"]), args.n, args.seed, clients=args.clients, min_tasks=args.min_tasks)
-    atomic_write_json(args.out, {"n": len(tasks), "data_seed": args.seed, "games_sha256": index["sha256"],
-                                 "tasks": tasks})
+    atomic_write_json(
+        args.out, {"n": len(tasks), "data_seed": args.seed, "games_sha256": index["sha256"], "tasks": tasks}
+    )
     return 0

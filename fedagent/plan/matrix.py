@@ -38,23 +38,44 @@ from typing import Mapping
 from fedagent.core.config import ConfigError, load_file, merge_into, prepare_config
 
 MATRIX_DIR = Path("config") / "matrices"
-DEFAULT_SEEDS = (42, 21, 84)        # the reference's three seeds (FACTS §9)
+DEFAULT_SEEDS = (42, 21, 84)  # the reference's three seeds (FACTS §9)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-RESERVED = ("run", "results_dir", "seed")   # set per run by the matrix, never by an arm
+RESERVED = ("run", "results_dir", "seed")  # set per run by the matrix, never by an arm
 FILE_KEYS = ("base", "seeds", "reference", "common", "arms", "description")
 CATALOGUE_DIR = "_catalogue"
 START_DIR = "_start"
 # Config keys that only the training rounds (1, 2, ...) read, as dotted paths: runs whose configs agree
 # on everything else build the same round 0 (base model, warm start, validation set, round-0 evals) and
 # share one (`start`), except the keys ROUND0_READS names inside these sections.
-TRAINING_ONLY = ("rounds", "aggregate", "server", "keep", "clients.per_round", "clients.min_per_round",
-                 "clients.retries", "clients.pinned", "partition", "train",
-                 "env.webshop.arm", "env.webshop.variant_n", "env.webshop.variant", "env.webshop.env_div",
-                 "env.webshop.keep_ratio")
+TRAINING_ONLY = (
+    "rounds",
+    "aggregate",
+    "server",
+    "keep",
+    "clients.per_round",
+    "clients.min_per_round",
+    "clients.retries",
+    "clients.pinned",
+    "partition",
+    "train",
+    "env.webshop.arm",
+    "env.webshop.variant_n",
+    "env.webshop.variant",
+    "env.webshop.env_div",
+    "env.webshop.keep_ratio",
+)
 # ... read by round 0 all the same: the demo pool (clients.total is kept whole; the shards' minimum),
 # the warm start (train's budgets, micro-batch and device), PPO's round-0 critic (algorithm, ppo).
-ROUND0_READS = ("partition.min_tasks_per_client", "train.micro_batch_size", "train.max_turns",
-                "train.max_prompt_tokens", "train.device", "train.threads", "train.algorithm", "train.ppo")
+ROUND0_READS = (
+    "partition.min_tasks_per_client",
+    "train.micro_batch_size",
+    "train.max_turns",
+    "train.max_prompt_tokens",
+    "train.device",
+    "train.threads",
+    "train.algorithm",
+    "train.ppo",
+)
 
 
 @dataclass(frozen=True)
@@ -79,13 +100,13 @@ class MatrixRun:
 class Matrix:
     name: str
     path: Path
-    out_dir: str                       # <results_dir>/<matrix>
+    out_dir: str  # <results_dir>/<matrix>
     reference: str
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
     runs: tuple[MatrixRun, ...]
-    catalogues: Mapping[str, dict]     # key → the config of the module that builds that catalogue
-    starts: Mapping[str, dict] = field(default_factory=dict)   # key → the config of a shared round 0's module
+    catalogues: Mapping[str, dict]  # key → the config of the module that builds that catalogue
+    starts: Mapping[str, dict] = field(default_factory=dict)  # key → the config of a shared round 0's module
 
     def last_round_summary(self, run: MatrixRun) -> str:
         return f"{run.run_dir}/round_{run.config['rounds']:03d}/summary.csv"
@@ -105,11 +126,26 @@ def catalogue_settings(config: Mapping) -> dict:
     env = config["env"]
     kind = env["kind"]
     if kind == "webshop":
-        made_of = {"webshop": {k: env["webshop"][k] for k in ("n_products", "goals_per_product", "val_goals", "data",
-                                                            "data_manifest", "goals", "max_products")}}
+        made_of = {
+            "webshop": {
+                k: env["webshop"][k]
+                for k in (
+                    "n_products",
+                    "goals_per_product",
+                    "val_goals",
+                    "data",
+                    "data_manifest",
+                    "goals",
+                    "max_products",
+                )
+            }
+        }
     elif kind == "alfworld":
-        made_of = {"train_games": env["train_games"], "val_games": env["val_games"],
-                   "alfworld": copy.deepcopy(env["alfworld"])}
+        made_of = {
+            "train_games": env["train_games"],
+            "val_games": env["val_games"],
+            "alfworld": copy.deepcopy(env["alfworld"]),
+        }
     else:
         made_of = {k: env[k] for k in ("train_games", "val_games", "world_size", "nb_objects", "quest_length")}
     return {"data_seed": config["data_seed"], "env": {"kind": kind, **made_of}}
@@ -196,7 +232,7 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (a matrix has {', '.join(FILE_KEYS)})")
     name = path.stem
     cli = {k: v for k, v in (cli or {}).items() if k != "matrix"}
-    bad = [k for k in ("run", "seed") if k in cli]     # results_dir: where the whole matrix goes
+    bad = [k for k in ("run", "seed") if k in cli]  # results_dir: where the whole matrix goes
     if bad:
         raise ConfigError(f"--config {bad[0]}=...: set per run by matrix {name} (its seeds and arms), not for all runs")
 
@@ -216,11 +252,17 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
     for arm in arms:
         # NAME's first character is a letter or digit, so an arm never collides with _catalogue/_start
         if not isinstance(arm, str) or not NAME.match(arm):
-            raise ConfigError(f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-'; "
-                              "starting with a letter or digit)")
+            raise ConfigError(
+                f"{where}: arm {arm!r}: not a valid name (letters, digits, '_', '.', '-'; "
+                "starting with a letter or digit)"
+            )
     seeds = spec.get("seeds", list(DEFAULT_SEEDS))
-    if (not isinstance(seeds, list) or not seeds or any(type(s) is not int or s < 0 for s in seeds)
-            or len(set(seeds)) != len(seeds)):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or any(type(s) is not int or s < 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
         raise ConfigError(f"{where}: seeds: expected a list of distinct non-negative integers, got {seeds!r}")
     reference = spec.get("reference", next(iter(arms)))
     if reference not in arms:
@@ -258,7 +300,7 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
     # the first run's with that key (the reference arm's when it has it), as a run of its own under
     # _start/<key>/ of which only round 0 is ever asked for; the runs copy it (rules/start.smk).
     starts: dict[str, dict] = {}
-    ordered = sorted(runs, key=lambda r: r.arm != reference)   # stable: the reference arm's runs first
+    ordered = sorted(runs, key=lambda r: r.arm != reference)  # stable: the reference arm's runs first
     for run in ordered:
         key = start_key(run.config)
         if key not in starts:
@@ -266,5 +308,14 @@ def load_matrix(name: str, defaults: Mapping, cli: Mapping | None = None, root: 
             st.update(run=key, results_dir=f"{out_dir}/{START_DIR}")
             starts[key] = st
         run.config["start"] = f"{out_dir}/{START_DIR}/{key}"
-    return Matrix(name=name, path=path, out_dir=out_dir, reference=reference, arms=tuple(arms),
-                  seeds=tuple(seeds), runs=tuple(runs), catalogues=catalogues, starts=starts)
+    return Matrix(
+        name=name,
+        path=path,
+        out_dir=out_dir,
+        reference=reference,
+        arms=tuple(arms),
+        seeds=tuple(seeds),
+        runs=tuple(runs),
+        catalogues=catalogues,
+        starts=starts,
+    )

@@ -55,7 +55,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent select``: writes selection.json."""
     clients = select_clients(args.seed, args.round, args.total, args.per_round, args.pinned)
-    atomic_write_json(args.out, {"round": args.round, "clients": clients, "total": args.total,
-                                 "per_round": args.per_round, "seed": args.seed,
-                                 "mode": run_mode(args.total, args.pinned), "pinned": args.pinned})
+    atomic_write_json(
+        args.out,
+        {
+            "round": args.round,
+            "clients": clients,
+            "total": args.total,
+            "per_round": args.per_round,
+            "seed": args.seed,
+            "mode": run_mode(args.total, args.pinned),
+            "pinned": args.pinned,
+        },
+    )
     return 0

@@ -4,7 +4,7 @@ A matrix's arms that would build the same round 0 (the same base model, warm sta
 eval settings and seed; only training-round settings differ: ``fedagent.plan.matrix.start_key``) start
 from one shared run's round 0, built once, instead of each building its own. On the GPU this is also
 what makes the arms' comparison paired: two warm starts from identical inputs do not give identical
-weights there (docs/results.md, 2026-12-03), so per-arm round-0 models would differ by chance.
+weights there (docs/gpu.md), so per-arm round-0 models would differ by chance.
 
 The copy checks the start model directory's manifest (every file's sha256) and writes this run's
 round_000/model through :func:`fedagent.core.atomic.atomic_dir` (staging, manifest last, rename), and
@@ -23,10 +23,17 @@ from fedagent.core.atomic import IGNORED_FILES, MANIFEST, ManifestError, atomic_
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", nargs=2, metavar=("SRC", "DST"), required=True,
-                   help="the start run's round_000/model and this run's")
-    p.add_argument("--file", nargs=2, action="append", default=[], metavar=("SRC", "DST"),
-                   help="a file of the start run's round 0 and its place in this run (repeatable)")
+    p.add_argument(
+        "--model", nargs=2, metavar=("SRC", "DST"), required=True, help="the start run's round_000/model and this run's"
+    )
+    p.add_argument(
+        "--file",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("SRC", "DST"),
+        help="a file of the start run's round 0 and its place in this run (repeatable)",
+    )
     p.add_argument("--quarantine", default=None, help="where a failed copy's staging goes")
 
 
@@ -34,7 +41,9 @@ def copy_model(src: Path, dst: Path, quarantine: Path | None = None) -> None:
     """``src`` (a model directory with a valid manifest) → ``dst``, atomically, byte for byte."""
     verify_manifest(src)
     with atomic_dir(dst, quarantine) as staging:
-        for path in sorted(p for p in src.rglob("*") if p.is_file() and p.name != MANIFEST and p.name not in IGNORED_FILES):
+        for path in sorted(
+            p for p in src.rglob("*") if p.is_file() and p.name != MANIFEST and p.name not in IGNORED_FILES
+        ):
             target = staging / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
@@ -47,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
     src, dst = (Path(p) for p in args.model)
     missing = [s for s, _ in [args.model, *args.file] if not Path(s).exists()]
     if missing:
-        print(f"fedagent start-copy: the start run has no {missing[0]} (config `start` names a run whose "
-              "round 0 is not built)", file=sys.stderr)
+        print(
+            f"fedagent start-copy: the start run has no {missing[0]} (config `start` names a run whose "
+            "round 0 is not built)",
+            file=sys.stderr,
+        )
         return 2
     try:
         copy_model(src, dst, Path(args.quarantine) if args.quarantine else None)

@@ -17,13 +17,13 @@ def build_val_set(val_tasks: list[str], n: int, kind: str = "textworld") -> dict
     standing for the env kind's pool key): repeats would pass for independent draws."""
     VAL_SET_KEYS.check({"n": n, "kind": kind, "pool": len(val_tasks), "webshop_pool": len(val_tasks)})
     seeds = list(range(n))
-    return {"tasks": list(val_tasks), "seeds": seeds,
-            "task_of_seed": [val_tasks[s % len(val_tasks)] for s in seeds]}
+    return {"tasks": list(val_tasks), "seeds": seeds, "task_of_seed": [val_tasks[s % len(val_tasks)] for s in seeds]}
 
 
 # The real pool size stands for both pool keys (the rule reads the one of the env's kind).
-VAL_SET_KEYS = JobKeys("val-set", {"n": "eval.n", "kind": "env.kind", "pool": "env.val_games",
-                                   "webshop_pool": "env.webshop.val_goals"})
+VAL_SET_KEYS = JobKeys(
+    "val-set", {"n": "eval.n", "kind": "env.kind", "pool": "env.val_games", "webshop_pool": "env.webshop.val_goals"}
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

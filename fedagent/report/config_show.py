@@ -21,8 +21,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from fedagent.core.config import (ConfigError, load_file, merge_into, prepare_config, schema,  # noqa: F401 - re-exported
-                                  set_path, subschema)
+from fedagent.core.config import (
+    ConfigError,
+    load_file,
+    merge_into,
+    prepare_config,
+    schema,  # noqa: F401 - re-exported
+    set_path,
+    subschema,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_CONFIG = Path("config") / "config.yaml"  # the Snakefile's `configfile:` (relative to the workdir)
@@ -133,14 +140,29 @@ def render(config: Mapping, source: Mapping[str, str]) -> str:
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent config``."""
     parser.add_argument("action", choices=["show"], help="show: print the effective config")
-    parser.add_argument("--configfile", type=Path, action="append", default=[], metavar="F",
-                        help="a config file layered over the workflow's (as snakemake --configfile); repeatable")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a command-line value (as snakemake --config; dotted keys too), e.g. "
-                             "--set 'train={lr: 1.0e-6}' or --set rounds=70")
-    parser.add_argument("--base", type=Path, default=None,
-                        help=f"the workflow's own config file (default: ./{WORKFLOW_CONFIG} if present, "
-                             "else the installed workflow's); 'none' for defaults only")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="F",
+        help="a config file layered over the workflow's (as snakemake --configfile); repeatable",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a command-line value (as snakemake --config; dotted keys too), e.g. "
+        "--set 'train={lr: 1.0e-6}' or --set rounds=70",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help=f"the workflow's own config file (default: ./{WORKFLOW_CONFIG} if present, "
+        "else the installed workflow's); 'none' for defaults only",
+    )
 
 
 def resolve_base(base: Path | None) -> Path | None:
@@ -160,8 +182,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"fedagent: invalid config: {exc}", file=sys.stderr)
         return 2
-    layers = " < ".join(["schema defaults", *(str(p) for p in ([base] if base else []) + args.configfile),
-                         COMMAND_LINE])
+    layers = " < ".join(
+        ["schema defaults", *(str(p) for p in ([base] if base else []) + args.configfile), COMMAND_LINE]
+    )
     sys.stdout.write(f"# effective config ({layers}); '# <source>' marks each value that is not the default\n")
     sys.stdout.write(render(config, source))
     return 0

@@ -4,7 +4,7 @@ Every model directory of a round is fp32 safetensors of the whole model (4 bytes
 model, each client update, the aggregate, each global model (and with PPO the critic beside each). At
 SmolLM2-1.7B's shape one directory is 6.8 GB, and a round that keeps its client updates and aggregate
 for ``fedagent verify`` keeps ≈ 34 GB: on a 64 GiB node the second such run's merge stopped with
-"No space left on device" after 8 minutes of GPU jobs (2026-12-03, docs/results.md "One federated
+"No space left on device" after 8 minutes of GPU jobs (docs/gpu.md, "One federated
 round at 1.7B shape"). So the workflow's ``onstart`` handler (the Snakefile; not for ``-n``, not when
 there is nothing to do) adds up what every registered run still writes and refuses to start when a
 filesystem's free space is short, naming the ``keep`` keys that decide it.
@@ -53,7 +53,7 @@ def dir_bytes(config: dict) -> tuple[int, int]:
     """(a model directory, a global model directory with its server state) in bytes."""
     params = memory.param_count(memory.shape_of_source(config["model"]))
     one = 4 * params * (2 if config["train"]["algorithm"] == "ppo" else 1)
-    slots = len(OPTIMIZERS[config["server"]["optimizer"]].slots)   # fp32 state per tensor, for the next merge
+    slots = len(OPTIMIZERS[config["server"]["optimizer"]].slots)  # fp32 state per tensor, for the next merge
     return one, one + 4 * params * slots
 
 
@@ -76,16 +76,23 @@ def run_need(config: dict, run_dir: str, kept_model_rounds, exists=os.path.exist
     todo = [r for r in range(1, rounds + 1) if not exists(f"{run_dir}/round_{r:03d}/summary.csv")]
     for r in todo:
         kept = m * one * bool(keep["client_updates"]) + one * bool(keep["aggregates"]) + glob * (r in kept_models)
-        temp = (m * one * (not keep["client_updates"]) + one * (not keep["aggregates"])
-                + glob * (r not in kept_models) + glob * (r > 1 and (r - 1) not in kept_models))
+        temp = (
+            m * one * (not keep["client_updates"])
+            + one * (not keep["aggregates"])
+            + glob * (r not in kept_models)
+            + glob * (r > 1 and (r - 1) not in kept_models)
+        )
         need.kept += kept
         need.transient = max(need.transient, temp)
     if todo:
         each = [f"{m} client updates" if keep["client_updates"] else "", "the aggregate" if keep["aggregates"] else ""]
         each = " and ".join(w for w in each if w)
         span = f"round {todo[0]}" if len(todo) == 1 else f"rounds {todo[0]}-{todo[-1]}"
-        need.parts.append(f"{span} keep " + (f"{each} each, " if each else "")
-                          + f"{sum(r in kept_models for r in todo)} global model(s)")
+        need.parts.append(
+            f"{span} keep "
+            + (f"{each} each, " if each else "")
+            + f"{sum(r in kept_models for r in todo)} global model(s)"
+        )
     if need.transient:
         need.parts.append(f"up to {need.transient / GB:.1f} GB of temporary dirs at once")
     return need
@@ -110,9 +117,11 @@ def shortfall(needs, free=lambda p: shutil.disk_usage(p).free) -> str | None:
         have = free(where)
         if total > have:
             runs = "; ".join(f"{n.run_dir}: {n.total / GB:.1f} GB ({', '.join(n.parts)})" for n in group)
-            return (f"not enough disk: the run still writes ≈ {total / GB:.1f} GB of model dirs and {where} has "
-                    f"{have / GB:.1f} GB free ({runs}). Free space, or keep less: keep.client_updates: false, "
-                    f"keep.aggregates: false, a larger keep.models_every ({DISABLE_ENV}=0 skips this check)")
+            return (
+                f"not enough disk: the run still writes ≈ {total / GB:.1f} GB of model dirs and {where} has "
+                f"{have / GB:.1f} GB free ({runs}). Free space, or keep less: keep.client_updates: false, "
+                f"keep.aggregates: false, a larger keep.models_every ({DISABLE_ENV}=0 skips this check)"
+            )
     return None
 
 

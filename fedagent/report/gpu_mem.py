@@ -22,7 +22,7 @@ from pathlib import Path
 from fedagent.core.config import ConfigError
 from fedagent.model import memory
 
-CARD_MIB = 138000   # profiles/local's gpu_mem_mb (an H200 less ≈ 5.6 GiB)
+CARD_MIB = 138000  # profiles/local's gpu_mem_mb (a 141 GB card less ≈ 5.6 GiB)
 
 
 def round_mib(config: dict, train_jobs: int) -> tuple[int, int, int]:
@@ -53,28 +53,40 @@ def report(config: dict, card_mib: int = CARD_MIB, train_jobs: int | None = None
     tr, ev = config["train"], config["eval"]
     if t and tr["backend"] == "local" and tr.get("gpu_mem_gb") is None:
         terms = memory.train_terms(
-            shape, micro_batch_size=tr["micro_batch_size"], pool_size=config["env"]["pool_size"],
-            max_prompt_tokens=tr["max_prompt_tokens"], max_new_tokens=tr["max_new_tokens"],
+            shape,
+            micro_batch_size=tr["micro_batch_size"],
+            pool_size=config["env"]["pool_size"],
+            max_prompt_tokens=tr["max_prompt_tokens"],
+            max_new_tokens=tr["max_new_tokens"],
             response_tokens=tr["max_new_tokens"] * (tr["max_turns"] if config["rollout"]["mode"] == "concat" else 1),
-            reference=bool(tr["kl_coef"]), ppo=tr["algorithm"] == "ppo",
-            checkpointing=bool(tr.get("activation_checkpointing")))
+            reference=bool(tr["kl_coef"]),
+            ppo=tr["algorithm"] == "ppo",
+            checkpointing=bool(tr.get("activation_checkpointing")),
+        )
         lines.append(f"train_client {t:>7} MiB = {memory.MARGIN} x (" + _terms(terms) + ") + fixed")
     else:
         lines.append(f"train_client {t:>7} MiB" + ("" if t else " (CPU)"))
     if e and ev["backend"] == "local" and ev.get("gpu_mem_gb") is None:
-        terms = memory.eval_terms(shape, batch=min(ev["batch"], config["env"]["pool_size"]),
-                                  max_prompt_tokens=ev["max_prompt_tokens"], max_new_tokens=ev["max_new_tokens"])
+        terms = memory.eval_terms(
+            shape,
+            batch=min(ev["batch"], config["env"]["pool_size"]),
+            max_prompt_tokens=ev["max_prompt_tokens"],
+            max_new_tokens=ev["max_new_tokens"],
+        )
         lines.append(f"eval         {e:>7} MiB = {memory.MARGIN} x (" + _terms(terms) + ") + fixed")
     else:
         lines.append(f"eval         {e:>7} MiB" + ("" if e else " (CPU)"))
     fits = total <= card_mib
     lines.append(f"{train_jobs} train + 1 eval = {total} MiB of {card_mib}: " + ("fits" if fits else "DOES NOT FIT"))
     if t and tr["backend"] == "local" and tr.get("gpu_mem_gb") is None:
-        micro = largest_fitting(config, "train.micro_batch_size", range(1, tr["mini_batch_size"] + 1), card_mib,
-                                train_jobs)
+        micro = largest_fitting(
+            config, "train.micro_batch_size", range(1, tr["mini_batch_size"] + 1), card_mib, train_jobs
+        )
         group = tr["group_size"]
         pool = largest_fitting(config, "env.pool_size", range(group, 257, group), card_mib, train_jobs)
-        lines.append(f"largest train.micro_batch_size that fits (up to mini_batch_size {tr['mini_batch_size']}): {micro}")
+        lines.append(
+            f"largest train.micro_batch_size that fits (up to mini_batch_size {tr['mini_batch_size']}): {micro}"
+        )
         lines.append(f"largest env.pool_size that fits (multiples of group_size {group}, up to 256): {pool}")
     return "\n".join(lines) + "\n", fits
 
@@ -85,16 +97,36 @@ def _terms(terms: dict) -> str:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent gpu-mem``."""
-    parser.add_argument("--configfile", type=Path, action="append", default=[], metavar="F",
-                        help="a config file layered over the workflow's (as snakemake --configfile); repeatable")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a command-line value (as snakemake --config; dotted keys too)")
-    parser.add_argument("--base", type=Path, default=None,
-                        help="the workflow's own config file (default: ./config/config.yaml if present); 'none'")
-    parser.add_argument("--card-mib", type=int, default=CARD_MIB,
-                        help=f"the cap of all GPU jobs' gpu_mem_mb (default {CARD_MIB}, profiles/local's)")
-    parser.add_argument("--train-jobs", type=int, default=None,
-                        help="train jobs running beside one eval (default: clients.per_round)")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="F",
+        help="a config file layered over the workflow's (as snakemake --configfile); repeatable",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a command-line value (as snakemake --config; dotted keys too)",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="the workflow's own config file (default: ./config/config.yaml if present); 'none'",
+    )
+    parser.add_argument(
+        "--card-mib",
+        type=int,
+        default=CARD_MIB,
+        help=f"the cap of all GPU jobs' gpu_mem_mb (default {CARD_MIB}, profiles/local's)",
+    )
+    parser.add_argument(
+        "--train-jobs", type=int, default=None, help="train jobs running beside one eval (default: clients.per_round)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,10 +36,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TABLE_COLUMNS = ["arm", "reference", "seeds", "rounds", "final_mean", "final_ci_low", "final_ci_high",
-                 "pooled_wins", "pooled_n", "pooled_rate", "pooled_ci_low", "pooled_ci_high", "final_per_seed",
-                 "auc", "rounds_to_half_best", "base_mean", "diff", "diff_ci_low", "diff_ci_high",
-                 "diff_pooled_ci_low", "diff_pooled_ci_high", "significant"]
+TABLE_COLUMNS = [
+    "arm",
+    "reference",
+    "seeds",
+    "rounds",
+    "final_mean",
+    "final_ci_low",
+    "final_ci_high",
+    "pooled_wins",
+    "pooled_n",
+    "pooled_rate",
+    "pooled_ci_low",
+    "pooled_ci_high",
+    "final_per_seed",
+    "auc",
+    "rounds_to_half_best",
+    "base_mean",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "diff_pooled_ci_low",
+    "diff_pooled_ci_high",
+    "significant",
+]
 
 
 def wilson(wins: int, n: int) -> tuple[float, float]:
@@ -75,7 +95,7 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float]:
     if np.std(a) == 0 and np.std(b) == 0:
         return (diff, diff)
     ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-    return (max(-1.0, float(ci.low)), min(1.0, float(ci.high)))     # a difference of rates lies in [-1, 1]
+    return (max(-1.0, float(ci.low)), min(1.0, float(ci.high)))  # a difference of rates lies in [-1, 1]
 
 
 def newcombe_interval(w1: int, n1: int, w2: int, n2: int) -> tuple[float, float]:
@@ -92,7 +112,7 @@ def run_curve(summary: Path) -> tuple[pd.DataFrame, float | None]:
     round 0 is a warm start (else None)."""
     table = pd.read_csv(summary)
     base = None
-    if (table["round"] == 0).sum() > 1:          # warm start: round 0 has a base row and a warm_start row
+    if (table["round"] == 0).sum() > 1:  # warm start: round 0 has a base row and a warm_start row
         base = float(table[(table["round"] == 0) & (table["model"] == "base")]["success_rate"].iloc[0])
         table = table[~((table["round"] == 0) & (table["model"] == "base"))]
     curve = table[["round", "success_rate", "n"]].sort_values("round").reset_index(drop=True)
@@ -121,10 +141,17 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
     for run in runs:
         curve, base = run_curve(Path(run["summary"]))
         last = curve.iloc[-1]
-        arms.setdefault(run["arm"], []).append({
-            "seed": int(run["seed"]), "curve": curve, "base": base, "final": float(last["success_rate"]),
-            "n": int(last["n"]), "wins": int(round(float(last["success_rate"]) * int(last["n"]))),
-            "rounds": int(last["round"])})
+        arms.setdefault(run["arm"], []).append(
+            {
+                "seed": int(run["seed"]),
+                "curve": curve,
+                "base": base,
+                "final": float(last["success_rate"]),
+                "n": int(last["n"]),
+                "wins": int(round(float(last["success_rate"]) * int(last["n"]))),
+                "rounds": int(last["round"]),
+            }
+        )
     if reference not in arms:
         raise ValueError(f"reference arm {reference!r} has no runs")
 
@@ -137,9 +164,17 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
         best = float(mean_curve.max())
         reach = mean_curve[mean_curve >= best / 2].index.min() if best > 0 else math.nan
         bases = [s["base"] for s in seeds if s["base"] is not None]
-        return {"seeds": seeds, "finals": finals, "wins": wins, "n": n, "curves": curves, "mean_curve": mean_curve,
-                "auc": float(np.mean([auc(s["curve"]) for s in seeds])), "reach": reach,
-                "base": float(np.mean(bases)) if bases else math.nan}
+        return {
+            "seeds": seeds,
+            "finals": finals,
+            "wins": wins,
+            "n": n,
+            "curves": curves,
+            "mean_curve": mean_curve,
+            "auc": float(np.mean([auc(s["curve"]) for s in seeds])),
+            "reach": reach,
+            "base": float(np.mean(bases)) if bases else math.nan,
+        }
 
     ref = stats_of(reference)
     rows, curves = [], {}
@@ -149,18 +184,32 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
         lo, hi = t_interval(st["finals"])
         plo, phi = wilson(st["wins"], st["n"])
         row = {
-            "arm": arm, "reference": arm == reference,
+            "arm": arm,
+            "reference": arm == reference,
             "seeds": " ".join(str(s["seed"]) for s in st["seeds"]),
             "rounds": max(s["rounds"] for s in st["seeds"]),
-            "final_mean": float(np.mean(st["finals"])), "final_ci_low": lo, "final_ci_high": hi,
-            "pooled_wins": st["wins"], "pooled_n": st["n"], "pooled_rate": st["wins"] / st["n"] if st["n"] else math.nan,
-            "pooled_ci_low": plo, "pooled_ci_high": phi,
+            "final_mean": float(np.mean(st["finals"])),
+            "final_ci_low": lo,
+            "final_ci_high": hi,
+            "pooled_wins": st["wins"],
+            "pooled_n": st["n"],
+            "pooled_rate": st["wins"] / st["n"] if st["n"] else math.nan,
+            "pooled_ci_low": plo,
+            "pooled_ci_high": phi,
             "final_per_seed": " ".join(f"{s['seed']}:{s['final']:.4f}" for s in st["seeds"]),
-            "auc": st["auc"], "rounds_to_half_best": st["reach"], "base_mean": st["base"],
+            "auc": st["auc"],
+            "rounds_to_half_best": st["reach"],
+            "base_mean": st["base"],
         }
         if arm == reference:
-            row.update(diff=0.0, diff_ci_low=math.nan, diff_ci_high=math.nan, diff_pooled_ci_low=math.nan,
-                       diff_pooled_ci_high=math.nan, significant="-")
+            row.update(
+                diff=0.0,
+                diff_ci_low=math.nan,
+                diff_ci_high=math.nan,
+                diff_pooled_ci_low=math.nan,
+                diff_pooled_ci_high=math.nan,
+                significant="-",
+            )
         else:
             dlo, dhi = welch_interval(st["finals"], ref["finals"])
             qlo, qhi = newcombe_interval(st["wins"], st["n"], ref["wins"], ref["n"])
@@ -172,23 +221,35 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
                 sig = "lower"
             else:
                 sig = "no"
-            row.update(diff=row["final_mean"] - float(np.mean(ref["finals"])), diff_ci_low=dlo, diff_ci_high=dhi,
-                       diff_pooled_ci_low=qlo, diff_pooled_ci_high=qhi, significant=sig)
+            row.update(
+                diff=row["final_mean"] - float(np.mean(ref["finals"])),
+                diff_ci_low=dlo,
+                diff_ci_high=dhi,
+                diff_pooled_ci_low=qlo,
+                diff_pooled_ci_high=qhi,
+                significant=sig,
+            )
         rows.append(row)
     return pd.DataFrame(rows, columns=TABLE_COLUMNS), curves
 
 
 def markdown(table: pd.DataFrame, name: str, reference: str) -> str:
     """table.md: success in %, intervals in brackets."""
-    lines = [f"# Matrix {name}", "",
-             f"Validation success after the last round, in % (reference arm: `{reference}`). Across seeds: mean and "
-             "95 % t-interval; pooled: all seeds' episodes, Wilson interval. Difference against the reference: "
-             "Welch (seeds) and Newcombe (pooled) 95 % intervals; significant only when both exclude 0.", "",
-             "| arm | seeds | rounds | final (mean) | 95 % across seeds | pooled | 95 % pooled | per seed | AUC | "
-             "rounds to ½ best | diff vs ref | 95 % (seeds) | 95 % (pooled) | significant |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Matrix {name}",
+        "",
+        f"Validation success after the last round, in % (reference arm: `{reference}`). Across seeds: mean and "
+        "95 % t-interval; pooled: all seeds' episodes, Wilson interval. Difference against the reference: "
+        "Welch (seeds) and Newcombe (pooled) 95 % intervals; significant only when both exclude 0.",
+        "",
+        "| arm | seeds | rounds | final (mean) | 95 % across seeds | pooled | 95 % pooled | per seed | AUC | "
+        "rounds to ½ best | diff vs ref | 95 % (seeds) | 95 % (pooled) | significant |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in table.iterrows():
-        per_seed = ", ".join(f"{s.split(':')[0]}: {100 * float(s.split(':')[1]):.1f}" for s in r["final_per_seed"].split())
+        per_seed = ", ".join(
+            f"{s.split(':')[0]}: {100 * float(s.split(':')[1]):.1f}" for s in r["final_per_seed"].split()
+        )
         reach = "–" if pd.isna(r["rounds_to_half_best"]) else str(int(r["rounds_to_half_best"]))
         diff = "(reference)" if r["reference"] else f"{100 * r['diff']:+.1f}"
         lines.append(
@@ -196,7 +257,8 @@ def markdown(table: pd.DataFrame, name: str, reference: str) -> str:
             f"[{_fmt(r['final_ci_low'])}, {_fmt(r['final_ci_high'])}] | {r['pooled_wins']}/{r['pooled_n']} | "
             f"[{_fmt(r['pooled_ci_low'])}, {_fmt(r['pooled_ci_high'])}] | {per_seed} | {_fmt(r['auc'])} | {reach} | "
             f"{diff} | [{_fmt(r['diff_ci_low'])}, {_fmt(r['diff_ci_high'])}] | "
-            f"[{_fmt(r['diff_pooled_ci_low'])}, {_fmt(r['diff_pooled_ci_high'])}] | {r['significant']} |")
+            f"[{_fmt(r['diff_pooled_ci_low'])}, {_fmt(r['diff_pooled_ci_high'])}] | {r['significant']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -225,14 +287,17 @@ def plot(curves: dict, out: Path, name: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, format="png", metadata={"Software": None})   # fixed metadata: same table, same bytes
+    fig.savefig(out, format="png", metadata={"Software": None})  # fixed metadata: same table, same bytes
     plt.close(fig)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matrix", required=True, help="the matrix's name (titles)")
-    parser.add_argument("--runs", required=True, help='JSON list of {"arm", "seed", "summary": path to the run\'s last '
-                        'summary.csv}, or @FILE holding it')
+    parser.add_argument(
+        "--runs",
+        required=True,
+        help='JSON list of {"arm", "seed", "summary": path to the run\'s last summary.csv}, or @FILE holding it',
+    )
     parser.add_argument("--reference", required=True, help="the arm every other is compared with")
     parser.add_argument("--csv", required=True, type=Path)
     parser.add_argument("--md", required=True, type=Path)
@@ -253,8 +318,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         runs = json.loads(text)
     except ValueError as exc:
-        print(f"fedagent matrix-table: --runs: not a JSON list of runs ({exc}); give the JSON itself or @FILE",
-              file=sys.stderr)
+        print(
+            f"fedagent matrix-table: --runs: not a JSON list of runs ({exc}); give the JSON itself or @FILE",
+            file=sys.stderr,
+        )
         return 2
     table, curves = build_table(runs, args.reference)
     atomic_write_text(args.csv, table.to_csv(index=False))

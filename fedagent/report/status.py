@@ -27,7 +27,13 @@ from pathlib import Path
 from fedagent.core.atomic import MANIFEST, STAGING_PREFIX, ManifestError, verify_manifest
 
 FINISHED, DROPPED, RUNNING, FAILED, CONSUMED, MISSING = (
-    "finished", "dropped", "running", "failed", "consumed", "missing")
+    "finished",
+    "dropped",
+    "running",
+    "failed",
+    "consumed",
+    "missing",
+)
 DROPPED_JSON = "dropped.json"
 
 
@@ -98,9 +104,15 @@ def round_status(run_dir: Path, r: int, rdir: Path, next_round_done: bool) -> di
         clients = [int(c) for c in (sel or {}).get("clients", [])]
         if sel is None:  # no selection yet: show whatever client outputs are there
             cdir = rdir / "clients"
-            clients = sorted(int(p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-"))
-                             for p in cdir.iterdir()
-                             if p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-").isdigit()) if cdir.is_dir() else []
+            clients = (
+                sorted(
+                    int(p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-"))
+                    for p in cdir.iterdir()
+                    if p.name.removeprefix(STAGING_PREFIX).removeprefix(".env-").isdigit()
+                )
+                if cdir.is_dir()
+                else []
+            )
             clients = sorted(set(clients))
         for c in clients:
             cpath = rdir / "clients" / str(c)
@@ -149,9 +161,11 @@ def run_status(run_dir: Path) -> dict:
     for r, rdir in reversed(rounds):
         ev = _read_json(rdir / "eval.json")
         if ev is not None:
-            out["latest"] = {"round": r, **{k: ev.get(k) for k in ("n", "success_rate", "ci95", "score_mean",
-                                                                    "return_mean")}}
-            if ev.get("random_weights"):   # model: random:<architecture> (issue 29)
+            out["latest"] = {
+                "round": r,
+                **{k: ev.get(k) for k in ("n", "success_rate", "ci95", "score_mean", "return_mean")},
+            }
+            if ev.get("random_weights"):  # model: random:<architecture>
                 out["latest"]["random_weights"] = ev["random_weights"]
             break
     return out
@@ -176,10 +190,15 @@ def format_matrix(matrix_dir: Path) -> str:
         st = run_status(run_dir)
         complete = [rs["round"] for rs in st["rounds"] if rs["complete"]]
         latest = st["latest"]
-        lines.append(f"{run_dir.parent.name}/{run_dir.name}: rounds complete {len(complete)}"
-                     + (f" (last {max(complete):03d})" if complete else "")
-                     + (f", latest eval round {latest['round']:03d} success_rate {latest['success_rate']}"
-                        f" (n={latest['n']})" if latest else ", no eval yet"))
+        lines.append(
+            f"{run_dir.parent.name}/{run_dir.name}: rounds complete {len(complete)}"
+            + (f" (last {max(complete):03d})" if complete else "")
+            + (
+                f", latest eval round {latest['round']:03d} success_rate {latest['success_rate']} (n={latest['n']})"
+                if latest
+                else ", no eval yet"
+            )
+        )
     table = Path(matrix_dir) / "table.csv"
     lines.append(f"table: {'finished' if table.is_file() else 'missing'}")
     return "\n".join(lines)
@@ -195,8 +214,7 @@ def finished_jobs(status: dict) -> set[str]:
 
 def format_status(status: dict) -> str:
     """Human-readable lines."""
-    lines = [f"run {status['run']}",
-             "plan: " + ", ".join(f"{k} {v}" for k, v in status["plan"].items())]
+    lines = [f"run {status['run']}", "plan: " + ", ".join(f"{k} {v}" for k, v in status["plan"].items())]
     for rs in status["rounds"]:
         head = f"round {rs['round']:03d}: {'complete' if rs['complete'] else 'incomplete'}"
         lines.append(head + " | " + ", ".join(f"{k} {v}" for k, v in rs["jobs"].items()))
@@ -204,9 +222,11 @@ def format_status(status: dict) -> str:
             lines.append(f"  client {c} dropped: {why}")
     latest = status["latest"]
     if latest:
-        lines.append(f"latest eval: round {latest['round']:03d} success_rate {latest['success_rate']}"
-                     f" ci95 {latest['ci95']} score_mean {latest['score_mean']} (n={latest['n']})"
-                     + (f" [{latest['random_weights']['note']}]" if latest.get("random_weights") else ""))
+        lines.append(
+            f"latest eval: round {latest['round']:03d} success_rate {latest['success_rate']}"
+            f" ci95 {latest['ci95']} score_mean {latest['score_mean']} (n={latest['n']})"
+            + (f" [{latest['random_weights']['note']}]" if latest.get("random_weights") else "")
+        )
     else:
         lines.append("latest eval: none yet")
     return "\n".join(lines)
@@ -230,8 +250,12 @@ def resolve_run_dir(run: str | None, config_path: Path = Path("config/config.yam
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """CLI flags of ``fedagent status``."""
-    parser.add_argument("run", nargs="?", default=None,
-                        help="run directory, or run name under the config's results_dir (default: the config's run)")
+    parser.add_argument(
+        "run",
+        nargs="?",
+        default=None,
+        help="run directory, or run name under the config's results_dir (default: the config's run)",
+    )
     parser.add_argument("--config", type=Path, default=Path("config/config.yaml"))
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

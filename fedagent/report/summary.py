@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pandas as pd
 
-SUMMARY_COLUMNS = ["round", "model", "n", "success_rate", "ci95_low", "ci95_high", "score_mean", "return_mean",
-                   "clients_dropped"]
-# model: random:<architecture> (issue 29): its evals carry random_weights, and the tables get this last
+SUMMARY_COLUMNS = [
+    "round",
+    "model",
+    "n",
+    "success_rate",
+    "ci95_low",
+    "ci95_high",
+    "score_mean",
+    "return_mean",
+    "clients_dropped",
+]
+# model: random:<architecture>: its evals carry random_weights, and the tables get this last
 # column (only then: every other run's files stay as they were) and the curve a warning title.
 WEIGHTS_COLUMN = "weights"
 
@@ -43,30 +52,49 @@ def summary_table(eval_files: list[Path]) -> pd.DataFrame:
         data = json.loads(Path(path).read_text())
         notes.append(_weights_note(data))
         low, high = data.get("ci95", [None, None])
-        rows.append({
-            "round": int(data["round"]),
-            "model": data.get("label") or ("base" if int(data["round"]) == 0 else "aggregated"),
-            "n": data["n"],
-            "success_rate": data["success_rate"],
-            "ci95_low": low,
-            "ci95_high": high,
-            "score_mean": data.get("score_mean"),
-            "return_mean": data.get("return_mean"),
-            # clients dropped in this round (clients.min_per_round), space-separated ids
-            "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
-        })
+        rows.append(
+            {
+                "round": int(data["round"]),
+                "model": data.get("label") or ("base" if int(data["round"]) == 0 else "aggregated"),
+                "n": data["n"],
+                "success_rate": data["success_rate"],
+                "ci95_low": low,
+                "ci95_high": high,
+                "score_mean": data.get("score_mean"),
+                "return_mean": data.get("return_mean"),
+                # clients dropped in this round (clients.min_per_round), space-separated ids
+                "clients_dropped": " ".join(map(str, data.get("dropped_clients", []))),
+            }
+        )
     table = _with_weights_column(pd.DataFrame(rows, columns=SUMMARY_COLUMNS), notes)
-    table = table.assign(_order=table["model"].map(_MODEL_ORDER).fillna(3)).sort_values(
-        ["round", "_order"], kind="stable").drop(columns="_order")
+    table = (
+        table.assign(_order=table["model"].map(_MODEL_ORDER).fillna(3))
+        .sort_values(["round", "_order"], kind="stable")
+        .drop(columns="_order")
+    )
     dup = table[["round", "model"]].duplicated()
     if dup.any():
         raise ValueError(f"duplicate rounds in eval files: {sorted(table['round'][dup])}")
     return table.reset_index(drop=True)
 
 
-TIMING_COLUMNS = ["round", "train_jobs", "train_job_s", "cold_start_s", "cold_start_share", "generation_s",
-                  "training_s", "aggregate_s", "merge_s", "eval_s", "eval_cold_start_s", "eval_generation_s",
-                  "train_gpu_peak_mib", "eval_gpu_peak_mib", "round_wall_s"]
+TIMING_COLUMNS = [
+    "round",
+    "train_jobs",
+    "train_job_s",
+    "cold_start_s",
+    "cold_start_share",
+    "generation_s",
+    "training_s",
+    "aggregate_s",
+    "merge_s",
+    "eval_s",
+    "eval_cold_start_s",
+    "eval_generation_s",
+    "train_gpu_peak_mib",
+    "eval_gpu_peak_mib",
+    "round_wall_s",
+]
 
 
 def _bench_seconds(path: Path) -> float:
@@ -96,14 +124,20 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
     train_job_s = sum(v for k, v in by_name.items() if k.startswith("train_client_"))
     cold = sum(t.get("cold_start_s") or 0.0 for t in train)
     return {
-        "round": int(round_), "train_jobs": len(trained), "train_job_s": round(train_job_s, 3),
+        "round": int(round_),
+        "train_jobs": len(trained),
+        "train_job_s": round(train_job_s, 3),
         "cold_start_s": round(cold, 3),
         "cold_start_share": round(cold / train_job_s, 4) if train_job_s else None,
         "generation_s": round(sum(t.get("phases", {}).get("rollout", 0.0) for t in train), 3),
         "training_s": round(sum(t.get("phases", {}).get("train", 0.0) for t in train), 3),
-        "aggregate_s": by_name.get("aggregate"), "merge_s": by_name.get("merge"), "eval_s": by_name.get("eval"),
-        "eval_cold_start_s": ev.get("cold_start_s"), "eval_generation_s": ev.get("phases", {}).get("rollout"),
-        "train_gpu_peak_mib": max(peaks) if peaks else None, "eval_gpu_peak_mib": ev.get("gpu_peak_reserved_mib"),
+        "aggregate_s": by_name.get("aggregate"),
+        "merge_s": by_name.get("merge"),
+        "eval_s": by_name.get("eval"),
+        "eval_cold_start_s": ev.get("cold_start_s"),
+        "eval_generation_s": ev.get("phases", {}).get("rollout"),
+        "train_gpu_peak_mib": max(peaks) if peaks else None,
+        "eval_gpu_peak_mib": ev.get("gpu_peak_reserved_mib"),
         "round_wall_s": _round_wall(train, ev),
     }
 
@@ -135,9 +169,18 @@ def client_table(eval_files: list[Path]) -> pd.DataFrame:
             raise ValueError(f"{path}: not a per-client eval (no 'client')")
         notes.append(_weights_note(data))
         low, high = data.get("ci95", [None, None])
-        rows.append({"round": int(data["round"]), "client": int(data["client"]), "n": data["n"],
-                     "success_rate": data["success_rate"], "ci95_low": low, "ci95_high": high,
-                     "score_mean": data.get("score_mean"), "return_mean": data.get("return_mean")})
+        rows.append(
+            {
+                "round": int(data["round"]),
+                "client": int(data["client"]),
+                "n": data["n"],
+                "success_rate": data["success_rate"],
+                "ci95_low": low,
+                "ci95_high": high,
+                "score_mean": data.get("score_mean"),
+                "return_mean": data.get("return_mean"),
+            }
+        )
     table = _with_weights_column(pd.DataFrame(rows, columns=CLIENT_COLUMNS), notes)
     return table.sort_values(["round", "client"], kind="stable").reset_index(drop=True)
 
@@ -155,15 +198,29 @@ def plot_curves(table: pd.DataFrame, out: Path, clients: pd.DataFrame | None = N
     table = table.drop(index=base.index)
     ax.plot(table["round"], table["success_rate"], "o-", color="tab:red", label="global model")
     if table["ci95_low"].notna().all():
-        ax.fill_between(table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15,
-                        label="95 % interval")
+        ax.fill_between(
+            table["round"], table["ci95_low"], table["ci95_high"], color="tab:red", alpha=0.15, label="95 % interval"
+        )
     if len(base):
-        ax.errorbar(base["round"], base["success_rate"], yerr=[base["success_rate"] - base["ci95_low"],
-                    base["ci95_high"] - base["success_rate"]], fmt="s", color="tab:gray", capsize=3,
-                    label="base model (before the warm start)")
+        ax.errorbar(
+            base["round"],
+            base["success_rate"],
+            yerr=[base["success_rate"] - base["ci95_low"], base["ci95_high"] - base["success_rate"]],
+            fmt="s",
+            color="tab:gray",
+            capsize=3,
+            label="base model (before the warm start)",
+        )
     if clients is not None and len(clients):
-        ax.scatter(clients["round"], clients["success_rate"], s=36, facecolors="none", edgecolors="tab:blue",
-                   label="client updates", zorder=3)
+        ax.scatter(
+            clients["round"],
+            clients["success_rate"],
+            s=36,
+            facecolors="none",
+            edgecolors="tab:blue",
+            label="client updates",
+            zorder=3,
+        )
     ax.set_xlabel("round (0 = warm start)" if len(base) else "round (0 = base model)")
     ax.set_ylabel("validation success rate")
     if WEIGHTS_COLUMN in table.columns and table[WEIGHTS_COLUMN].astype(bool).any():
@@ -214,12 +271,26 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", nargs="*", default=[], help="this round's client update dirs ('none': round 0)")
     parser.add_argument("--prev-timings", default="none", help="previous round's timings.csv ('none': round 0)")
     parser.add_argument("--timings", type=Path, default=None, help="timings.csv to write (rounds 0..r)")
-    parser.add_argument("--client-evals", type=Path, nargs="*", default=[],
-                        help="per-client eval files: rows in --client-summary, circles on the curve")
-    parser.add_argument("--client-summary", type=Path, default=None,
-                        help="client_summary.csv to write (eval.clients; header only before any client eval)")
-    parser.add_argument("--link-latest", type=Path, default=None, metavar="RUN_DIR",
-                        help="point RUN_DIR/summary.csv and curves.png at these files if newest")
+    parser.add_argument(
+        "--client-evals",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="per-client eval files: rows in --client-summary, circles on the curve",
+    )
+    parser.add_argument(
+        "--client-summary",
+        type=Path,
+        default=None,
+        help="client_summary.csv to write (eval.clients; header only before any client eval)",
+    )
+    parser.add_argument(
+        "--link-latest",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="point RUN_DIR/summary.csv and curves.png at these files if newest",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from fedagent.rollout.prompts import render_chat
 
-MIN_ANCHOR_CHARS = 8   # shorter re-anchoring candidates could match inside unrelated text
+MIN_ANCHOR_CHARS = 8  # shorter re-anchoring candidates could match inside unrelated text
 
 
 class GlueError(RuntimeError):
@@ -35,10 +35,10 @@ class GlueError(RuntimeError):
 def _anchors(content: str) -> list[str]:
     """Forms of an assistant message a template may keep when it renders it as history."""
     out = [content, content.strip()]
-    if "</think>" in content:                      # Qwen3-style: the reasoning block deleted
+    if "</think>" in content:  # Qwen3-style: the reasoning block deleted
         out.append(content.rsplit("</think>", 1)[1].strip())
     lines = content.split("\n")
-    out += ["\n".join(lines[k:]).strip() for k in range(1, len(lines))]   # a prefix dropped at a line break
+    out += ["\n".join(lines[k:]).strip() for k in range(1, len(lines))]  # a prefix dropped at a line break
     seen, keep = set(), []
     for i, a in enumerate(out):
         if a and a not in seen and (i < 2 or len(a) >= MIN_ANCHOR_CHARS):
@@ -55,14 +55,17 @@ def turn_glue(rendered: str, content: str, next_user: str) -> str:
     """
     u = rendered.rfind(next_user)
     if u < 0:
-        raise GlueError("concat: the next user message is not in the re-rendered chat (the chat template "
-                        "rewrites user turns)")
+        raise GlueError(
+            "concat: the next user message is not in the re-rendered chat (the chat template rewrites user turns)"
+        )
     for anchor in _anchors(content):
         e = rendered.rfind(anchor, 0, u)
         if e >= 0:
-            return rendered[e + len(anchor):]
-    raise GlueError(f"concat: the assistant turn {content[:60]!r}… is not in the re-rendered chat "
-                    "(no form of it the template keeps was found)")
+            return rendered[e + len(anchor) :]
+    raise GlueError(
+        f"concat: the assistant turn {content[:60]!r}… is not in the re-rendered chat "
+        "(no form of it the template keeps was found)"
+    )
 
 
 @dataclass
@@ -79,8 +82,17 @@ class ConcatChat:
         ids = list(tokenizer.encode(render_chat(tokenizer, messages, answer_format), add_special_tokens=False))
         return cls(messages, ids[-max_prompt_tokens:])
 
-    def extend(self, tokenizer, *, prefix: str, text: str, response_ids: list[int], finished: bool,
-               next_user: str, answer_format: str) -> list[int]:
+    def extend(
+        self,
+        tokenizer,
+        *,
+        prefix: str,
+        text: str,
+        response_ids: list[int],
+        finished: bool,
+        next_user: str,
+        answer_format: str,
+    ) -> list[int]:
         """Append the sampled turn and the next user message; returns the glue ids appended."""
         content = prefix + text
         self.messages += [{"role": "assistant", "content": content}, {"role": "user", "content": next_user}]
@@ -89,7 +101,7 @@ class ConcatChat:
             # The sampler's stop token (e.g. <|im_end|>) is already in the context: not twice.
             stop_text = tokenizer.decode([response_ids[-1]], skip_special_tokens=False)
             if stop_text and glue.startswith(stop_text):
-                glue = glue[len(stop_text):]
+                glue = glue[len(stop_text) :]
         glue_ids = list(tokenizer.encode(glue, add_special_tokens=False))
         self.ids = self.ids + list(response_ids) + glue_ids
         return glue_ids

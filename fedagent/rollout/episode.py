@@ -15,8 +15,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from fedagent.model.policy import sample
-from fedagent.rollout.prompts import (HISTORY_LENGTH, concat_turn_prompt, encode_prompt, response_prefix,
-                                      template_of, windowed_prompt)
+from fedagent.rollout.prompts import (
+    HISTORY_LENGTH,
+    concat_turn_prompt,
+    encode_prompt,
+    response_prefix,
+    template_of,
+    windowed_prompt,
+)
 
 ROLLOUT_MODES = ("windowed", "concat")
 
@@ -28,9 +34,9 @@ class Turn:
     prompt_ids: list[int]
     response_ids: list[int]
     text: str
-    action: str        # the action the service projected from ``text``
-    valid: bool        # the service's is_action_valid (format check)
-    reward: float      # env reward of this step (unpenalized)
+    action: str  # the action the service projected from ``text``
+    valid: bool  # the service's is_action_valid (format check)
+    reward: float  # env reward of this step (unpenalized)
 
 
 @dataclass
@@ -41,9 +47,9 @@ class Trajectory:
     task_type: str
     seed: int
     turns: list[Turn] = field(default_factory=list)
-    episode_return: float = 0.0     # sum of env rewards (unpenalized)
+    episode_return: float = 0.0  # sum of env rewards (unpenalized)
     won: bool = False
-    score: float = 0.0              # the env's graded score after the last step
+    score: float = 0.0  # the env's graded score after the last step
     n_turns: int = 0
 
     def summary(self, with_tokens: bool = False) -> dict[str, Any]:
@@ -56,9 +62,16 @@ class Trajectory:
                 d.pop("prompt_ids")
                 d.pop("response_ids")
             turns.append(d)
-        return {"task_id": self.task_id, "task_type": self.task_type, "seed": self.seed,
-                "return": self.episode_return, "won": self.won, "score": self.score,
-                "n_turns": self.n_turns, "turns": turns}
+        return {
+            "task_id": self.task_id,
+            "task_type": self.task_type,
+            "seed": self.seed,
+            "return": self.episode_return,
+            "won": self.won,
+            "score": self.score,
+            "n_turns": self.n_turns,
+            "turns": turns,
+        }
 
 
 def run_episodes(
@@ -118,27 +131,43 @@ def run_episodes(
     try:
         many = getattr(env, "create_many", None)
         if many is not None:
-            created = list(sids)          # a failed batch may have created some: close all
+            created = list(sids)  # a failed batch may have created some: close all
             many(sids)
         else:
             for sid in sids:
                 env.create(sid)
                 created.append(sid)
-        state = []   # per session: task, observation, admissible, history
+        state = []  # per session: task, observation, admissible, history
         for sid, seed, r in zip(sids, seeds, _reset_all(env, sids, seeds)):
             trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
-            state.append({"task": r.get("task", ""), "obs": r["observation"],
-                          "admissible": list(r.get("admissible_commands", [])), "history": [],
-                          "template": template_of(r)})    # the env names its prompt family
+            state.append(
+                {
+                    "task": r.get("task", ""),
+                    "obs": r["observation"],
+                    "admissible": list(r.get("admissible_commands", [])),
+                    "history": [],
+                    "template": template_of(r),
+                }
+            )  # the env names its prompt family
             if concat:
                 st = state[-1]
-                st["chat"] = ConcatChat.start(tokenizer, windowed_prompt(st["task"], st["obs"], st["admissible"], [],
-                                                                        history_length, answer_format,
-                                                                        template=st["template"]),
-                                              answer_format, max_prompt_tokens)
+                st["chat"] = ConcatChat.start(
+                    tokenizer,
+                    windowed_prompt(
+                        st["task"],
+                        st["obs"],
+                        st["admissible"],
+                        [],
+                        history_length,
+                        answer_format,
+                        template=st["template"],
+                    ),
+                    answer_format,
+                    max_prompt_tokens,
+                )
         done = [False] * len(sids)
         for _turn in range(max_turns):
-            if concat:   # a context past the budget ends its episode (a cut would change the past)
+            if concat:  # a context past the budget ends its episode (a cut would change the past)
                 for i in range(len(sids)):
                     if not done[i] and len(state[i]["chat"].ids) > max_prompt_tokens:
                         done[i] = True
@@ -149,10 +178,20 @@ def run_episodes(
                 prompts = [list(state[i]["chat"].ids) for i in active]
             else:
                 prompts = [
-                    encode_prompt(tokenizer, windowed_prompt(state[i]["task"], state[i]["obs"], state[i]["admissible"],
-                                                             state[i]["history"], history_length, answer_format,
-                                                             template=state[i]["template"]),
-                                  max_prompt_tokens, answer_format)
+                    encode_prompt(
+                        tokenizer,
+                        windowed_prompt(
+                            state[i]["task"],
+                            state[i]["obs"],
+                            state[i]["admissible"],
+                            state[i]["history"],
+                            history_length,
+                            answer_format,
+                            template=state[i]["template"],
+                        ),
+                        max_prompt_tokens,
+                        answer_format,
+                    )
                     for i in active
                 ]
             if expert:
@@ -164,9 +203,16 @@ def run_episodes(
             results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
             for i, g, r in zip(active, gens, results):
                 tr, st = trajs[i], state[i]
-                tr.turns.append(Turn(prompt_ids=g.prompt_ids, response_ids=g.response_ids, text=g.text,
-                                     action=str(r.get("action", "")), valid=bool(r["is_action_valid"]),
-                                     reward=float(r["reward"])))
+                tr.turns.append(
+                    Turn(
+                        prompt_ids=g.prompt_ids,
+                        response_ids=g.response_ids,
+                        text=g.text,
+                        action=str(r.get("action", "")),
+                        valid=bool(r["is_action_valid"]),
+                        reward=float(r["reward"]),
+                    )
+                )
                 tr.episode_return += float(r["reward"])
                 tr.won = bool(r.get("won", False))
                 tr.score = float(r.get("score", 0.0))
@@ -178,11 +224,17 @@ def run_episodes(
                 if r["done"]:
                     done[i] = True
                 elif concat:
-                    st["chat"].extend(tokenizer, prefix=prefix, text=g.text, response_ids=g.response_ids,
-                                      finished=g.finished,
-                                      next_user=concat_turn_prompt(st["obs"], st["admissible"], tr.n_turns + 1,
-                                                                   answer_format, template=st["template"]),
-                                      answer_format=answer_format)
+                    st["chat"].extend(
+                        tokenizer,
+                        prefix=prefix,
+                        text=g.text,
+                        response_ids=g.response_ids,
+                        finished=g.finished,
+                        next_user=concat_turn_prompt(
+                            st["obs"], st["admissible"], tr.n_turns + 1, answer_format, template=st["template"]
+                        ),
+                        answer_format=answer_format,
+                    )
         completed = True
     finally:
         errors = _close_all(env, created)
@@ -213,13 +265,13 @@ def _close_all(env, sids: list[str]) -> list[Exception]:
         try:
             close_many(sids)
             return []
-        except Exception:   # noqa: BLE001 - retried one by one below
+        except Exception:  # noqa: BLE001 - retried one by one below
             pass
     errors = []
     for sid in sids:
         try:
             env.close(sid)
-        except Exception as exc:   # close every session even if one close fails
+        except Exception as exc:  # close every session even if one close fails
             errors.append(exc)
     return errors
 
@@ -232,8 +284,9 @@ def _step_all(env, sids: list[str], texts: list[str]) -> list[dict]:
     return [env.step(sid, text) for sid, text in zip(sids, texts)]
 
 
-def run_episodes_batched(model, tokenizer, env, seeds: Sequence[int], *, batch_size: int,
-                         session_prefix: str, **kwargs) -> list[Trajectory]:
+def run_episodes_batched(
+    model, tokenizer, env, seeds: Sequence[int], *, batch_size: int, session_prefix: str, **kwargs
+) -> list[Trajectory]:
     """:func:`run_episodes` over consecutive chunks of at most ``batch_size`` seeds.
 
     The service's ``/create`` blocks while its pool is empty, so a lockstep batch must never
@@ -243,8 +296,16 @@ def run_episodes_batched(model, tokenizer, env, seeds: Sequence[int], *, batch_s
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     out: list[Trajectory] = []
     for k in range(0, len(seeds), batch_size):
-        out.extend(run_episodes(model, tokenizer, env, list(seeds[k:k + batch_size]),
-                                session_prefix=batch_prefix(session_prefix, k // batch_size), **kwargs))
+        out.extend(
+            run_episodes(
+                model,
+                tokenizer,
+                env,
+                list(seeds[k : k + batch_size]),
+                session_prefix=batch_prefix(session_prefix, k // batch_size),
+                **kwargs,
+            )
+        )
     return out
 
 

@@ -14,7 +14,7 @@ from fedagent.model.policy import Generation
 
 # The reasoning an expert answer carries (the rollout format requires one in think_action).
 THOUGHT = "The goal is not reached yet. The admissible action that moves toward it now is: {action}."
-END_OF_TURN = "<|im_end|>"   # ChatML's end of a turn (SmolLM2); else the tokenizer's eos
+END_OF_TURN = "<|im_end|>"  # ChatML's end of a turn (SmolLM2); else the tokenizer's eos
 
 
 def answer_text(action: str, answer_format: str) -> str:

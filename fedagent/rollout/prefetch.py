@@ -4,7 +4,7 @@ A train job knows its first batch before it has a model: the seeds of local epoc
 (:func:`fedagent.train.local.epoch_task_seeds`) and the session ids
 :func:`fedagent.rollout.episode.run_episodes_batched` gives them. Resetting those sessions
 (TextWorld loads each game file) took 1.3–1.6 s between the rollout's start and its first sampled
-token on the H200 node, after the job had loaded its model and warmed its sampler. Here a thread
+token on a GPU node, after the job had loaded its model and warmed its sampler. Here a thread
 waits for the job's env service, creates the batch's sessions and resets them while the main
 thread loads the model; the rollout then gets exactly the answers it would have asked for.
 
@@ -49,19 +49,19 @@ class PrefetchedEnv:
             self._env = env
             self.service_up_at = time.time()
             if not hasattr(env, "create_many") or not hasattr(env, "reset_many"):
-                return            # an env without the batch calls: nothing prefetched, all passed on
+                return  # an env without the batch calls: nothing prefetched, all passed on
             env.create_many(self._sids)
             self._created = True
             self._resets = env.reset_many(self._pairs)
             self.reset_at = time.time()
-        except BaseException as exc:   # handed to the main thread by ready()
+        except BaseException as exc:  # handed to the main thread by ready()
             self._error = exc
 
     def ready(self):
         """The env client (served-first wrapper); the prefetch's error, if it failed."""
         self._thread.join()
         if self._error is not None:
-            if self._env is not None:   # sessions may exist: the caller's close_many cleans them up
+            if self._env is not None:  # sessions may exist: the caller's close_many cleans them up
                 self._error.add_note("(raised while prefetching the first rollout batch's resets)")
             raise self._error
         if not self._created:

@@ -147,7 +147,7 @@ _WS_INSTRUCTIONS = {
         "Once you've finished your reasoning, you should choose an admissible action for current step and "
         "present it within <action> </action> tags."
     ),
-    "action": (   # ours: the reference has no action-only format
+    "action": (  # ours: the reference has no action-only format
         "Now it's your turn to take one action for the current step.\n"
         "Answer with exactly one of the admissible actions above within <action> </action> tags, copied as "
         "written (in search[<your query>], write your search words in place of <your query>)."
@@ -185,7 +185,7 @@ class _WebShop:
             f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
             f"{self.instructions[answer_format]}\n"
         )
-        if len(prompt) > WEBSHOP_MAX_PROMPT_CHARS:     # the reference's guard: drop the history
+        if len(prompt) > WEBSHOP_MAX_PROMPT_CHARS:  # the reference's guard: drop the history
             return self.no_history(task, observation, admissible, answer_format)
         return prompt
 
@@ -213,7 +213,7 @@ _ALF_INSTRUCTIONS = {
         "Once you've finished your reasoning, you should choose an admissible action for current step and "
         "present it within <action> </action> tags."
     ),
-    "action": _ACTION_INSTRUCTION,   # ours: the reference has no action-only format
+    "action": _ACTION_INSTRUCTION,  # ours: the reference has no action-only format
 }
 
 
@@ -267,8 +267,9 @@ def check_template(template: str) -> str:
 def template_of(reset_answer: dict) -> str:
     """The prompt family an env's ``/reset`` answer names (the service always sends it)."""
     if "prompt_template" not in reset_answer:
-        raise ValueError("the env's reset answer names no prompt_template (an env service older than "
-                         "the per-environment prompts?)")
+        raise ValueError(
+            "the env's reset answer names no prompt_template (an env service older than the per-environment prompts?)"
+        )
     return check_template(str(reset_answer["prompt_template"]))
 
 
@@ -289,12 +290,14 @@ def windowed_prompt(
     ``template`` is the env's ``prompt_template`` (:func:`template_of`).
     """
     _check_format(answer_format)
-    return _TEMPLATES[check_template(template)].windowed(task, observation, admissible, history, history_length,
-                                                         answer_format)
+    return _TEMPLATES[check_template(template)].windowed(
+        task, observation, admissible, history, history_length, answer_format
+    )
 
 
-def concat_turn_prompt(observation: str, admissible: Sequence[str], step: int,
-                       answer_format: str = "think_action", *, template: str) -> str:
+def concat_turn_prompt(
+    observation: str, admissible: Sequence[str], step: int, answer_format: str = "think_action", *, template: str
+) -> str:
     """The user message of a later turn in concat mode (the chat above it holds the history).
 
     ``step`` is the 1-based number of the step about to be taken.
@@ -305,9 +308,9 @@ def concat_turn_prompt(observation: str, admissible: Sequence[str], step: int,
 
 def render_chat(tokenizer, messages: Sequence[dict], answer_format: str = "think_action") -> str:
     """The chat template's text of ``messages`` with the generation prompt and the answer prefix."""
-    return tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=True, tokenize=False
-    ) + response_prefix(answer_format)
+    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False) + response_prefix(
+        answer_format
+    )
 
 
 def encode_prompt(tokenizer, content: str, max_prompt_tokens: int, answer_format: str = "think_action") -> list[int]:

@@ -22,7 +22,15 @@ import torch
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.config import JobKeys
 from fedagent.model.critic_dir import CRITIC_DIR, critic_pairs
-from fedagent.model.hf_dir import FLOAT_CODES, ITEMSIZE, SafetensorsWriter, TensorInfo, TensorReader, chunks, tensor_index
+from fedagent.model.hf_dir import (
+    FLOAT_CODES,
+    ITEMSIZE,
+    SafetensorsWriter,
+    TensorInfo,
+    TensorReader,
+    chunks,
+    tensor_index,
+)
 
 DELTA_FILE = "delta.safetensors"
 AGG_JSON = "aggregate.json"
@@ -49,8 +57,10 @@ def client_weights(client_dirs: Sequence[Path], weighting: str, given: Sequence[
     if not client_dirs:
         raise AggregateError("no clients to aggregate")
     if (given is not None) != (weighting == "weights"):
-        raise AggregateError(f"weighting {weighting!r} " + ("needs the clients' weights (--client-weights)"
-                                                            if given is None else "takes no --client-weights"))
+        raise AggregateError(
+            f"weighting {weighting!r} "
+            + ("needs the clients' weights (--client-weights)" if given is None else "takes no --client-weights")
+        )
     if weighting == "weights":
         if len(given) != len(client_dirs):
             raise AggregateError(f"{len(given)} client weights for {len(client_dirs)} clients")
@@ -78,7 +88,9 @@ def client_weights(client_dirs: Sequence[Path], weighting: str, given: Sequence[
     return [v / total for v in raw]
 
 
-def check_structure(prev_dir: Path, client_dirs: Sequence[Path]) -> tuple[dict[str, TensorInfo], list[dict[str, TensorInfo]]]:
+def check_structure(
+    prev_dir: Path, client_dirs: Sequence[Path]
+) -> tuple[dict[str, TensorInfo], list[dict[str, TensorInfo]]]:
     """Tensor index of prev and of each client; refuses any name/shape/dtype disagreement."""
     prev = tensor_index(prev_dir)
     for name, info in prev.items():
@@ -92,7 +104,8 @@ def check_structure(prev_dir: Path, client_dirs: Sequence[Path]) -> tuple[dict[s
             raise AggregateError(
                 f"client {d}: tensor names disagree with prev {prev_dir}: "
                 f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"extra {extra[:5]}{'...' if len(extra) > 5 else ''}")
+                f"extra {extra[:5]}{'...' if len(extra) > 5 else ''}"
+            )
         for name, info in idx.items():
             p = prev[name]
             if info.shape != p.shape:
@@ -126,9 +139,17 @@ class ChunkScratch:
         return self.f32[slot][: end - begin].copy_(t)
 
 
-def _delta_chunk(name: str, begin: int, end: int, prev: TensorInfo, clients: Sequence[TensorInfo],
-                 weights: Sequence[float], reader: TensorReader, client_dirs: Sequence[Path],
-                 scratch: ChunkScratch) -> torch.Tensor:
+def _delta_chunk(
+    name: str,
+    begin: int,
+    end: int,
+    prev: TensorInfo,
+    clients: Sequence[TensorInfo],
+    weights: Sequence[float],
+    reader: TensorReader,
+    client_dirs: Sequence[Path],
+    scratch: ChunkScratch,
+) -> torch.Tensor:
     p = scratch.read_f32(reader, prev, begin, end, 0)
     acc = scratch.acc[: end - begin]
     for i, (info, w) in enumerate(zip(clients, weights)):
@@ -165,21 +186,35 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def stream_delta(path: Path, prev: dict[str, TensorInfo], clients: Sequence[dict[str, TensorInfo]],
-                 weights: Sequence[float], client_dirs: Sequence[Path], *, chunk: int = CHUNK_ELEMS) -> None:
+def stream_delta(
+    path: Path,
+    prev: dict[str, TensorInfo],
+    clients: Sequence[dict[str, TensorInfo]],
+    weights: Sequence[float],
+    client_dirs: Sequence[Path],
+    *,
+    chunk: int = CHUNK_ELEMS,
+) -> None:
     """Write Σ w_i (client_i − prev) as one fp32 safetensors file, chunk by chunk.
 
     Memory is a few chunks whatever M and the tensor sizes; inputs are read once.
     """
     names = list(prev)
     scratch = ChunkScratch(chunk)
-    with one_thread(), TensorReader() as reader, \
-            SafetensorsWriter(path, [(n, "F32", prev[n].shape) for n in names]) as writer:
+    with (
+        one_thread(),
+        TensorReader() as reader,
+        SafetensorsWriter(path, [(n, "F32", prev[n].shape) for n in names]) as writer,
+    ):
         for n in names:
             for begin, end in chunks(prev[n].numel, chunk):
                 # write_part copies the bytes out before the next chunk reuses the buffer
-                writer.write_part(n, _delta_chunk(n, begin, end, prev[n], [c[n] for c in clients], weights,
-                                                  reader, client_dirs, scratch))
+                writer.write_part(
+                    n,
+                    _delta_chunk(
+                        n, begin, end, prev[n], [c[n] for c in clients], weights, reader, client_dirs, scratch
+                    ),
+                )
 
 
 def survivors(client_dirs: Sequence[Path], min_clients: int | None) -> tuple[list[Path], list[dict]]:
@@ -200,8 +235,9 @@ def survivors(client_dirs: Sequence[Path], min_clients: int | None) -> tuple[lis
     return kept, dropped
 
 
-def _summary(prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[float], weighting: str,
-             prev: dict[str, TensorInfo]) -> dict:
+def _summary(
+    prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[float], weighting: str, prev: dict[str, TensorInfo]
+) -> dict:
     """aggregate.json's content for one model (the actor, or its critic)."""
     return {
         "format": "fedagent-aggregate-v1",
@@ -214,9 +250,17 @@ def _summary(prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[floa
     }
 
 
-def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, weighting: str = "uniform",
-              quarantine: Path | None = None, check_manifests: bool = True, min_clients: int | None = None,
-              weights: Sequence[float] | None = None) -> dict:
+def aggregate(
+    prev_dir: Path,
+    client_dirs: Sequence[Path],
+    out_dir: Path,
+    *,
+    weighting: str = "uniform",
+    quarantine: Path | None = None,
+    check_manifests: bool = True,
+    min_clients: int | None = None,
+    weights: Sequence[float] | None = None,
+) -> dict:
     """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content.
 
     Client directories holding a drop record are left out if at least ``min_clients`` updates
@@ -239,7 +283,9 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
                 raise AggregateError(f"{len(weights)} client weights for {len(client_dirs)} clients")
             given = dict(zip(map(str, client_dirs), map(float, weights)))
         client_dirs, dropped = survivors(client_dirs, min_clients)
-        weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
+        weights = client_weights(
+            client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs]
+        )
         prev, clients = check_structure(prev_dir, client_dirs)
         summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
         if dropped:  # only then: an undropped round's aggregate.json stays as it was
@@ -258,11 +304,15 @@ def aggregate(prev_dir: Path, client_dirs: Sequence[Path], out_dir: Path, *, wei
                 stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
                 (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
             params = {"weighting": weighting, "min_clients": min_clients}
-            if given is not None:   # only then: other weightings' provenance stays as it was
+            if given is not None:  # only then: other weightings' provenance stays as it was
                 params["client_weights"] = given
-            write_provenance(stage, job="aggregate", params=params,
-                             extra={"clients": [str(d) for d in client_dirs], "dropped": dropped})
-            checked.wait()   # every input's sha256 matched its manifest: only then the commit
+            write_provenance(
+                stage,
+                job="aggregate",
+                params=params,
+                extra={"clients": [str(d) for d in client_dirs], "dropped": dropped},
+            )
+            checked.wait()  # every input's sha256 matched its manifest: only then the commit
     return summary
 
 
@@ -273,21 +323,39 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
-    parser.add_argument("--client-weights", type=float, nargs="+", default=None,
-                        help="weighting 'weights': one per --clients entry (aggregate.weights of these clients)")
-    parser.add_argument("--min-clients", type=int, default=0,
-                        help="aggregate the survivors if at least this many clients finished (0: strict, all)")
+    parser.add_argument(
+        "--client-weights",
+        type=float,
+        nargs="+",
+        default=None,
+        help="weighting 'weights': one per --clients entry (aggregate.weights of these clients)",
+    )
+    parser.add_argument(
+        "--min-clients",
+        type=int,
+        default=0,
+        help="aggregate the survivors if at least this many clients finished (0: strict, all)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 on success, 1 with a message naming the refused input."""
     try:
-        s = aggregate(args.prev, args.clients, args.out, weighting=args.weighting, quarantine=args.quarantine,
-                      min_clients=args.min_clients or None, weights=args.client_weights)
+        s = aggregate(
+            args.prev,
+            args.clients,
+            args.out,
+            weighting=args.weighting,
+            quarantine=args.quarantine,
+            min_clients=args.min_clients or None,
+            weights=args.client_weights,
+        )
     except (AggregateError, ManifestError, OSError, ValueError) as exc:
         print(f"aggregate: refused: {exc}", file=sys.stderr)
         return 1
     dropped = f", {len(s['dropped'])} dropped" if s.get("dropped") else ""
-    print(f"aggregate: {len(s['clients'])} clients{dropped}, {s['num_tensors']} tensors, weighting {s['weighting']}"
-          f" -> {args.out}")
+    print(
+        f"aggregate: {len(s['clients'])} clients{dropped}, {s['num_tensors']} tensors, weighting {s['weighting']}"
+        f" -> {args.out}"
+    )
     return 0

@@ -45,8 +45,16 @@ def _log_tail(log: Path | None, n: int = 20) -> list[str]:
         return []
 
 
-def write_dropped(out: Path, *, round_: int, client: int, attempts: int, exit_code: int,
-                  log: Path | None = None, quarantine: Path | None = None) -> dict:
+def write_dropped(
+    out: Path,
+    *,
+    round_: int,
+    client: int,
+    attempts: int,
+    exit_code: int,
+    log: Path | None = None,
+    quarantine: Path | None = None,
+) -> dict:
     """Write ``out`` atomically as a drop record; return its content."""
     from fedagent.core.atomic import atomic_dir
     from fedagent.core.provenance import write_provenance
@@ -75,8 +83,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client", required=True, type=int)
     parser.add_argument("--exit-code", required=True, type=int, help="train-client's exit status")
     parser.add_argument("--attempt", required=True, type=int, help="Snakemake's attempt number (1-based)")
-    parser.add_argument("--drop-at-attempt", required=True, type=int,
-                        help="write the drop record from this attempt on (0: never, strict)")
+    parser.add_argument(
+        "--drop-at-attempt",
+        required=True,
+        type=int,
+        help="write the drop record from this attempt on (0: never, strict)",
+    )
     parser.add_argument("--log", type=Path, default=None, help="the job's log (its tail is kept)")
     parser.add_argument("--quarantine", type=Path, default=None)
 
@@ -84,12 +96,25 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """0 after writing the drop record; 1 (the job fails) when strict or attempts are left."""
     if args.drop_at_attempt <= 0 or args.attempt < args.drop_at_attempt:
-        why = ("strict (clients.min_per_round is unset or equals clients.per_round)" if args.drop_at_attempt <= 0
-               else f"attempt {args.attempt} of {args.drop_at_attempt}: Snakemake retries it")
-        print(f"drop-client: round {args.round} client {args.client}: train-client failed "
-              f"(exit {args.exit_code}); not dropped: {why}", file=sys.stderr)
+        why = (
+            "strict (clients.min_per_round is unset or equals clients.per_round)"
+            if args.drop_at_attempt <= 0
+            else f"attempt {args.attempt} of {args.drop_at_attempt}: Snakemake retries it"
+        )
+        print(
+            f"drop-client: round {args.round} client {args.client}: train-client failed "
+            f"(exit {args.exit_code}); not dropped: {why}",
+            file=sys.stderr,
+        )
         return 1
-    rec = write_dropped(args.out, round_=args.round, client=args.client, attempts=args.attempt,
-                        exit_code=args.exit_code, log=args.log, quarantine=args.quarantine)
+    rec = write_dropped(
+        args.out,
+        round_=args.round,
+        client=args.client,
+        attempts=args.attempt,
+        exit_code=args.exit_code,
+        log=args.log,
+        quarantine=args.quarantine,
+    )
     print(f"drop-client: round {args.round} client {args.client} dropped: {rec['reason']}", file=sys.stderr)
     return 0

@@ -24,8 +24,16 @@ from fedagent.server.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
 from fedagent.model.critic_dir import CRITIC_DIR, critic_of, has_critic
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.provenance import write_provenance
-from fedagent.model.hf_dir import (FormatError, SafetensorsWriter, TensorReader, chunks, copy_aux_files, read_header,
-                             tensor_index, write_weights)
+from fedagent.model.hf_dir import (
+    FormatError,
+    SafetensorsWriter,
+    TensorReader,
+    chunks,
+    copy_aux_files,
+    read_header,
+    tensor_index,
+    write_weights,
+)
 from fedagent.server.optimizers import ServerOptimizer, add_server_args, optimizer_from_args
 
 STATE_FILE = "server_state.safetensors"
@@ -66,36 +74,42 @@ class _Step:
     meta: dict
 
 
-def _check_step(prev_dir: Path, agg_dir: Path, prev_state_dir: Path | None, opt: ServerOptimizer,
-                round_: int) -> _Step:
+def _check_step(prev_dir: Path, agg_dir: Path, prev_state_dir: Path | None, opt: ServerOptimizer, round_: int) -> _Step:
     """Structure of prev, delta and previous state; previous server.json against this run."""
     meta = load_server_meta(prev_state_dir, opt, round_)
     prev = tensor_index(prev_dir)
     delta = read_header(agg_dir / DELTA_FILE)
     if set(prev) != set(delta):
-        raise MergeError(f"{agg_dir}: delta tensors differ from prev {prev_dir}: "
-                         f"{sorted(set(prev) ^ set(delta))[:5]}")
+        raise MergeError(f"{agg_dir}: delta tensors differ from prev {prev_dir}: {sorted(set(prev) ^ set(delta))[:5]}")
     for n, info in delta.items():
         if info.shape != prev[n].shape or info.dtype != "F32":
             raise MergeError(f"{agg_dir}: delta {n!r} is {info.dtype}{list(info.shape)}, prev is {list(prev[n].shape)}")
     old_state = read_header(Path(prev_state_dir) / STATE_FILE) if prev_state_dir is not None else {}
     expected = {f"{s}/{n}" for n in prev for s in opt.slots}
     if prev_state_dir is not None and set(old_state) != expected:
-        raise MergeError(f"{prev_state_dir}: server state tensors do not match the model "
-                         f"({sorted(set(old_state) ^ expected)[:5]})")
+        raise MergeError(
+            f"{prev_state_dir}: server state tensors do not match the model ({sorted(set(old_state) ^ expected)[:5]})"
+        )
     return _Step(prev_dir, agg_dir, prev_state_dir, prev, delta, old_state, meta)
 
 
-def _write_step(stage: Path, step: _Step, opt: ServerOptimizer, round_: int, reader: TensorReader,
-                shard_bytes: int | None) -> dict:
+def _write_step(
+    stage: Path, step: _Step, opt: ServerOptimizer, round_: int, reader: TensorReader, shard_bytes: int | None
+) -> dict:
     """Weights, server state and server.json of one model into ``stage``; returns server.json."""
     prev, delta, old_state = step.prev, step.delta, step.old_state
     names = list(prev)
     specs = [(n, "F32", prev[n].shape) for n in names]
     state_specs = [(f"{s}/{n}", "F32", prev[n].shape) for n in names for s in opt.slots]
-    new_meta = {"format": "fedagent-server-v1", "optimizer": opt.name, "hparams": opt.hparams(),
-                "round": round_, "step": step.meta["step"] + 1, "prev": str(step.prev_dir),
-                "aggregate": str(step.agg_dir)}
+    new_meta = {
+        "format": "fedagent-server-v1",
+        "optimizer": opt.name,
+        "hparams": opt.hparams(),
+        "round": round_,
+        "step": step.meta["step"] + 1,
+        "prev": str(step.prev_dir),
+        "aggregate": str(step.agg_dir),
+    }
     agg_json = step.agg_dir / "aggregate.json"
     dropped = json.loads(agg_json.read_text()).get("dropped") if agg_json.is_file() else None
     if dropped:  # clients.min_per_round let the round go on without them: eval.json and the report say so
@@ -125,9 +139,17 @@ def _write_step(stage: Path, step: _Step, opt: ServerOptimizer, round_: int, rea
     return new_meta
 
 
-def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *, round_: int,
-          prev_state_dir: Path | None = None, shard_bytes: int | None = 2 << 30,
-          quarantine: Path | None = None) -> dict:
+def merge(
+    prev_dir: Path,
+    agg_dir: Path,
+    out_dir: Path,
+    opt: ServerOptimizer,
+    *,
+    round_: int,
+    prev_state_dir: Path | None = None,
+    shard_bytes: int | None = 2 << 30,
+    quarantine: Path | None = None,
+) -> dict:
     """Apply one server step and write the next global model dir; return server.json's content.
 
     A PPO critic (``critic/`` in prev and the aggregate, fedagent.model.critic_dir) takes the same
@@ -143,19 +165,33 @@ def merge(prev_dir: Path, agg_dir: Path, out_dir: Path, opt: ServerOptimizer, *,
         if has_critic(prev_dir) or has_critic(agg_dir):
             for d in (prev_dir, agg_dir, prev_state_dir):
                 if d is not None and not has_critic(d):
-                    raise MergeError(f"{d}: no {CRITIC_DIR}/ (the PPO critic) while "
-                                     f"{prev_dir if has_critic(prev_dir) else agg_dir} has one")
-            critic = _check_step(critic_of(prev_dir), critic_of(agg_dir),
-                                 critic_of(prev_state_dir) if prev_state_dir is not None else None, opt, round_)
+                    raise MergeError(
+                        f"{d}: no {CRITIC_DIR}/ (the PPO critic) while "
+                        f"{prev_dir if has_critic(prev_dir) else agg_dir} has one"
+                    )
+            critic = _check_step(
+                critic_of(prev_dir),
+                critic_of(agg_dir),
+                critic_of(prev_state_dir) if prev_state_dir is not None else None,
+                opt,
+                round_,
+            )
         with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
             new_meta = _write_step(stage, step, opt, round_, reader, shard_bytes)
             if critic is not None:
                 (stage / CRITIC_DIR).mkdir()
                 _write_step(stage / CRITIC_DIR, critic, opt, round_, reader, shard_bytes)
-            write_provenance(stage, job="merge", params={"optimizer": opt.name, "hparams": opt.hparams(),
-                                                         "round": round_, "prev_server_state":
-                                                         str(prev_state_dir) if prev_state_dir else None})
-            checked.wait()   # every input's sha256 matched its manifest: only then the commit
+            write_provenance(
+                stage,
+                job="merge",
+                params={
+                    "optimizer": opt.name,
+                    "hparams": opt.hparams(),
+                    "round": round_,
+                    "prev_server_state": str(prev_state_dir) if prev_state_dir else None,
+                },
+            )
+            checked.wait()  # every input's sha256 matched its manifest: only then the commit
     return new_meta
 
 
@@ -174,8 +210,16 @@ def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 on success, 1 with a message on refused inputs."""
     opt, state = optimizer_from_args(args)
     try:
-        meta = merge(args.prev, args.aggregate, args.out, opt, round_=args.round, prev_state_dir=state,
-                     shard_bytes=int(args.shard_size_mb * (1 << 20)), quarantine=args.quarantine)
+        meta = merge(
+            args.prev,
+            args.aggregate,
+            args.out,
+            opt,
+            round_=args.round,
+            prev_state_dir=state,
+            shard_bytes=int(args.shard_size_mb * (1 << 20)),
+            quarantine=args.quarantine,
+        )
     except (MergeError, ManifestError, FormatError, OSError, ValueError, KeyError) as exc:
         print(f"merge: refused: {exc}", file=sys.stderr)
         return 1

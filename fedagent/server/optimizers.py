@@ -94,8 +94,10 @@ class FedAdam(ServerOptimizer):
     def init_state(self, like):
         import torch
 
-        return {"m": torch.zeros_like(like, dtype=torch.float32),
-                "v": torch.full_like(like, self.tau ** 2, dtype=torch.float32)}
+        return {
+            "m": torch.zeros_like(like, dtype=torch.float32),
+            "v": torch.full_like(like, self.tau**2, dtype=torch.float32),
+        }
 
     def _second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         return v.mul_(self.beta2).add_(d2, alpha=1 - self.beta2)
@@ -119,12 +121,28 @@ OPTIMIZERS: dict[str, type[ServerOptimizer]] = {c.name: c for c in (FedAvg, FedA
 
 
 # The config key of each make_optimizer argument (`fedagent merge`/`verify` flags come from these).
-SERVER_KEYS = JobKeys("merge", {"name": "server.optimizer", "lr": "server.lr", "momentum": "server.momentum",
-                                "beta1": "server.beta1", "beta2": "server.beta2", "tau": "server.tau"})
+SERVER_KEYS = JobKeys(
+    "merge",
+    {
+        "name": "server.optimizer",
+        "lr": "server.lr",
+        "momentum": "server.momentum",
+        "beta1": "server.beta1",
+        "beta2": "server.beta2",
+        "tau": "server.tau",
+    },
+)
 
 
-def make_optimizer(name: str, *, lr: float | None = None, momentum: float = 0.9, beta1: float = 0.9,
-                   beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
+def make_optimizer(
+    name: str,
+    *,
+    lr: float | None = None,
+    momentum: float = 0.9,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+) -> ServerOptimizer:
     """Build a server optimizer by name with the hyper-parameters it uses (checked as config keys).
 
     ``lr`` None: the optimizer's :data:`DEFAULT_LR`; FedAdam/FedYogi refuse it (ConfigError naming
@@ -143,17 +161,18 @@ def make_optimizer(name: str, *, lr: float | None = None, momentum: float = 0.9,
 
 # The command-line flag of each hyper-parameter: `fedagent merge` and `fedagent verify` take
 # the same flags, and the workflow passes them (only the chosen optimizer's, see cli_flags).
-HPARAM_FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2",
-                "tau": "--tau"}
+HPARAM_FLAGS = {"lr": "--server-lr", "momentum": "--momentum", "beta1": "--beta1", "beta2": "--beta2", "tau": "--tau"}
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """The server-step flags shared by ``fedagent merge`` and ``fedagent verify``."""
-    parser.add_argument("--prev-server-state", default="none",
-                        help="previous round's merged model dir holding server state, or 'none'")
+    parser.add_argument(
+        "--prev-server-state", default="none", help="previous round's merged model dir holding server state, or 'none'"
+    )
     parser.add_argument("--server-opt", default="fedavg", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--server-lr", type=float, default=None,
-                        help="η (default: 1.0 for fedavg/fedavgm; fedadam/fedyogi need it)")
+    parser.add_argument(
+        "--server-lr", type=float, default=None, help="η (default: 1.0 for fedavg/fedavgm; fedadam/fedyogi need it)"
+    )
     parser.add_argument("--momentum", type=float, default=0.9, help="FedAvgM")
     parser.add_argument("--beta1", type=float, default=0.9, help="FedAdam/FedYogi")
     parser.add_argument("--beta2", type=float, default=0.99, help="FedAdam/FedYogi")
@@ -162,8 +181,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 def optimizer_from_args(args: argparse.Namespace) -> tuple[ServerOptimizer, Path | None]:
     """The optimizer and the previous state dir (None for 'none') named by :func:`add_server_args` flags."""
-    opt = make_optimizer(args.server_opt, lr=args.server_lr, momentum=args.momentum,
-                         beta1=args.beta1, beta2=args.beta2, tau=args.tau)
+    opt = make_optimizer(
+        args.server_opt, lr=args.server_lr, momentum=args.momentum, beta1=args.beta1, beta2=args.beta2, tau=args.tau
+    )
     state = None if str(args.prev_server_state).lower() in ("", "none") else Path(args.prev_server_state)
     return opt, state
 

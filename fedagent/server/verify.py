@@ -69,7 +69,15 @@ from typing import Sequence
 
 import torch
 
-from fedagent.server.aggregate import AGG_JSON, DELTA_FILE, METRICS, WEIGHTINGS, AggregateError, check_structure, client_weights
+from fedagent.server.aggregate import (
+    AGG_JSON,
+    DELTA_FILE,
+    METRICS,
+    WEIGHTINGS,
+    AggregateError,
+    check_structure,
+    client_weights,
+)
 from fedagent.core.atomic import MANIFEST, ManifestError, verify_manifest
 from fedagent.model.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, critic_pairs, has_critic
 from fedagent.model.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
@@ -77,8 +85,8 @@ from fedagent.server.dropout import is_dropped
 from fedagent.server.merge import SERVER_JSON, STATE_FILE
 from fedagent.server.optimizers import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
 
-U32 = 2.0 ** -24
-TINY = 2.0 ** -146
+U32 = 2.0**-24
+TINY = 2.0**-146
 WEIGHT = "weight"  # key of the model tensor among the recomputed slots ("m", "v")
 
 
@@ -86,8 +94,10 @@ def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
     ratio = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff / tol.clamp_min(1e-300))
     i = int(torch.argmax(ratio.reshape(-1)))
     bad = int((~(diff <= tol)).sum())
-    return (f"tensor {name!r}: {bad} element(s) outside tolerance; worst flat index {i}: "
-            f"|diff|={float(diff.reshape(-1)[i]):.3e} > tol={float(tol.reshape(-1)[i]):.3e}")
+    return (
+        f"tensor {name!r}: {bad} element(s) outside tolerance; worst flat index {i}: "
+        f"|diff|={float(diff.reshape(-1)[i]):.3e} > tol={float(tol.reshape(-1)[i]):.3e}"
+    )
 
 
 # ---- the server step in float64: (value, error bound of fp32's result) per output --------
@@ -159,12 +169,17 @@ def _adaptive(p, d, old, hp, got, *, yogi: bool) -> dict[str, Bound]:
     return {WEIGHT: _adaptive_w(p, hp["lr"], m, v, hp["tau"]), "m": m, "v": v}
 
 
-STEPS = {"fedavg": _fedavg, "fedavgm": _fedavgm,
-         "fedadam": partial(_adaptive, yogi=False), "fedyogi": partial(_adaptive, yogi=True)}
+STEPS = {
+    "fedavg": _fedavg,
+    "fedavgm": _fedavgm,
+    "fedadam": partial(_adaptive, yogi=False),
+    "fedyogi": partial(_adaptive, yogi=True),
+}
 
 
-def recompute(opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[str, torch.Tensor],
-              got: dict[str, torch.Tensor]) -> dict[str, Bound]:
+def recompute(
+    opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
+) -> dict[str, Bound]:
     """Float64 new weight and state of one tensor with fp32 error bounds.
 
     All tensors float64; ``old`` is the previous state, ``got`` the stored new state (Yogi's
@@ -174,6 +189,7 @@ def recompute(opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[
 
 
 # ---- inputs and their structure -----------------------------------------------------------
+
 
 @dataclass
 class ServerStep:
@@ -188,6 +204,7 @@ class ServerStep:
 
 def _load_server_step(model_dir: Path, prev_state_dir: Path | None) -> ServerStep:
     """Read the headers and server.json files (no tensor data)."""
+
     def meta(d: Path) -> dict:
         m = json.loads((d / SERVER_JSON).read_text())
         if not isinstance(m, dict):
@@ -195,8 +212,13 @@ def _load_server_step(model_dir: Path, prev_state_dir: Path | None) -> ServerSte
         return m
 
     prev_state = read_header(prev_state_dir / STATE_FILE) if prev_state_dir else None
-    return ServerStep(tensor_index(model_dir), read_header(model_dir / STATE_FILE), meta(model_dir),
-                      prev_state, meta(prev_state_dir) if prev_state_dir else None)
+    return ServerStep(
+        tensor_index(model_dir),
+        read_header(model_dir / STATE_FILE),
+        meta(model_dir),
+        prev_state,
+        meta(prev_state_dir) if prev_state_dir else None,
+    )
 
 
 def _shape_failures(label: str, idx: dict[str, TensorInfo], want: dict[str, tuple[int, ...]]) -> list[str]:
@@ -204,12 +226,16 @@ def _shape_failures(label: str, idx: dict[str, TensorInfo], want: dict[str, tupl
     if set(idx) != set(want):
         missing, extra = sorted(set(want) - set(idx)), sorted(set(idx) - set(want))
         return [f"structure: {label} tensors differ from the model's: missing {missing[:5]}, extra {extra[:5]}"]
-    return [f"structure: {label} tensor {n!r} is {info.dtype}{list(info.shape)}, expected F32{list(want[n])}"
-            for n, info in idx.items() if info.shape != want[n] or info.dtype != "F32"]
+    return [
+        f"structure: {label} tensor {n!r} is {info.dtype}{list(info.shape)}, expected F32{list(want[n])}"
+        for n, info in idx.items()
+        if info.shape != want[n] or info.dtype != "F32"
+    ]
 
 
-def _structure_failures(prev: dict[str, TensorInfo], delta: dict[str, TensorInfo], server: ServerStep | None,
-                        opt: ServerOptimizer) -> list[str]:
+def _structure_failures(
+    prev: dict[str, TensorInfo], delta: dict[str, TensorInfo], server: ServerStep | None, opt: ServerOptimizer
+) -> list[str]:
     """Delta, merged weights and both server states against prev's names and shapes."""
     shapes = {n: info.shape for n, info in prev.items()}
     out = _shape_failures("aggregate delta", delta, shapes)
@@ -230,16 +256,18 @@ def _client_name(d: Path | str) -> tuple[str, ...]:
     return (d.parent.name, d.name) if d.name == CRITIC_DIR else (d.name,)
 
 
-def _summary_failures(summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float],
-                      agg_dir: Path) -> list[str]:
+def _summary_failures(
+    summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float], agg_dir: Path
+) -> list[str]:
     """aggregate.json against this run: weighting, clients and each recomputed weight."""
     out = []
     where = agg_dir / AGG_JSON
     recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
     if summary.get("weighting") != weighting:
         out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")
-    if [_client_name(d) for d, _ in recorded if isinstance(d, str)] != [_client_name(d) for d in client_dirs] \
-            or len(recorded) != len(client_dirs):
+    if [_client_name(d) for d, _ in recorded if isinstance(d, str)] != [_client_name(d) for d in client_dirs] or len(
+        recorded
+    ) != len(client_dirs):
         out.append(f"aggregate.json: clients {[d for d, _ in recorded]} != {[str(d) for d in client_dirs]} in {where}")
         return out
     for (d, w_rec), w in zip(recorded, weights):
@@ -254,8 +282,11 @@ def _config_failures(label: str, meta: dict, opt: ServerOptimizer) -> list[str]:
         return [f"{label}: optimizer {meta.get('optimizer')!r} != --server-opt {opt.name}"]
     rec, want = meta.get("hparams"), opt.hparams()
     rec = rec if isinstance(rec, dict) else {}
-    return [f"{label}: hparams {k}={rec.get(k)!r} != {HPARAM_FLAGS.get(k, k)} {want.get(k)!r}"
-            for k in sorted(set(rec) | set(want)) if rec.get(k) != want.get(k)]
+    return [
+        f"{label}: hparams {k}={rec.get(k)!r} != {HPARAM_FLAGS.get(k, k)} {want.get(k)!r}"
+        for k in sorted(set(rec) | set(want))
+        if rec.get(k) != want.get(k)
+    ]
 
 
 def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
@@ -275,8 +306,16 @@ def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
 
 # ---- values -------------------------------------------------------------------------------
 
-def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: Sequence[dict[str, TensorInfo]],
-                        weights: Sequence[float], delta: TensorInfo, client_dirs: Sequence[Path]) -> list[str]:
+
+def _aggregate_failures(
+    reader: TensorReader,
+    n: str,
+    p: torch.Tensor,
+    clients: Sequence[dict[str, TensorInfo]],
+    weights: Sequence[float],
+    delta: TensorInfo,
+    client_dirs: Sequence[Path],
+) -> list[str]:
     """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
 
     A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
@@ -298,9 +337,11 @@ def _aggregate_failures(reader: TensorReader, n: str, p: torch.Tensor, clients: 
     return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)} in {delta.file}"]
 
 
-def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: TensorInfo, server: ServerStep,
-                          opt: ServerOptimizer) -> list[str]:
+def _server_step_failures(
+    reader: TensorReader, n: str, p: torch.Tensor, delta: TensorInfo, server: ServerStep, opt: ServerOptimizer
+) -> list[str]:
     """Stored new weight and state of tensor ``n`` against the float64 server step."""
+
     def read(info: TensorInfo) -> torch.Tensor:
         return reader.read(info).to(torch.float64)
 
@@ -313,14 +354,18 @@ def _server_step_failures(reader: TensorReader, n: str, p: torch.Tensor, delta: 
     for key, (want, tol) in recompute(opt, p, read(delta), old, got).items():
         diff = (got[key] - want).abs()
         if not bool((diff <= tol).all()):
-            label, name, info = (("merged model", n, server.model[n]) if key == WEIGHT
-                                 else ("server state", f"{key}/{n}", server.state[f"{key}/{n}"]))
+            label, name, info = (
+                ("merged model", n, server.model[n])
+                if key == WEIGHT
+                else ("server state", f"{key}/{n}", server.state[f"{key}/{n}"])
+            )
             out.append(f"{label}: {_worst(name, diff, tol)} in {info.file}")
     return out
 
 
 def _manifest_failures(dirs: Sequence[Path]) -> list[str]:
     """Every directory's manifest (one run lists every problem); two threads hash in parallel."""
+
     def problem(d: Path) -> str | None:
         try:
             verify_manifest(d)
@@ -335,9 +380,17 @@ def _manifest_failures(dirs: Sequence[Path]) -> list[str]:
         return [f for f in pool.map(problem, unique.values()) if f]
 
 
-def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, agg_dir: Path, *,
-                 model_dir: Path | None = None, opt: ServerOptimizer | None = None,
-                 prev_state_dir: Path | None = None, given_weights: Sequence[float] | None = None) -> list[str]:
+def verify_round(
+    prev_dir: Path,
+    client_dirs: Sequence[Path],
+    weighting: str,
+    agg_dir: Path,
+    *,
+    model_dir: Path | None = None,
+    opt: ServerOptimizer | None = None,
+    prev_state_dir: Path | None = None,
+    given_weights: Sequence[float] | None = None,
+) -> list[str]:
     """Return a list of failures (empty = the round verifies).
 
     With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
@@ -360,7 +413,9 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
         return [f"usage: {len(given_weights)} --client-weights for {len(client_dirs)} --clients"]
     client_dirs = [d for d in client_dirs if not is_dropped(d)]  # drop records: aggregate left them out
     try:
-        weights = client_weights(client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs])
+        weights = client_weights(
+            client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs]
+        )
         critic = critic_pairs(prev_dir, client_dirs)
     except (AggregateError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
@@ -369,12 +424,24 @@ def verify_round(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, ag
         # PPO (fedagent.model.critic_dir): whose critic each is, then the critic's aggregate and server
         # step, same weights and flags.
         failures += [f"critic: {f}" for f in _critic_identity_failures(client_dirs, agg_dir)]
-        failures += [f"critic: {f}" for f in _verify_model(
-            critic[0], critic[1], weighting, weights, critic_of(agg_dir), model_dir and critic_of(model_dir), opt,
-            prev_state_dir and critic_of(prev_state_dir))]
+        failures += [
+            f"critic: {f}"
+            for f in _verify_model(
+                critic[0],
+                critic[1],
+                weighting,
+                weights,
+                critic_of(agg_dir),
+                model_dir and critic_of(model_dir),
+                opt,
+                prev_state_dir and critic_of(prev_state_dir),
+            )
+        ]
     elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
-        failures.append(f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
-                        f"but prev {prev_dir} and the clients have none")
+        failures.append(
+            f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
+            f"but prev {prev_dir} and the clients have none"
+        )
     return failures
 
 
@@ -392,22 +459,29 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
             continue
         rec = metrics.get(CRITIC_RECORD) if isinstance(metrics, dict) else None
         if not isinstance(rec, dict) or not rec:
-            out.append(f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
-                       f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)")
+            out.append(
+                f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
+                f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)"
+            )
             continue
         prefix = CRITIC_DIR + "/"
         recorded[d] = rec
-        found[d] = {rel[len(prefix):]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
+        found[d] = {rel[len(prefix) :]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
         who[d] = f"client {metrics.get('client')!r}, round {metrics.get('round')!r}"
     for d, rec in recorded.items():
         if found[d] == rec:
             continue
         bad = sorted(k for k in set(rec) | set(found[d]) if rec.get(k) != found[d].get(k))
         owner = [o for o, r in recorded.items() if o != d and r == found[d]]
-        origin = (f"it is the critic of the update {owner[0]} ({who[owner[0]]})" if owner
-                  else "a critic from another client or round?")
-        out.append(f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
-                   f"update ({who[d]}; {len(bad)} file(s) differ): {origin}")
+        origin = (
+            f"it is the critic of the update {owner[0]} ({who[owner[0]]})"
+            if owner
+            else "a critic from another client or round?"
+        )
+        out.append(
+            f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
+            f"update ({who[d]}; {len(bad)} file(s) differ): {origin}"
+        )
     try:
         actor = json.loads((agg_dir / AGG_JSON).read_text()).get("clients", [])
         crit = json.loads((critic_of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
@@ -416,14 +490,23 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         return out + [f"structure: cannot read the aggregate.json files of {agg_dir} ({exc})"]
     if got != want:
-        out.append(f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
-                   f"{want} ({agg_dir / AGG_JSON})")
+        out.append(
+            f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
+            f"{want} ({agg_dir / AGG_JSON})"
+        )
     return out
 
 
-def _verify_model(prev_dir: Path, client_dirs: Sequence[Path], weighting: str, weights: Sequence[float],
-                  agg_dir: Path, model_dir: Path | None, opt: ServerOptimizer,
-                  prev_state_dir: Path | None) -> list[str]:
+def _verify_model(
+    prev_dir: Path,
+    client_dirs: Sequence[Path],
+    weighting: str,
+    weights: Sequence[float],
+    agg_dir: Path,
+    model_dir: Path | None,
+    opt: ServerOptimizer,
+    prev_state_dir: Path | None,
+) -> list[str]:
     """One model's aggregate (and server step): the actor, or its critic (manifests checked already)."""
     try:
         prev, clients = check_structure(prev_dir, client_dirs)
@@ -452,8 +535,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prev", required=True, type=Path)
     parser.add_argument("--clients", required=True, nargs="+", type=Path)
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
-    parser.add_argument("--client-weights", type=float, nargs="+", default=None,
-                        help="weighting 'weights': one per --clients entry")
+    parser.add_argument(
+        "--client-weights", type=float, nargs="+", default=None, help="weighting 'weights': one per --clients entry"
+    )
     parser.add_argument("--aggregate", required=True, type=Path)
     parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
     add_server_args(parser)
@@ -462,8 +546,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """CLI entry: 0 if everything matches, 1 (printing every failure) otherwise."""
     opt, state = optimizer_from_args(args)
-    failures = verify_round(args.prev, args.clients, args.weighting, args.aggregate, model_dir=args.model,
-                            opt=opt, prev_state_dir=state, given_weights=args.client_weights)
+    failures = verify_round(
+        args.prev,
+        args.clients,
+        args.weighting,
+        args.aggregate,
+        model_dir=args.model,
+        opt=opt,
+        prev_state_dir=state,
+        given_weights=args.client_weights,
+    )
     if failures:
         for f in failures:
             print(f"verify: FAIL {f}", file=sys.stderr)
@@ -472,7 +564,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:
         hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
         extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
-    if has_critic(args.aggregate):   # PPO: the critic's aggregate (and server step) passed too
+    if has_critic(args.aggregate):  # PPO: the critic's aggregate (and server step) passed too
         extra += f"; {CRITIC_DIR}/ likewise"
     print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
     return 0

@@ -17,7 +17,7 @@ from fedagent.train import fedprox, grpo
 
 
 def chunks(seq, n):
-    return [seq[k:k + n] for k in range(0, len(seq), n)]
+    return [seq[k : k + n] for k in range(0, len(seq), n)]
 
 
 def logprobs(model, batch, temperature: float, micro: int, with_entropy: bool = False):
@@ -33,10 +33,10 @@ def logprobs(model, batch, temperature: float, micro: int, with_entropy: bool = 
     shape = None
     if getattr(model, "_fedagent_forward", None) is not None:
         width = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
-        shape = grpo.static_pad_shape(len(batch), width, rows_to=micro,
-                                      n_targets=sum(s.trained_count() for s in batch))
-    return grpo.response_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                  right_pad=True, pad_shape=shape)
+        shape = grpo.static_pad_shape(len(batch), width, rows_to=micro, n_targets=sum(s.trained_count() for s in batch))
+    return grpo.response_logprobs(
+        model, batch, temperature=temperature, with_entropy=with_entropy, right_pad=True, pad_shape=shape
+    )
 
 
 @torch.no_grad()
@@ -46,10 +46,10 @@ def logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Ten
 
 
 # ``mode="reduce-overhead"``: inductor's fused kernels in CUDA graphs. (Adding coordinate-descent
-# tuning of the Triton kernels' launch configs was tried on the H200, 2026-12-01: its first compile
+# tuning of the Triton kernels' launch configs was tried on the GPU: its first compile
 # of the B64x512 step had not finished after 6 min, against about 57 s without it. A pre-grad
 # pass making the linears that read one input (q/k/v, gate/up) one matmul over concatenated
-# weights was measured there on 2026-12-02: MFU 0.287 against 0.299 without it, so it is not used.)
+# weights was measured there: MFU 0.287 against 0.299 without it, so it is not used.)
 COMPILE_TRAIN_OPTIONS = {"triton.cudagraphs": True}
 
 
@@ -61,8 +61,9 @@ def compile_for_training(model, options: dict | None = None) -> None:
     at its first use. Attention runs as plain causal SDPA with no mask at all
     (:func:`causal_attention_without_mask`: the batches are right-padded)."""
     causal_attention_without_mask(model)
-    model._fedagent_forward = torch.compile(grpo.forward_logprobs, dynamic=False,
-                                            options=COMPILE_TRAIN_OPTIONS if options is None else options)
+    model._fedagent_forward = torch.compile(
+        grpo.forward_logprobs, dynamic=False, options=COMPILE_TRAIN_OPTIONS if options is None else options
+    )
 
 
 CAUSAL_SDPA = "fedagent_causal_sdpa"
@@ -73,7 +74,7 @@ def causal_attention_without_mask(model) -> None:
 
     transformers drops the all-ones mask of an unpadded batch only when it is not tracing; under
     torch.compile it always builds a 4-D mask, and SDPA with an explicit mask takes kernels
-    about twice as slow (measured on the H200: 416 µs vs 216 µs per backward call). Our training
+    about twice as slow (measured: 416 µs vs 216 µs per backward call, docs/gpu.md). Our training
     batches are right-padded with no padding mask (a real token never sees a pad after it), so
     causal attention is exact: registered under transformers' attention and mask interfaces,
     the mask function returns None and the attention is transformers' own SDPA forward, which
@@ -124,8 +125,10 @@ def decoder_layers(model) -> list:
     """The decoder layers of a transformers causal LM (Llama, Qwen2: ``model.model.layers``)."""
     layers = getattr(getattr(model, "base_model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers at model.base_model.layers "
-                         "(train.activation_checkpointing needs a Llama-style model)")
+        raise ValueError(
+            f"{type(model).__name__}: no decoder layers at model.base_model.layers "
+            "(train.activation_checkpointing needs a Llama-style model)"
+        )
     return list(layers)
 
 
@@ -184,7 +187,7 @@ def record_steps(pending: list, steps: list, epoch: int) -> None:
         grad_norm, k = flat[k], k + 1
         acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0}
         for _ in range(st.shape[0]):
-            loss, pg, kl, ent, clipped = flat[k:k + 5]
+            loss, pg, kl, ent, clipped = flat[k : k + 5]
             k += 5
             acc["loss"] += loss
             acc["pg"] += pg / n_tok
@@ -195,10 +198,19 @@ def record_steps(pending: list, steps: list, epoch: int) -> None:
             # clip_grad_norm_ turns an inf norm into NaN updates (inf * 0): stop, naming the step,
             # instead of writing NaN weights that the next rollout or aggregate trips over.
             pending.clear()
-            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}) in epoch {epoch}, "
-                                     f"optimizer step {len(steps)} (loss {acc['loss']:.6g})")
-        steps.append({"epoch": epoch, "samples": n_samples, "tokens": n_tok, "grad_norm": grad_norm,
-                      **{name: round(v, 8) for name, v in acc.items()}})
+            raise FloatingPointError(
+                f"non-finite gradient norm ({grad_norm}) in epoch {epoch}, "
+                f"optimizer step {len(steps)} (loss {acc['loss']:.6g})"
+            )
+        steps.append(
+            {
+                "epoch": epoch,
+                "samples": n_samples,
+                "tokens": n_tok,
+                "grad_norm": grad_norm,
+                **{name: round(v, 8) for name, v in acc.items()},
+            }
+        )
     pending.clear()
 
 
@@ -208,8 +220,21 @@ def deferred_steps(optimizer) -> bool:
     return bool(getattr(optimizer, "defaults", {}).get("fused"))
 
 
-def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, params,
-                prox_anchor=None, deferred: bool = False, check=None) -> tuple:
+def update_step(
+    model,
+    optimizer,
+    samples,
+    mb,
+    old,
+    ref,
+    token_adv,
+    slices,
+    p,
+    params,
+    prox_anchor=None,
+    deferred: bool = False,
+    check=None,
+) -> tuple:
     """One optimizer step on the mini-batch ``mb`` (sample indices), its micro-batches' gradients
     accumulated: the token-mean dual-clipped ratio loss (+ KL, − entropy), FedProx's term, clipping,
     the step. ``old``/``ref``/``token_adv``: flat per-token tensors in sample order (``slices``:
@@ -222,7 +247,7 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, p
         # train.compile_train: CUDA-graph trees hand the backward's gradients out of their memory
         # pool, and a parameter's first gradient of a step would be kept as its .grad, then overwritten
         # by the next micro-batch's replay (the suspected cause of "accessing tensor output of
-        # CUDAGraphs that has been overwritten" at micro 32 of 64 on the H200, 2026-12-04). With every
+        # CUDAGraphs that has been overwritten" at micro 32 of 64 on the GPU). With every
         # .grad allocated and zeroed in place, each micro-batch's gradient is added into it at once.
         # Not yet measured on the GPU: the config still refuses compile_train with micro-batches.
         for q in params:
@@ -238,14 +263,22 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, p
             logp, ent = logprobs(model, batch, p.temperature, p.micro_batch_size, with_entropy=True)
         idx = token_index(slices, micro, logp.device)
         terms, st = grpo.grpo_token_terms(
-            logp, old[idx], ref[idx] if ref is not None else None, token_adv[idx], clip=p.clip,
-            kl_coef=p.kl_coef, entropy_coef=p.entropy_coef, entropy=ent if p.entropy_coef else ent.detach(),
-            clip_ratio_c=p.clip_ratio_c)
+            logp,
+            old[idx],
+            ref[idx] if ref is not None else None,
+            token_adv[idx],
+            clip=p.clip,
+            kl_coef=p.kl_coef,
+            entropy_coef=p.entropy_coef,
+            entropy=ent if p.entropy_coef else ent.detach(),
+            clip_ratio_c=p.clip_ratio_c,
+        )
         # Sum over tokens / mini-batch token count = token-mean over the whole mini-batch.
         loss = terms.sum() / n_tok
         loss.backward()
-        stats.append(torch.stack([loss.detach(), st["pg"].sum(), st["kl"].sum(), st["entropy"].sum(),
-                                  st["clipped"].sum()]))
+        stats.append(
+            torch.stack([loss.detach(), st["pg"].sum(), st["kl"].sum(), st["entropy"].sum(), st["clipped"].sum()])
+        )
     if prox_anchor is not None:
         fedprox.add_proximal_grad(model, prox_anchor, p.fedprox_mu)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
@@ -263,9 +296,19 @@ def update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, p
     return record
 
 
-def grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch: int,
-               ref_is_policy: bool = False, prox_anchor: dict | None = None,
-               token_adv: torch.Tensor | None = None, after_step=None) -> list[dict]:
+def grpo_epoch(
+    model,
+    ref_model,
+    optimizer,
+    samples,
+    p,
+    shuffle_rng,
+    epoch: int,
+    ref_is_policy: bool = False,
+    prox_anchor: dict | None = None,
+    token_adv: torch.Tensor | None = None,
+    after_step=None,
+) -> list[dict]:
     """Behaviour/ref log-probs first, then one shuffled pass of mini-batch updates.
 
     The actor's epoch of GRPO and of PPO. PPO (fedagent.train.ppo) passes ``token_adv``, flat
@@ -278,7 +321,7 @@ def grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch: int,
     (:func:`fedagent.train.fedprox.snapshot`); ``p.fedprox_mu·(w − w_t)`` joins each step's
     gradient before clipping. None (μ = 0): plain FedAvg local training.
     """
-    model.eval()   # no dropout in Llama; eval() keeps sampling and scoring numerics identical
+    model.eval()  # no dropout in Llama; eval() keeps sampling and scoring numerics identical
     amp = autocast(model)
     with amp:
         old = logprobs_nograd(model, samples, p.micro_batch_size, p.temperature)
@@ -307,8 +350,21 @@ def grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch: int,
     deferred = deferred_steps(optimizer)
     steps, pending = [], []
     for mb in chunks(order, p.mini_batch_size):
-        record = update_step(model, optimizer, samples, mb, old, ref, token_adv, slices, p, params, prox_anchor,
-                             deferred, check=lambda r: record_steps([r], steps, epoch))
+        record = update_step(
+            model,
+            optimizer,
+            samples,
+            mb,
+            old,
+            ref,
+            token_adv,
+            slices,
+            p,
+            params,
+            prox_anchor,
+            deferred,
+            check=lambda r: record_steps([r], steps, epoch),
+        )
         if deferred:
             pending.append(record)
         if after_step is not None:

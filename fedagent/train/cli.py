@@ -28,12 +28,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round", type=int, required=True)
     parser.add_argument("--params", required=True, help="JSON object of train params (see TrainParams)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--env-params", default="{}",
-                        help="JSON object of this client's env knobs (WebShop: its environment arm)")
+    parser.add_argument(
+        "--env-params", default="{}", help="JSON object of this client's env knobs (WebShop: its environment arm)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output update dir")
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
-    parser.add_argument("--backend", choices=("local", "verl"), default="local",
-                        help="local: this process (CPU); verl: one verl job (FSDP + vLLM + Ray, GPUs)")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "verl"),
+        default="local",
+        help="local: this process (CPU); verl: one verl job (FSDP + vLLM + Ray, GPUs)",
+    )
     parser.add_argument("--verl", default="{}", help="JSON object of verl settings (see VerlSettings)")
 
 
@@ -65,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     # The workflow passes the backend inside --params (so a local run's params stay as they were).
     backend = raw.pop("backend", args.backend)
     verl_json = json.dumps(raw.pop("verl")) if "verl" in raw else args.verl
-    ref_anchor = raw.pop("ref_anchor", None)     # verl jobs check it with their keys; --ref-model is the reference
+    ref_anchor = raw.pop("ref_anchor", None)  # verl jobs check it with their keys; --ref-model is the reference
     if backend not in ("local", "verl"):
         raise ValueError(f"train backend must be 'local' or 'verl', got {backend!r}")
     params = TrainParams.from_dict(raw)
@@ -78,21 +83,50 @@ def _run(args: argparse.Namespace) -> int:
     if backend == "verl":
         from fedagent.train.verl.backend import check_job_keys
 
-        check_job_keys({"backend": backend, "ref_anchor": ref_anchor or "round", "kl_coef": params.kl_coef,
-                        "fedprox_mu": params.fedprox_mu, "rollout_mode": params.rollout_mode,
-                        "algorithm": params.algorithm, "mini_batch_size": params.mini_batch_size,
-                        "group_size": params.group_size, "groups_per_epoch": params.groups_per_epoch,
-                        "clip_ratio_c": params.clip_ratio_c,
-                        "activation_checkpointing": params.activation_checkpointing})
+        check_job_keys(
+            {
+                "backend": backend,
+                "ref_anchor": ref_anchor or "round",
+                "kl_coef": params.kl_coef,
+                "fedprox_mu": params.fedprox_mu,
+                "rollout_mode": params.rollout_mode,
+                "algorithm": params.algorithm,
+                "mini_batch_size": params.mini_batch_size,
+                "group_size": params.group_size,
+                "groups_per_epoch": params.groups_per_epoch,
+                "clip_ratio_c": params.clip_ratio_c,
+                "activation_checkpointing": params.activation_checkpointing,
+            }
+        )
         return _run_verl(args, params, shard, out, verl_json, env_params)
-    with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=params.pool_size,
-                         max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, projection=params.projection,
-                         source=games_kind(args.games),
-                         env_params=env_params or None, env_procs=params.env_procs, wait=False) as pending:
+    with job_env_service(
+        args.games,
+        "train",
+        shard,
+        out,
+        mode="draw",
+        pool_size=params.pool_size,
+        max_turns=params.max_turns,
+        client_id=str(args.client),
+        answer_format=params.answer_format,
+        projection=params.projection,
+        source=games_kind(args.games),
+        env_params=env_params or None,
+        env_procs=params.env_procs,
+        wait=False,
+    ) as pending:
         # The service starts while train_client loads the model; it health-gates it after.
-        metrics = train_client(args.model, args.ref_model, _LogArm(pending), round=args.round, client=args.client,
-                               params=params, threads=args.threads, out_dir=out, quarantine=args.quarantine)
+        metrics = train_client(
+            args.model,
+            args.ref_model,
+            _LogArm(pending),
+            round=args.round,
+            client=args.client,
+            params=params,
+            threads=args.threads,
+            out_dir=out,
+            quarantine=args.quarantine,
+        )
     # The learning signal too: with keep.client_updates false the update dir (and its metrics.json)
     # is gone after aggregation, and the job log is what is left to diagnose a flat curve with.
     print(json.dumps({"out": str(out), **{k: metrics[k] for k in LOGGED_METRICS if k in metrics}}))
@@ -100,8 +134,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # What a train-client job's log line carries of its metrics.json (the GPU runs keep no client updates).
-LOGGED_METRICS = ("num_samples", "mean_return", "success_rate", "invalid_rate", "kl", "groups",
-                  "groups_nonzero_advantage", "samples_nonzero_reward", "wall_time_s")
+LOGGED_METRICS = (
+    "num_samples",
+    "mean_return",
+    "success_rate",
+    "invalid_rate",
+    "kl",
+    "groups",
+    "groups_nonzero_advantage",
+    "samples_nonzero_reward",
+    "wall_time_s",
+)
 
 
 class _LogArm:
@@ -112,7 +155,7 @@ class _LogArm:
 
     def ready(self):
         env = self.pending.ready()
-        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)  # the job log shows the arm
         return env
 
 
@@ -126,18 +169,27 @@ def verl_settings(text: str):
         if d.get(key) is not None:
             d[key] = tuple(d[key])
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
-    if (s.gpus < 1 or not 0 < s.gpu_memory_utilization <= 1 or s.vllm_executor not in ("mp", "uni")
-            or s.reward_workers < 1 or s.storage_units < 1 or s.engines not in ("job", "run")
-            or s.engine_sets < 1 or not s.engines_idle_s > 0 or not s.engines_max_growth_gb > 0):
+    if (
+        s.gpus < 1
+        or not 0 < s.gpu_memory_utilization <= 1
+        or s.vllm_executor not in ("mp", "uni")
+        or s.reward_workers < 1
+        or s.storage_units < 1
+        or s.engines not in ("job", "run")
+        or s.engine_sets < 1
+        or not s.engines_idle_s > 0
+        or not s.engines_max_growth_gb > 0
+    ):
         raise ValueError(f"bad train.verl settings: {s}")
     if s.engines == "run" and s.warm_refit:
-        raise ValueError("train.verl.engines: run and train.verl.warm_refit: the probe refits inside one job, the "
-                         "engine sets across jobs; choose one")
+        raise ValueError(
+            "train.verl.engines: run and train.verl.warm_refit: the probe refits inside one job, the "
+            "engine sets across jobs; choose one"
+        )
     return s
 
 
-def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, verl_json: str,
-              env_params: dict) -> int:
+def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, verl_json: str, env_params: dict) -> int:
     """The verl backend: same env service, then one verl job (fedagent.train.verl.backend)."""
     from fedagent.envs.lifecycle import job_env_service
     from fedagent.plan.tasks import games_kind
@@ -146,15 +198,42 @@ def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, ver
     settings = verl_settings(verl_json)
     # verl plays every rollout of a step at once: one env session each.
     pool = max(params.pool_size, params.groups_per_epoch * params.group_size)
-    with job_env_service(args.games, "train", shard, out, mode="draw", pool_size=pool,
-                         max_turns=params.max_turns, client_id=str(args.client),
-                         answer_format=params.answer_format, projection=params.projection,
-                         source=games_kind(args.games),
-                         env_params=env_params or None) as env:
-        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)   # the job log shows the arm
-        metrics = train_client_verl(args.model, args.ref_model, env.address, round=args.round, client=args.client,
-                                    params=params, settings=settings, out_dir=out, quarantine=args.quarantine)
-    print(json.dumps({"out": str(out), "backend": "verl", "num_samples": metrics["num_samples"],
-                      "mean_return": metrics["mean_return"], "success_rate": metrics["success_rate"],
-                      "wall_time_s": metrics["wall_time_s"]}))
+    with job_env_service(
+        args.games,
+        "train",
+        shard,
+        out,
+        mode="draw",
+        pool_size=pool,
+        max_turns=params.max_turns,
+        client_id=str(args.client),
+        answer_format=params.answer_format,
+        projection=params.projection,
+        source=games_kind(args.games),
+        env_params=env_params or None,
+    ) as env:
+        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)  # the job log shows the arm
+        metrics = train_client_verl(
+            args.model,
+            args.ref_model,
+            env.address,
+            round=args.round,
+            client=args.client,
+            params=params,
+            settings=settings,
+            out_dir=out,
+            quarantine=args.quarantine,
+        )
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "backend": "verl",
+                "num_samples": metrics["num_samples"],
+                "mean_return": metrics["mean_return"],
+                "success_rate": metrics["success_rate"],
+                "wall_time_s": metrics["wall_time_s"],
+            }
+        )
+    )
     return 0

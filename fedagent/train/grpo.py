@@ -8,7 +8,7 @@ A < 0 costs at most −A·c, ``train.clip_ratio_c``, as verl's vanilla policy lo
 k3 KL to a reference − ``entropy_coef`` · entropy, token-mean over response tokens.
 
 Every log-prob (behaviour, current, reference) and the entropy are those of the distribution
-actually sampled: logits divided by the sampling temperature, as verl does (issue 11). A concat
+actually sampled: logits divided by the sampling temperature, as verl does. A concat
 sample (``rollout.mode: concat``) is the whole episode as one sequence; its ``response_mask``
 marks the model's own tokens (1) against the observation glue (0), which is context only.
 """
@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 EPS = 1e-6
-KL_CLAMP = 10.0   # verl's low_var_kl clamp: one wild token must not dominate a step
+KL_CLAMP = 10.0  # verl's low_var_kl clamp: one wild token must not dominate a step
 # verl clamps log-ratios to ±20 *before* exp (ratio and low_var_kl). Without it a log-ratio past
 # ~88 overflows exp to inf; the value is clamped afterwards but the backward pass multiplies
 # the clamp's zero gradient by inf: NaN gradients, NaN weights after the optimizer step.
@@ -63,9 +63,11 @@ def turn_samples(trajectories: Sequence, groups: Sequence[int], invalid_penalty:
     for traj, g in zip(trajectories, groups):
         for t in traj.turns:
             if not t.response_ids:
-                continue   # nothing to train on (max_new_tokens == 0)
+                continue  # nothing to train on (max_new_tokens == 0)
             reward = float(traj.episode_return) - (float(invalid_penalty) if not t.valid else 0.0)
-            out.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), reward=reward, group=int(g)))
+            out.append(
+                Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), reward=reward, group=int(g))
+            )
     return out
 
 
@@ -88,14 +90,17 @@ def episode_samples(trajectories: Sequence, groups: Sequence[int], invalid_penal
         for k, t in enumerate(turns):
             a, b = len(t.prompt_ids), len(t.prompt_ids) + len(t.response_ids)
             if seq[:a] != list(t.prompt_ids) or seq[a:b] != list(t.response_ids):
-                raise RuntimeError(f"concat episode (seed {traj.seed}): turn {k}'s context/response is not "
-                                   "a prefix of the episode sequence")
+                raise RuntimeError(
+                    f"concat episode (seed {traj.seed}): turn {k}'s context/response is not "
+                    "a prefix of the episode sequence"
+                )
             mask[a:b] = [1] * (b - a)
         n0 = len(turns[0].prompt_ids)
         n_invalid = sum(1 for t in turns if not t.valid)
         reward = float(traj.episode_return) - float(invalid_penalty) * n_invalid
-        out.append(Sample(prompt_ids=seq[:n0], response_ids=seq[n0:], reward=reward, group=int(g),
-                          response_mask=mask[n0:]))
+        out.append(
+            Sample(prompt_ids=seq[:n0], response_ids=seq[n0:], reward=reward, group=int(g), response_mask=mask[n0:])
+        )
     return out
 
 
@@ -122,8 +127,15 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     return [(float(r) - stats[int(g)][0]) / (stats[int(g)][1] + eps) for r, g in zip(rewards, groups)]
 
 
-def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, with_entropy: bool = False,
-                      right_pad: bool = False, pad_shape: tuple[int, ...] | None = None):
+def response_logprobs(
+    model,
+    samples: Sequence[Sample],
+    *,
+    temperature: float,
+    with_entropy: bool = False,
+    right_pad: bool = False,
+    pad_shape: tuple[int, ...] | None = None,
+):
     """Per-token log-probs (and entropies) of each sample's response under ``model``.
 
     ``temperature`` (required, > 0): the sampling temperature; the log-probs and entropies are
@@ -162,8 +174,9 @@ def response_logprobs(model, samples: Sequence[Sample], *, temperature: float, w
         # train.compile_train: the CUDA-graphed forward. Mark a new step so the graph trees may
         # reuse the last replay's buffers; what is kept is cloned out of them below.
         torch.compiler.cudagraph_mark_step_begin()
-    logp, entropy = (compiled or forward_logprobs)(model, ids, mask, pos, rows, cols, targets, float(temperature),
-                                                   with_entropy)
+    logp, entropy = (compiled or forward_logprobs)(
+        model, ids, mask, pos, rows, cols, targets, float(temperature), with_entropy
+    )
     # The padded targets (row 0 / column 0 / token 0 entries, after the real ones) are dropped.
     return logp[:n].clone(), (entropy[:n].clone() if entropy is not None else None)
 
@@ -217,14 +230,20 @@ def _left_padded(samples, device):
         n = len(s.response_ids)
         for k, j in enumerate(range(width - n, width)):
             if s.response_mask is not None and not s.response_mask[k]:
-                continue   # observation glue: context, not a target
+                continue  # observation glue: context, not a target
             rows.append(i)
-            cols.append(j - 1)   # the hidden state at j-1 predicts the token at j
+            cols.append(j - 1)  # the hidden state at j-1 predicts the token at j
             targets.append(int(ids[i, j]))
     if device.type != "cpu":
         ids, pos, mask = ids.to(device), pos.to(device), mask.to(device)
-    return (ids, mask, pos, torch.tensor(rows, device=device), torch.tensor(cols, device=device),
-            torch.tensor(targets, device=device))
+    return (
+        ids,
+        mask,
+        pos,
+        torch.tensor(rows, device=device),
+        torch.tensor(cols, device=device),
+        torch.tensor(targets, device=device),
+    )
 
 
 def _right_padded(samples, pad_shape, device):
@@ -240,8 +259,9 @@ def _right_padded(samples, pad_shape, device):
     n_targets = sum(s.trained_count() for s in samples)
     if pad_shape is not None:
         if pad_shape[0] < n_rows or pad_shape[1] < width or (len(pad_shape) > 2 and pad_shape[2] < n_targets):
-            raise ValueError(f"pad_shape {tuple(pad_shape)} is smaller than the batch "
-                             f"({n_rows}, {width}, {n_targets} targets)")
+            raise ValueError(
+                f"pad_shape {tuple(pad_shape)} is smaller than the batch ({n_rows}, {width}, {n_targets} targets)"
+            )
         n_rows, width = int(pad_shape[0]), int(pad_shape[1])
     flat = torch.cat([s.ids_tensor() for s in samples])
     row_of = torch.repeat_interleave(torch.arange(len(samples)), lens)
@@ -252,11 +272,16 @@ def _right_padded(samples, pad_shape, device):
     resp = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
     r_row = torch.repeat_interleave(torch.arange(len(samples)), resp)
     r_k = torch.arange(int(resp.sum())) - torch.repeat_interleave(torch.cumsum(resp, 0) - resp, resp)
-    r_col = lens[r_row] - resp[r_row] + r_k            # the response token's column
+    r_col = lens[r_row] - resp[r_row] + r_k  # the response token's column
     if any(s.response_mask is not None for s in samples):
-        keep = torch.tensor([m for s in samples
-                             for m in (s.response_mask if s.response_mask is not None
-                                       else [1] * len(s.response_ids))], dtype=torch.bool)
+        keep = torch.tensor(
+            [
+                m
+                for s in samples
+                for m in (s.response_mask if s.response_mask is not None else [1] * len(s.response_ids))
+            ],
+            dtype=torch.bool,
+        )
         r_row, r_col = r_row[keep], r_col[keep]
     targets = ids[r_row, r_col]
     r_col = r_col - 1
@@ -269,13 +294,19 @@ def _right_padded(samples, pad_shape, device):
     # One pinned buffer, one non-blocking copy: a pageable copy would wait for the stream.
     m = r_row.numel()
     pack = torch.cat([ids.reshape(-1), r_row, r_col, targets]).pin_memory().to(device, non_blocking=True)
-    tail = pack[n_rows * width:]
-    return (pack[:n_rows * width].view(n_rows, width), torch.arange(width, device=device).expand(n_rows, width),
-            tail[:m], tail[m:2 * m], tail[2 * m:])
+    tail = pack[n_rows * width :]
+    return (
+        pack[: n_rows * width].view(n_rows, width),
+        torch.arange(width, device=device).expand(n_rows, width),
+        tail[:m],
+        tail[m : 2 * m],
+        tail[2 * m :],
+    )
 
 
-def static_pad_shape(n_rows: int, width: int, rows_to: int, width_step: int = 64, n_targets: int | None = None,
-                     target_step: int = 512) -> tuple[int, ...]:
+def static_pad_shape(
+    n_rows: int, width: int, rows_to: int, width_step: int = 64, n_targets: int | None = None, target_step: int = 512
+) -> tuple[int, ...]:
     """The static shape a compiled training forward pads a micro-batch to: ``rows_to`` rows (the
     micro-batch size), the width rounded up to a multiple of ``width_step`` and, given
     ``n_targets``, the trained-token count rounded up to a multiple of ``target_step``."""
@@ -289,11 +320,21 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(d) - d - 1.0, min=-KL_CLAMP, max=KL_CLAMP)
 
 
-DUAL_CLIP = 3.0   # verl's (and the reference's) clip_ratio_c: train.clip_ratio_c's default
+DUAL_CLIP = 3.0  # verl's (and the reference's) clip_ratio_c: train.clip_ratio_c's default
 
 
-def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: float,
-                     entropy_coef: float = 0.0, entropy=None, clip_ratio_c: float | None = DUAL_CLIP):
+def grpo_token_terms(
+    logp,
+    old_logp,
+    ref_logp,
+    adv,
+    *,
+    clip: float,
+    kl_coef: float,
+    entropy_coef: float = 0.0,
+    entropy=None,
+    clip_ratio_c: float | None = DUAL_CLIP,
+):
     """Per-token loss terms; the caller sums them and divides by the mini-batch token count.
 
     ``adv`` is the per-token advantage (each token of a sample carries its sample's value).
@@ -321,8 +362,13 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
         loss = loss + kl_coef * kl
     if entropy is not None and entropy_coef:
         loss = loss - entropy_coef * entropy
-    stats = {"pg": pg.detach(), "kl": kl.detach(), "clipped": (pg2 > pg1).detach().float(),
-             "ratio": ratio.detach(), "dual_clipped": dual.detach().float()}
+    stats = {
+        "pg": pg.detach(),
+        "kl": kl.detach(),
+        "clipped": (pg2 > pg1).detach().float(),
+        "ratio": ratio.detach(),
+        "dual_clipped": dual.detach().float(),
+    }
     if entropy is not None:
         stats["entropy"] = entropy.detach()
     return loss, stats
@@ -330,5 +376,6 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, *, clip: float, kl_coef: flo
 
 def token_advantages(samples: Sequence[Sample], device=None) -> torch.Tensor:
     """Each trained response token carries its sample's advantage (flat, sample order)."""
-    return torch.tensor([s.advantage for s in samples for _ in range(s.trained_count())], dtype=torch.float32,
-                        device=device)
+    return torch.tensor(
+        [s.advantage for s in samples for _ in range(s.trained_count())], dtype=torch.float32, device=device
+    )

@@ -45,35 +45,35 @@ class TrainParams:
     lr: float = 1e-6
     kl_coef: float = 0.01
     clip: float = 0.2
-    clip_ratio_c: float | None = 3.0      # dual-clip cap of the loss of A < 0 tokens (None: off), as verl
+    clip_ratio_c: float | None = 3.0  # dual-clip cap of the loss of A < 0 tokens (None: off), as verl
     entropy_coef: float = 0.0
     mini_batch_size: int = 8
     micro_batch_size: int = 4
     max_prompt_tokens: int = 1024
     invalid_penalty: float = 0.1
     pool_size: int = 8
-    env_procs: int = 0                    # env.procs: the env service's worker processes (0: its threads)
+    env_procs: int = 0  # env.procs: the env service's worker processes (0: its threads)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    answer_format: str = "think_action"   # rollout.answer_format: think_action | action
-    projection: str = "reference"         # rollout.projection: reference | noop (the env service's)
-    rollout_mode: str = "windowed"        # rollout.mode: windowed | concat
-    history: int = 2                      # rollout.history: windowed prompt's past steps
-    fedprox_mu: float = 0.0               # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
-    device: str = "cpu"                   # cpu | cuda (fp32 master weights either way)
-    sampler: str = "compile"              # cuda: the static-cache sampler's mode (compile | graph | eager)
-    sampler_widths: list[int] = field(default_factory=list)   # cuda: the sampler's narrower widths (buckets)
-    sampler_fused: bool = False        # cuda: the rollout copy's q/k/v and gate/up projections merged (one GEMM each)
-    sampler_compile_prefill: bool = False   # cuda: the sampler's prefill through torch.compile too
-    compile_train: bool = False           # cuda: torch.compile the policy's forward/backward for training
-    residual_dtype: str = "float32"       # cuda: the training forward's residual stream (float32 | bfloat16)
+    answer_format: str = "think_action"  # rollout.answer_format: think_action | action
+    projection: str = "reference"  # rollout.projection: reference | noop (the env service's)
+    rollout_mode: str = "windowed"  # rollout.mode: windowed | concat
+    history: int = 2  # rollout.history: windowed prompt's past steps
+    fedprox_mu: float = 0.0  # train.fedprox_mu: μ of FedProx's μ·(w − w_round_start)
+    device: str = "cpu"  # cpu | cuda (fp32 master weights either way)
+    sampler: str = "compile"  # cuda: the static-cache sampler's mode (compile | graph | eager)
+    sampler_widths: list[int] = field(default_factory=list)  # cuda: the sampler's narrower widths (buckets)
+    sampler_fused: bool = False  # cuda: the rollout copy's q/k/v and gate/up projections merged (one GEMM each)
+    sampler_compile_prefill: bool = False  # cuda: the sampler's prefill through torch.compile too
+    compile_train: bool = False  # cuda: torch.compile the policy's forward/backward for training
+    residual_dtype: str = "float32"  # cuda: the training forward's residual stream (float32 | bfloat16)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
     # --- PPO (train.algorithm: ppo; keys under train.ppo, fedagent.train.ppo) ---
-    algorithm: str = "grpo"               # grpo | ppo
-    gamma: float = 1.0                    # GAE discount (verl's default, the reference's)
-    lam: float = 1.0                      # GAE λ
-    critic_lr: float = 1e-5               # the critic's AdamW lr
-    value_clip: float = 0.5               # clipped value loss: V within V_old ± value_clip
+    algorithm: str = "grpo"  # grpo | ppo
+    gamma: float = 1.0  # GAE discount (verl's default, the reference's)
+    lam: float = 1.0  # GAE λ
+    critic_lr: float = 1e-5  # the critic's AdamW lr
+    value_clip: float = 0.5  # clipped value loss: V within V_old ± value_clip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainParams":
@@ -85,8 +85,10 @@ class TrainParams:
         p = dataclass_from_dict(cls, d, "train")
         TRAIN_KEYS.check(dataclasses.asdict(p))
         if p.micro_batch_size < 1 or p.weight_decay < 0 or not p.grad_clip > 0:
-            raise ValueError(f"bad train params (not config keys): micro_batch_size={p.micro_batch_size}, "
-                             f"weight_decay={p.weight_decay}, grad_clip={p.grad_clip}")
+            raise ValueError(
+                f"bad train params (not config keys): micro_batch_size={p.micro_batch_size}, "
+                f"weight_decay={p.weight_decay}, grad_clip={p.grad_clip}"
+            )
         return p
 
     def recorded(self) -> dict[str, Any]:
@@ -96,7 +98,7 @@ class TrainParams:
         if self.algorithm != "ppo":
             for k in PPO_FIELDS:
                 d.pop(k)
-        for k in RECORDED_WHEN_SET:             # only when on / set (files of other runs as they were)
+        for k in RECORDED_WHEN_SET:  # only when on / set (files of other runs as they were)
             if not d[k]:
                 d.pop(k)
         return d
@@ -107,18 +109,29 @@ PPO_FIELDS = ("algorithm", "gamma", "lam", "critic_lr", "value_clip")
 RECORDED_WHEN_SET = ("activation_checkpointing", "sampler_widths", "sampler_fused", "sampler_compile_prefill")
 
 # Which config key each TrainParams field comes from (workflow/common.smk's TRAIN_PARAMS).
-TRAIN_KEYS = JobKeys.for_dataclass("train-client", TrainParams, "train",
-                                   {"base_seed": "seed", "pool_size": "env.pool_size",
-                                    "env_procs": "env.procs", "answer_format": "rollout.answer_format",
-                                    "rollout_mode": "rollout.mode", "history": "rollout.history",
-                                    "projection": "rollout.projection",
-                                    **{k: f"train.ppo.{k}" for k in PPO_FIELDS[1:]}})
+TRAIN_KEYS = JobKeys.for_dataclass(
+    "train-client",
+    TrainParams,
+    "train",
+    {
+        "base_seed": "seed",
+        "pool_size": "env.pool_size",
+        "env_procs": "env.procs",
+        "answer_format": "rollout.answer_format",
+        "rollout_mode": "rollout.mode",
+        "history": "rollout.history",
+        "projection": "rollout.projection",
+        **{k: f"train.ppo.{k}" for k in PPO_FIELDS[1:]},
+    },
+)
 
 
 def epoch_task_seeds(p: TrainParams, round: int, client: int, epoch: int) -> list[int]:
     """The group seeds of one local epoch (fresh draws every epoch)."""
-    return [derive_seed(p.base_seed, "task_draw", round=round, client=client, epoch=epoch, index=g)
-            for g in range(p.groups_per_epoch)]
+    return [
+        derive_seed(p.base_seed, "task_draw", round=round, client=client, epoch=epoch, index=g)
+        for g in range(p.groups_per_epoch)
+    ]
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -138,9 +151,19 @@ def same_weights(a: Path, b: Path) -> bool:
     return digest(a) == digest(b)
 
 
-def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int, client: int,
-                 params: TrainParams, threads: int, out_dir: Path, quarantine: Path | None = None,
-                 verify: bool = True) -> dict:
+def train_client(
+    model_dir: Path,
+    ref_model_dir: Path | None,
+    env,
+    *,
+    round: int,
+    client: int,
+    params: TrainParams,
+    threads: int,
+    out_dir: Path,
+    quarantine: Path | None = None,
+    verify: bool = True,
+) -> dict:
     """Run one client's local GRPO round against ``env``; write the update dir atomically.
 
     Output (via :func:`fedagent.core.atomic.atomic_dir`): fp32 HF dir + ``metrics.json`` +
@@ -196,13 +219,21 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
 
         rollout_model = copy.deepcopy(model).to(torch.bfloat16)
         rollout_model.requires_grad_(False)
-        sampler = StaticSampler(rollout_model, tok, batch_size=p.pool_size, max_prompt_tokens=p.max_prompt_tokens,
-                                max_new_tokens=p.max_new_tokens, mode=p.sampler, widths=p.sampler_widths,
-                                fused=p.sampler_fused, compile_prefill=p.sampler_compile_prefill)
+        sampler = StaticSampler(
+            rollout_model,
+            tok,
+            batch_size=p.pool_size,
+            max_prompt_tokens=p.max_prompt_tokens,
+            max_new_tokens=p.max_new_tokens,
+            mode=p.sampler,
+            widths=p.sampler_widths,
+            fused=p.sampler_fused,
+            compile_prefill=p.sampler_compile_prefill,
+        )
     # FedProx's w_t: the round's start model, before any step (μ = 0: no snapshot at all).
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
-    if p.algorithm == "ppo":   # the value model starts from the critic/ beside the start model
+    if p.algorithm == "ppo":  # the value model starts from the critic/ beside the start model
         from fedagent.model.critic_dir import critic_of
         from fedagent.model.critic import load_critic
 
@@ -212,7 +243,7 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
     clock.mark("model_loaded")
     if sampler is not None and p.sampler != "eager":
-        sampler.warmup(p.temperature)   # compile + CUDA graphs now, not at the first rollout
+        sampler.warmup(p.temperature)  # compile + CUDA graphs now, not at the first rollout
         clock.mark("sampler_warm")
     if p.residual_dtype != "float32":
         # The policy's and the reference's log-prob forwards (the rollout copy is bf16 already).
@@ -231,15 +262,18 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         prefetch = env
         env = env.ready()
         # Where the env's start went: its service answered, then the first batch was reset.
-        for name, when in (("env_service_up", getattr(prefetch, "service_up_at", None)),
-                           ("first_batch_reset", getattr(prefetch, "reset_at", None))):
+        for name, when in (
+            ("env_service_up", getattr(prefetch, "service_up_at", None)),
+            ("first_batch_reset", getattr(prefetch, "reset_at", None)),
+        ):
             if when is not None:
                 clock.mark(name, when)
     clock.mark("env_ready")
     # On a GPU the fused AdamW kernel (one launch for all tensors); the CPU keeps the default
     # implementation, whose bytes the CPU path's determinism tests pin.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay,
-                                  **({"fused": True} if p.device == "cuda" else {}))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=p.lr, weight_decay=p.weight_decay, **({"fused": True} if p.device == "cuda" else {})
+    )
     ppo_stats = []
     steps, records, seeds_used = [], [], []
     n_samples = n_tokens = n_prompt_tokens = 0
@@ -258,39 +292,71 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
                     dst.copy_(src)
         with clock.phase("rollout"):
             trajs = run_episodes_batched(
-                rollout_model, tok, env, rollout_seeds, batch_size=p.pool_size,
-                session_prefix=_session_prefix(round, client, epoch), max_turns=p.max_turns,
-                max_new_tokens=p.max_new_tokens, temperature=p.temperature, generator=gen,
-                max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format, sampler=sampler,
-                rollout_mode=p.rollout_mode, history_length=p.history)
+                rollout_model,
+                tok,
+                env,
+                rollout_seeds,
+                batch_size=p.pool_size,
+                session_prefix=_session_prefix(round, client, epoch),
+                max_turns=p.max_turns,
+                max_new_tokens=p.max_new_tokens,
+                temperature=p.temperature,
+                generator=gen,
+                max_prompt_tokens=p.max_prompt_tokens,
+                answer_format=p.answer_format,
+                sampler=sampler,
+                rollout_mode=p.rollout_mode,
+                history_length=p.history,
+            )
         make_samples = grpo.episode_samples if p.rollout_mode == "concat" else grpo.turn_samples
         samples = make_samples(trajs, groups, p.invalid_penalty)
         if critic is None:
             advs = grpo.group_advantages([s.reward for s in samples], [s.group for s in samples])
             for s, a in zip(samples, advs):
                 s.advantage = a
-        if critic is None:   # GRPO: a group carries signal iff its samples' rewards differ
+        if critic is None:  # GRPO: a group carries signal iff its samples' rewards differ
             by_group: dict[int, bool] = {}
             for s in samples:
                 by_group[s.group] = by_group.get(s.group, False) or s.advantage != 0.0
             groups_total += len(by_group)
             groups_signal += sum(by_group.values())
-        else:                # PPO: no groups; the samples that carry a reward at all
+        else:  # PPO: no groups; the samples that carry a reward at all
             samples_rewarded += sum(1 for s in samples if s.reward != 0.0)
         shuffle_rng = python_rng(p.base_seed, "minibatch_shuffle", round=round, client=client, epoch=epoch)
         if samples and critic is not None:
             from fedagent.train.ppo import ppo_epoch
 
             with clock.phase("train"):
-                epoch_steps, stats = ppo_epoch(model, critic, ref_model, optimizer, critic_optimizer, samples, p,
-                                               shuffle_rng, epoch, ref_is_policy=same_ref and epoch == 0,
-                                               prox_anchor=prox_anchor)
+                epoch_steps, stats = ppo_epoch(
+                    model,
+                    critic,
+                    ref_model,
+                    optimizer,
+                    critic_optimizer,
+                    samples,
+                    p,
+                    shuffle_rng,
+                    epoch,
+                    ref_is_policy=same_ref and epoch == 0,
+                    prox_anchor=prox_anchor,
+                )
             steps.extend(epoch_steps)
             ppo_stats.append({"epoch": epoch, **stats})
         elif samples:
             with clock.phase("train"):
-                steps.extend(grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch,
-                                        ref_is_policy=same_ref and epoch == 0, prox_anchor=prox_anchor))
+                steps.extend(
+                    grpo_epoch(
+                        model,
+                        ref_model,
+                        optimizer,
+                        samples,
+                        p,
+                        shuffle_rng,
+                        epoch,
+                        ref_is_policy=same_ref and epoch == 0,
+                        prox_anchor=prox_anchor,
+                    )
+                )
         n_samples += len(samples)
         n_tokens += sum(s.trained_count() for s in samples)
         n_prompt_tokens += sum(len(s.prompt_ids) for s in samples)
@@ -301,22 +367,29 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
     if sampler is not None and sampler.first_token_time is not None:
         clock.set("first_token", sampler.first_token_time)
     metrics = {
-        "round": round, "client": client, "num_samples": n_samples, "num_tokens": n_tokens,
+        "round": round,
+        "client": client,
+        "num_samples": n_samples,
+        "num_tokens": n_tokens,
         "num_prompt_tokens": n_prompt_tokens,
         "num_episodes": len(returns),
         "mean_return": (math.fsum(returns) / len(returns)) if returns else 0.0,
         "success_rate": (sum(wins) / len(wins)) if wins else 0.0,
         "invalid_rate": _invalid_rate(records),
         "kl": (math.fsum(s["kl"] for s in steps) / len(steps)) if steps else 0.0,
-        "steps": steps, "task_seeds": seeds_used, "params": p.recorded(),
-        "threads": threads, "device": p.device, "wall_time_s": round_(time.time() - t0),
+        "steps": steps,
+        "task_seeds": seeds_used,
+        "params": p.recorded(),
+        "threads": threads,
+        "device": p.device,
+        "wall_time_s": round_(time.time() - t0),
     }
     if p.device == "cuda":
-        # The job's peak GPU memory (issue 29: recorded per job, beside its declared gpu_mem_mb).
+        # The job's peak GPU memory (recorded per job, beside its declared gpu_mem_mb).
         from fedagent.model.memory import gpu_peak_mib
 
         metrics.update(gpu_peak_mib(p.device))
-        if sampler is not None:     # the static shapes against the prompts' real lengths
+        if sampler is not None:  # the static shapes against the prompts' real lengths
             metrics["sampler"] = sampler.stats()
     if critic is None:
         # GRPO learns only from groups whose samples differ: the share that carried signal.
@@ -341,10 +414,14 @@ def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, round: int
         with open(staging / "samples.jsonl", "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        write_provenance(staging, job="train_client", params={**p.recorded(), "threads": threads},
-                         seeds={"base_seed": p.base_seed, "round": round, "client": client,
-                                "task_seeds": seeds_used}, backend="local",
-                         **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}))
+        write_provenance(
+            staging,
+            job="train_client",
+            params={**p.recorded(), "threads": threads},
+            seeds={"base_seed": p.base_seed, "round": round, "client": client, "task_seeds": seeds_used},
+            backend="local",
+            **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}),
+        )
     return metrics
 
 
@@ -362,7 +439,7 @@ def _read_tensors_async(model_dir: Path, verify: bool):
 
             verify_manifest(model_dir)
         state = {}
-        for f in weight_files(model_dir):     # the model's own files (not a merge's server_state)
+        for f in weight_files(model_dir):  # the model's own files (not a merge's server_state)
             state.update(load_file(str(f)))
         return state
 
@@ -379,8 +456,10 @@ def _fill(model, state: dict, source: Path) -> None:
     tied = {k for k in result.missing_keys if k == "lm_head.weight" and model.config.tie_word_embeddings}
     missing = sorted(set(result.missing_keys) - tied)
     if missing or result.unexpected_keys:
-        raise ValueError(f"{source}: reference weights do not fit the policy (missing {missing[:3]}, "
-                         f"unexpected {sorted(result.unexpected_keys)[:3]})")
+        raise ValueError(
+            f"{source}: reference weights do not fit the policy (missing {missing[:3]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:3]})"
+        )
     if tied and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
         raise ValueError(f"{source}: the policy copy lost its tied LM head; cannot fill it from the embedding")
 

@@ -26,7 +26,7 @@ import torch
 
 from fedagent.train import actor, grpo
 
-WHITEN_EPS = 1e-8   # verl's masked_whiten
+WHITEN_EPS = 1e-8  # verl's masked_whiten
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,13 +59,14 @@ def token_rewards(sample: grpo.Sample) -> torch.Tensor:
     return r
 
 
-def advantages_and_returns(samples: Sequence[grpo.Sample], values: torch.Tensor, gamma: float,
-                           lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def advantages_and_returns(
+    samples: Sequence[grpo.Sample], values: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat per-token advantages (whitened over the batch) and returns, in sample order."""
     advs, rets, k = [], [], 0
     for s in samples:
         n = len(s.response_ids)
-        a, r = gae(token_rewards(s), values[k:k + n].detach().float().cpu(), gamma, lam)
+        a, r = gae(token_rewards(s), values[k : k + n].detach().float().cpu(), gamma, lam)
         advs.append(a)
         rets.append(r)
         k += n
@@ -99,8 +100,9 @@ def response_values(critic, samples: Sequence[grpo.Sample]) -> torch.Tensor:
     return critic.score(h).float().squeeze(-1)
 
 
-def value_loss_terms(vpred: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                     clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def value_loss_terms(
+    vpred: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped value loss ``max((V − R)², (clip(V, V_old ± clip) − R)²)`` and whether
     the clipped branch was taken (verl's compute_value_loss, before aggregation, without 0.5)."""
     clipped = old_values + torch.clamp(vpred - old_values, -clip, clip)
@@ -109,14 +111,25 @@ def value_loss_terms(vpred: torch.Tensor, old_values: torch.Tensor, returns: tor
     return torch.maximum(l1, l2), (l2 > l1).float()
 
 
-def critic_step(critic, optimizer, samples: Sequence[grpo.Sample], mb: Sequence[int], old_values: torch.Tensor,
-                returns: torch.Tensor, slices: Sequence[slice], *, micro: int, clip: float, grad_clip: float,
-                autocast: Callable) -> dict:
+def critic_step(
+    critic,
+    optimizer,
+    samples: Sequence[grpo.Sample],
+    mb: Sequence[int],
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    slices: Sequence[slice],
+    *,
+    micro: int,
+    clip: float,
+    grad_clip: float,
+    autocast: Callable,
+) -> dict:
     """One critic optimizer step on mini-batch ``mb`` (indices into ``samples``); returns its stats.
 
     legacy_exact: each micro-batch's token-mean loss ÷ the number of micro-batches.
     """
-    micros = [mb[k:k + micro] for k in range(0, len(mb), micro)]
+    micros = [mb[k : k + micro] for k in range(0, len(mb), micro)]
     optimizer.zero_grad(set_to_none=True)
     acc = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "vpred": 0.0}
     n_tok = sum(slices[i].stop - slices[i].start for i in mb)
@@ -146,12 +159,23 @@ def values_nograd(critic, samples: Sequence[grpo.Sample], micro: int, autocast: 
     parts = []
     for k in range(0, len(samples), micro):
         with autocast():
-            parts.append(response_values(critic, samples[k:k + micro]).float().cpu())
+            parts.append(response_values(critic, samples[k : k + micro]).float().cpu())
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def ppo_epoch(model, critic, ref_model, optimizer, critic_optimizer, samples, p, shuffle_rng, epoch: int,
-              ref_is_policy: bool = False, prox_anchor: dict | None = None) -> tuple[list[dict], dict]:
+def ppo_epoch(
+    model,
+    critic,
+    ref_model,
+    optimizer,
+    critic_optimizer,
+    samples,
+    p,
+    shuffle_rng,
+    epoch: int,
+    ref_is_policy: bool = False,
+    prox_anchor: dict | None = None,
+) -> tuple[list[dict], dict]:
     """One PPO epoch: critic values → GAE → the actor's epoch with a critic step per mini-batch.
 
     Returns ``(steps, stats)``: the per-step records (actor and critic fields) and the epoch's
@@ -165,12 +189,37 @@ def ppo_epoch(model, critic, ref_model, optimizer, critic_optimizer, samples, p,
     slices = actor.token_slices(samples)
 
     def after_actor_step(mb: Sequence[int]) -> dict:
-        return critic_step(critic, critic_optimizer, samples, mb, old_values, returns, slices,
-                           micro=p.micro_batch_size, clip=p.value_clip, grad_clip=p.grad_clip, autocast=amp)
+        return critic_step(
+            critic,
+            critic_optimizer,
+            samples,
+            mb,
+            old_values,
+            returns,
+            slices,
+            micro=p.micro_batch_size,
+            clip=p.value_clip,
+            grad_clip=p.grad_clip,
+            autocast=amp,
+        )
 
-    steps = actor.grpo_epoch(model, ref_model, optimizer, samples, p, shuffle_rng, epoch, ref_is_policy=ref_is_policy,
-                             prox_anchor=prox_anchor, token_adv=adv, after_step=after_actor_step)
+    steps = actor.grpo_epoch(
+        model,
+        ref_model,
+        optimizer,
+        samples,
+        p,
+        shuffle_rng,
+        epoch,
+        ref_is_policy=ref_is_policy,
+        prox_anchor=prox_anchor,
+        token_adv=adv,
+        after_step=after_actor_step,
+    )
     n = max(1, old_values.numel())
-    stats = {"values_mean": float(old_values.sum()) / n, "returns_mean": float(returns.sum()) / n,
-             "tokens": int(old_values.numel())}
+    stats = {
+        "values_mean": float(old_values.sum()) / n,
+        "returns_mean": float(returns.sum()) / n,
+        "tokens": int(old_values.numel()),
+    }
     return steps, stats

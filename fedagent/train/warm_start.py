@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch (see fedagent.train.cli)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (see fedagent.train.cli)
 
 from fedagent.core.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting
 
@@ -53,13 +53,13 @@ class WarmStartParams:
     max_turns: int = 3
     max_prompt_tokens: int = 1024
     pool_size: int = 8
-    env_procs: int = 0                    # env.procs: the expert service's worker processes (0: in process)
+    env_procs: int = 0  # env.procs: the expert service's worker processes (0: in process)
     answer_format: str = "think_action"
     history: int = 2
     device: str = "cpu"
     grad_clip: float = 1.0
-    enabled: bool = True                  # warm_start.enabled (a job that runs is the enabled stage)
-    rollout_mode: str = "windowed"        # rollout.mode: the demonstrations are windowed turns
+    enabled: bool = True  # warm_start.enabled (a job that runs is the enabled stage)
+    rollout_mode: str = "windowed"  # rollout.mode: the demonstrations are windowed turns
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "WarmStartParams":
@@ -72,21 +72,44 @@ class WarmStartParams:
 
 
 WARM_START_KEYS = JobKeys.for_dataclass(
-    "warm-start", WarmStartParams, "warm_start",
-    {"base_seed": "seed", "micro_batch_size": "train.micro_batch_size", "max_turns": "train.max_turns",
-     "max_prompt_tokens": "train.max_prompt_tokens", "pool_size": "env.pool_size",
-     "env_procs": "env.procs", "answer_format": "rollout.answer_format", "history": "rollout.history",
-     "device": "train.device", "rollout_mode": "rollout.mode"})
+    "warm-start",
+    WarmStartParams,
+    "warm_start",
+    {
+        "base_seed": "seed",
+        "micro_batch_size": "train.micro_batch_size",
+        "max_turns": "train.max_turns",
+        "max_prompt_tokens": "train.max_prompt_tokens",
+        "pool_size": "env.pool_size",
+        "env_procs": "env.procs",
+        "answer_format": "rollout.answer_format",
+        "history": "rollout.history",
+        "device": "train.device",
+        "rollout_mode": "rollout.mode",
+    },
+)
 
 
 def play_demos(tok, env, n: int, p: WarmStartParams):
     """One expert episode per demo-pool task (index mode: seed i → task i), in task order."""
     from fedagent.rollout.episode import run_episodes_batched
 
-    return run_episodes_batched(None, tok, env, list(range(n)), batch_size=p.pool_size, session_prefix="warm-start",
-                                max_turns=p.max_turns, max_new_tokens=0, temperature=1.0, generator=None,
-                                max_prompt_tokens=p.max_prompt_tokens, answer_format=p.answer_format,
-                                history_length=p.history, expert=True)
+    return run_episodes_batched(
+        None,
+        tok,
+        env,
+        list(range(n)),
+        batch_size=p.pool_size,
+        session_prefix="warm-start",
+        max_turns=p.max_turns,
+        max_new_tokens=0,
+        temperature=1.0,
+        generator=None,
+        max_prompt_tokens=p.max_prompt_tokens,
+        answer_format=p.answer_format,
+        history_length=p.history,
+        expert=True,
+    )
 
 
 def sft_epoch(model, optimizer, samples, p: WarmStartParams, epoch: int) -> list[dict]:
@@ -112,16 +135,32 @@ def sft_epoch(model, optimizer, samples, p: WarmStartParams, epoch: int) -> list
             total += float(loss.detach())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, p.grad_clip))
         if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"warm start: non-finite gradient norm ({grad_norm}) in epoch {epoch}, "
-                                     f"step {len(steps)}")
+            raise FloatingPointError(
+                f"warm start: non-finite gradient norm ({grad_norm}) in epoch {epoch}, step {len(steps)}"
+            )
         optimizer.step()
-        steps.append({"epoch": epoch, "samples": len(mb), "tokens": n_tok, "loss": round(total, 8),
-                      "grad_norm": round(grad_norm, 8)})
+        steps.append(
+            {
+                "epoch": epoch,
+                "samples": len(mb),
+                "tokens": n_tok,
+                "loss": round(total, 8),
+                "grad_norm": round(grad_norm, 8),
+            }
+        )
     return steps
 
 
-def warm_start(base_dir: Path, env, *, n_demos: int, params: WarmStartParams, threads: int, out_dir: Path,
-               quarantine: Path | None = None) -> dict:
+def warm_start(
+    base_dir: Path,
+    env,
+    *,
+    n_demos: int,
+    params: WarmStartParams,
+    threads: int,
+    out_dir: Path,
+    quarantine: Path | None = None,
+) -> dict:
     """Play the demos, fine-tune ``base_dir``'s model on the won ones, write ``out_dir``; the metrics."""
     import torch
 
@@ -145,12 +184,15 @@ def warm_start(base_dir: Path, env, *, n_demos: int, params: WarmStartParams, th
     samples = grpo.turn_samples(kept, [0] * len(kept), 0.0)
     won = sum(1 for t in trajs if t.won)
     if not samples:
-        raise RuntimeError(f"warm start: the expert won {won} of {len(trajs)} demonstrations"
-                           + (" and warm_start.only_won keeps only won ones" if p.only_won else "")
-                           + ": nothing to learn from (more warm_start.demos, or a larger train.max_turns)")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=0.0,
-                                  **({"fused": True} if p.device == "cuda" else {}))
-    model.eval()   # no dropout in Llama; the same numerics as the rollouts score with
+        raise RuntimeError(
+            f"warm start: the expert won {won} of {len(trajs)} demonstrations"
+            + (" and warm_start.only_won keeps only won ones" if p.only_won else "")
+            + ": nothing to learn from (more warm_start.demos, or a larger train.max_turns)"
+        )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=p.lr, weight_decay=0.0, **({"fused": True} if p.device == "cuda" else {})
+    )
+    model.eval()  # no dropout in Llama; the same numerics as the rollouts score with
     steps = []
     with clock.phase("train"):
         for epoch in range(p.epochs):
@@ -158,18 +200,24 @@ def warm_start(base_dir: Path, env, *, n_demos: int, params: WarmStartParams, th
     first = [s["loss"] for s in steps if s["epoch"] == 0]
     last = [s["loss"] for s in steps if s["epoch"] == p.epochs - 1]
     metrics = {
-        "demos": len(trajs), "demos_won": won, "demo_success_rate": won / len(trajs) if trajs else 0.0,
-        "demos_kept": len(kept), "demo_turns": sum(t.n_turns for t in kept),
-        "num_samples": len(samples), "num_tokens": sum(s.trained_count() for s in samples),
+        "demos": len(trajs),
+        "demos_won": won,
+        "demo_success_rate": won / len(trajs) if trajs else 0.0,
+        "demos_kept": len(kept),
+        "demo_turns": sum(t.n_turns for t in kept),
+        "num_samples": len(samples),
+        "num_tokens": sum(s.trained_count() for s in samples),
         "num_prompt_tokens": sum(len(s.prompt_ids) for s in samples),
         "loss_first_epoch": round(math.fsum(first) / len(first), 8) if first else None,
         "loss_last_epoch": round(math.fsum(last) / len(last), 8) if last else None,
-        "steps": steps, "params": dataclasses.asdict(p), "threads": threads,
+        "steps": steps,
+        "params": dataclasses.asdict(p),
+        "threads": threads,
         "wall_time_s": round(time.time() - t0, 3),
     }
     with atomic_dir(Path(out_dir), quarantine) as staging:
         save_policy(model, tok, staging)
-        if critic_of(base_dir).is_dir():       # PPO: round 1's critic, as the base model built it
+        if critic_of(base_dir).is_dir():  # PPO: round 1's critic, as the base model built it
             shutil.copytree(critic_of(base_dir), critic_of(staging))
         clock.mark("saved")
         metrics["timings"] = clock.summary()
@@ -177,9 +225,14 @@ def warm_start(base_dir: Path, env, *, n_demos: int, params: WarmStartParams, th
         with open(staging / "demos.jsonl", "w") as fh:
             for t in trajs:
                 fh.write(json.dumps(t.summary(), sort_keys=True) + "\n")
-        write_provenance(staging, job="warm_start", params={**dataclasses.asdict(p), "threads": threads},
-                         seeds={"base_seed": p.base_seed}, backend="local",
-                         extra={"base_model": str(base_dir), "demos": len(trajs)})
+        write_provenance(
+            staging,
+            job="warm_start",
+            params={**dataclasses.asdict(p), "threads": threads},
+            seeds={"base_seed": p.base_seed},
+            backend="local",
+            extra={"base_model": str(base_dir), "demos": len(trajs)},
+        )
     return metrics
 
 
@@ -214,12 +267,35 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Index mode: demo seed i plays task i of the pool, each task once; the unperturbed env (no arm).
-    with job_env_service(args.games, "train", tasks, out, mode="index", pool_size=params.pool_size,
-                         max_turns=params.max_turns, answer_format=params.answer_format,
-                         source=games_kind(args.games), expert=True, env_procs=params.env_procs,
-                         wait=False) as pending:
-        metrics = warm_start(args.model, pending, n_demos=len(tasks), params=params, threads=args.threads,
-                             out_dir=out, quarantine=args.quarantine)
-    print(json.dumps({k: metrics[k] for k in ("demos", "demos_won", "num_samples", "loss_first_epoch",
-                                              "loss_last_epoch", "wall_time_s")}))
+    with job_env_service(
+        args.games,
+        "train",
+        tasks,
+        out,
+        mode="index",
+        pool_size=params.pool_size,
+        max_turns=params.max_turns,
+        answer_format=params.answer_format,
+        source=games_kind(args.games),
+        expert=True,
+        env_procs=params.env_procs,
+        wait=False,
+    ) as pending:
+        metrics = warm_start(
+            args.model,
+            pending,
+            n_demos=len(tasks),
+            params=params,
+            threads=args.threads,
+            out_dir=out,
+            quarantine=args.quarantine,
+        )
+    print(
+        json.dumps(
+            {
+                k: metrics[k]
+                for k in ("demos", "demos_won", "num_samples", "loss_first_epoch", "loss_last_epoch", "wall_time_s")
+            }
+        )
+    )
     return 0

@@ -39,7 +39,7 @@ def _become_job(request: dict, fds: list[int], env: dict[str, str]) -> None:
         if fd > 2:
             os.close(fd)
     if sys.stdout is not None:
-        sys.stdout.reconfigure(line_buffering=os.isatty(1))    # as a fresh interpreter would buffer
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))  # as a fresh interpreter would buffer
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
@@ -78,7 +78,7 @@ def _run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         traceback.print_exc()
         return -signal.SIGINT
-    except BaseException:                      # noqa: BLE001 - the job's traceback, as Python prints it
+    except BaseException:  # noqa: BLE001 - the job's traceback, as Python prints it
         traceback.print_exc()
         return 1
 
@@ -105,14 +105,14 @@ def run_job(request: dict, fds: list[int], env: dict[str, str]) -> None:
         _become_job(request, fds, env)
         code = _run(request["argv"])
         _shutdown()
-    except BaseException:                      # noqa: BLE001 - setting up the job failed: say why, exit 1
+    except BaseException:  # noqa: BLE001 - setting up the job failed: say why, exit 1
         try:
             traceback.print_exc()
             sys.stderr.flush()
-        except BaseException:                  # noqa: BLE001
+        except BaseException:  # noqa: BLE001
             pass
     finally:
-        if code == -signal.SIGINT:              # as CPython does on an uncaught KeyboardInterrupt
+        if code == -signal.SIGINT:  # as CPython does on an uncaught KeyboardInterrupt
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         os._exit(code & 0xFF)

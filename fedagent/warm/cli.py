@@ -25,29 +25,48 @@ from fedagent.core.atomic import atomic_write_json
 from fedagent.commands import WARM_COMMANDS
 from fedagent.warm import client, standby
 
-UDS_MAX = 107                   # Linux sun_path is 108 bytes with its terminating NUL
+UDS_MAX = 107  # Linux sun_path is 108 bytes with its terminating NUL
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fedagent warm-server``."""
     parser.add_argument("--socket", required=True, type=Path, help="the server's Unix socket")
-    parser.add_argument("--preload", default="train,eval,env,server",
-                        help="comma-separated module groups to import once: train, eval, env, server")
+    parser.add_argument(
+        "--preload",
+        default="train,eval,env,server",
+        help="comma-separated module groups to import once: train, eval, env, server",
+    )
     parser.add_argument("--detach", action="store_true", help="run as a daemon; return once it is ready")
     parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once serving")
     parser.add_argument("--log", type=Path, default=None, help="--detach: the server's log (default SOCKET.log)")
-    parser.add_argument("--standby", type=int, default=0, metavar="N",
-                        help="keep N standby processes that start CUDA before a job asks: train-client and eval "
-                             "jobs run in one (the CUDA start off their clock); 0 (default): none")
-    parser.add_argument("--standby-config", action="append", type=Path, default=[], metavar="FILE",
-                        help="with --standby: the run's config files (as snakemake --configfile, over "
-                             "config/config.yaml of the current directory); each standby then also runs the "
-                             "run's GPU train and eval calls once on a 1-layer model of its architecture, at its "
-                             "shapes (fedagent.warm.gpu_warmup), once results/<run>/round_000/model exists")
-    parser.add_argument("--standby-refill-delay", type=float, default=0.0, metavar="S",
-                        help="with --standby: fork the replacement of a standby that took a job S seconds after "
-                             "the last such hand-over, not at once (its CUDA start and warm-up then run after the "
-                             "burst of jobs starting together, not against them); default 0")
+    parser.add_argument(
+        "--standby",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N standby processes that start CUDA before a job asks: train-client and eval "
+        "jobs run in one (the CUDA start off their clock); 0 (default): none",
+    )
+    parser.add_argument(
+        "--standby-config",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="with --standby: the run's config files (as snakemake --configfile, over "
+        "config/config.yaml of the current directory); each standby then also runs the "
+        "run's GPU train and eval calls once on a 1-layer model of its architecture, at its "
+        "shapes (fedagent.warm.gpu_warmup), once results/<run>/round_000/model exists",
+    )
+    parser.add_argument(
+        "--standby-refill-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --standby: fork the replacement of a standby that took a job S seconds after "
+        "the last such hand-over, not at once (its CUDA start and warm-up then run after the "
+        "burst of jobs starting together, not against them); default 0",
+    )
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--stop", action="store_true", help="stop the server at --socket (its running jobs first)")
     what.add_argument("--ping", action="store_true", help="print the server's state as JSON")
@@ -65,11 +84,16 @@ def run(args: argparse.Namespace) -> int:
         return _ask(path, {"op": "stop" if args.stop else "ping"})
     if args.standby < 0:
         return _fail(f"--standby {args.standby}: a count of standby processes, 0 or more")
-    commands = (sorted(standby.STANDBY_COMMANDS) if args.standby_commands is None
-                else [c for c in args.standby_commands.split(",") if c])
+    commands = (
+        sorted(standby.STANDBY_COMMANDS)
+        if args.standby_commands is None
+        else [c for c in args.standby_commands.split(",") if c]
+    )
     unknown = [c for c in commands if c not in WARM_COMMANDS]
     if unknown:
-        return _fail(f"--standby-commands: {', '.join(unknown)} not among the warm commands ({', '.join(WARM_COMMANDS)})")
+        return _fail(
+            f"--standby-commands: {', '.join(unknown)} not among the warm commands ({', '.join(WARM_COMMANDS)})"
+        )
     args.standby_commands = commands
     if not args.standby_refill_delay >= 0:
         return _fail(f"--standby-refill-delay {args.standby_refill_delay}: seconds, 0 or more")
@@ -88,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--standby-config: {err}")
         args.standby_warmup = shapes_from_config(config)
         if args.standby_warmup.train is None and args.standby_warmup.eval is None:
-            return _fail(f"--standby-config {' '.join(map(str, args.standby_config))}: neither train nor eval "
-                         "runs on cuda with the local backend: nothing to warm")
+            return _fail(
+                f"--standby-config {' '.join(map(str, args.standby_config))}: neither train nor eval "
+                "runs on cuda with the local backend: nothing to warm"
+            )
         args.standby_warmup = args.standby_warmup.absolute()
     if len(path.encode()) > UDS_MAX:
         return _fail(f"--socket {path}: longer than the {UDS_MAX}-byte Unix socket limit; use a path under /tmp")
@@ -126,7 +152,7 @@ def _occupied(path: str) -> str | None:
     try:
         client.connect(path, timeout=5.0).close()
     except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)                           # stale: nobody answers there
+        os.unlink(path)  # stale: nobody answers there
         return None
     except OSError as err:
         return f"cannot tell whether a server answers there ({err})"
@@ -168,39 +194,61 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         import_env = preload(groups)
     except ImportError as err:
         return _fail(f"--preload {args.preload}: {err}")
-    from fedagent.warm.server import WarmServer, log   # before the guard's table: its files are watched
+    from fedagent.warm.server import WarmServer, log  # before the guard's table: its files are watched
 
     problem = fork_problem() or _platform_problem()
     if problem is not None:
         return _fail(f"cannot serve: {problem}")
-    if args.standby:                               # asked in a forked child: this process starts no CUDA
+    if args.standby:  # asked in a forked child: this process starts no CUDA
         why = standby.probe(args.standby_kind, () if notify_fd is None else (notify_fd,))
         if why is not None:
             return _fail(f"--standby {args.standby}: {why}: start the warm server without --standby")
     listener = _bind(path)
     guard = Guard(path, import_env, [os.path.abspath(p) for p in args.watch_extra])
-    info = {"pid": os.getpid(), "socket": path, "inode": os.stat(path).st_ino, "preload": groups,
-            "preload_s": round(time.time() - t0, 3), "watched_files": len(guard.files),
-            # OS threads the imports started (numpy/scipy OpenBLAS pools: fork-safe by their own
-            # atfork handlers); Python threads are refused above.
-            "native_threads": len(os.listdir("/proc/self/task")), "executable": sys.executable,
-            "standby": args.standby, "standby_kind": args.standby_kind, "standby_commands": args.standby_commands,
-            "standby_warmup": None if args.standby_warmup is None else args.standby_warmup.describe()}
-    line = (f"warm-server ready: pid {info['pid']} socket {path} preloaded {','.join(groups)} in "
-            f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)"
-            + (f", {args.standby} standby ({args.standby_kind}) for {','.join(args.standby_commands)}"
-               if args.standby else ""))
+    info = {
+        "pid": os.getpid(),
+        "socket": path,
+        "inode": os.stat(path).st_ino,
+        "preload": groups,
+        "preload_s": round(time.time() - t0, 3),
+        "watched_files": len(guard.files),
+        # OS threads the imports started (numpy/scipy OpenBLAS pools: fork-safe by their own
+        # atfork handlers); Python threads are refused above.
+        "native_threads": len(os.listdir("/proc/self/task")),
+        "executable": sys.executable,
+        "standby": args.standby,
+        "standby_kind": args.standby_kind,
+        "standby_commands": args.standby_commands,
+        "standby_warmup": None if args.standby_warmup is None else args.standby_warmup.describe(),
+    }
+    line = (
+        f"warm-server ready: pid {info['pid']} socket {path} preloaded {','.join(groups)} in "
+        f"{info['preload_s']} s ({len(guard.files)} fedagent files watched)"
+        + (
+            f", {args.standby} standby ({args.standby_kind}) for {','.join(args.standby_commands)}"
+            if args.standby
+            else ""
+        )
+    )
     if args.ready_file is not None:
         atomic_write_json(args.ready_file, info)
     if notify_fd is None:
         print(line, flush=True)
-    else:                                          # detached: into the log, and to the waiting parent
+    else:  # detached: into the log, and to the waiting parent
         log(line)
         os.write(notify_fd, line.encode())
         os.close(notify_fd)
     try:
-        return WarmServer(listener, guard, info, args.standby, args.standby_kind, args.standby_commands,
-                          args.standby_warmup, args.standby_refill_delay).serve()
+        return WarmServer(
+            listener,
+            guard,
+            info,
+            args.standby,
+            args.standby_kind,
+            args.standby_commands,
+            args.standby_warmup,
+            args.standby_refill_delay,
+        ).serve()
     finally:
         listener.close()
         if args.ready_file is not None:
@@ -237,7 +285,7 @@ def _detach(args: argparse.Namespace, path: str) -> int:
             os.close(null)
             os.close(out)
             code = _serve(args, path, notify_fd=w)
-        except BaseException:                   # noqa: BLE001 - into the log, which the parent quotes
+        except BaseException:  # noqa: BLE001 - into the log, which the parent quotes
             traceback.print_exc()
         finally:
             sys.stdout.flush()

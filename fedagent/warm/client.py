@@ -96,10 +96,19 @@ def _killpg(pgid: int, signum: int) -> None:
 
 def _request(argv: list[str]) -> dict:
     """What the server needs to run ``argv`` as this process would have."""
-    return {"op": "run", "argv": list(argv), "argv0": sys.argv[0] if sys.argv else "fedagent",
-            "cwd": os.getcwd(), "env": dict(os.environ), "start": proc_start_time(),
-            "executable": sys.executable, "package": os.path.dirname(os.path.abspath(fedagent.__file__)),
-            "path0": sys.path[0] if sys.path else "", "client_pid": os.getpid(), "sent": time.time()}
+    return {
+        "op": "run",
+        "argv": list(argv),
+        "argv0": sys.argv[0] if sys.argv else "fedagent",
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "start": proc_start_time(),
+        "executable": sys.executable,
+        "package": os.path.dirname(os.path.abspath(fedagent.__file__)),
+        "path0": sys.path[0] if sys.path else "",
+        "client_pid": os.getpid(),
+        "sent": time.time(),
+    }
 
 
 def _say(message: str) -> int:
@@ -109,13 +118,15 @@ def _say(message: str) -> int:
 
 def delegate(argv: list[str], path: str) -> int:
     """Run ``fedagent <argv>`` as a job forked by the warm server at ``path``; its exit code."""
-    request = _request(argv)              # the start time first: nothing below is the job's
+    request = _request(argv)  # the start time first: nothing below is the job's
     try:
         sock = connect(path)
     except OSError as err:
-        return _say(f"FEDAGENT_WARM_SOCKET={path}: no warm server answers there ({err.strerror or err}); "
-                    f"start one with `fedagent warm-server --socket {path} --detach`, or unset "
-                    "FEDAGENT_WARM_SOCKET to run jobs without it")
+        return _say(
+            f"FEDAGENT_WARM_SOCKET={path}: no warm server answers there ({err.strerror or err}); "
+            f"start one with `fedagent warm-server --socket {path} --detach`, or unset "
+            "FEDAGENT_WARM_SOCKET to run jobs without it"
+        )
     fds, opened = _std_fds()
     with sock, _Forwarder() as forward:
         try:
@@ -136,7 +147,7 @@ def delegate(argv: list[str], path: str) -> int:
         if reply is None or "exit" not in reply:
             if forward.pgid is None:
                 return _say(f"warm server at {path} {why} before starting the job")
-            _killpg(forward.pgid, signal.SIGKILL)   # nothing may run on unsupervised
+            _killpg(forward.pgid, signal.SIGKILL)  # nothing may run on unsupervised
             return _say(f"warm server at {path} {why} while job pid {forward.pgid} ran; its process group was killed")
     code = int(reply["exit"])
     return 128 - code if code < 0 else code

@@ -3,7 +3,7 @@ and chosen before any such job exists.
 
 CUDA loads kernels lazily and cuBLAS picks (and loads) its GEMM kernels per shape at first use,
 so a GPU job's first sampler call and first optimizer step pay for that on top of CUDA's own
-start (measured on the H200, ``bench/cold_start_parts.py``: to the first sampled token 8.9–12 s
+start (measured with ``bench/cold_start_parts.py``, docs/gpu.md: to the first sampled token 8.9–12 s
 in a fresh process with CUDA started beforehand and 1.4–1.6 s after this warm-up). A standby
 process of the warm server (:mod:`fedagent.warm.standby`) runs :func:`warm_up` once, before it
 is handed a job: a model of the run's own architecture with **one** decoder layer and random
@@ -36,8 +36,8 @@ class Shapes:
     shapes. ``train``/``eval``: None when that job does not run on CUDA."""
 
     model_dir: Path
-    train: Mapping | None     # pool, width, new_tokens, micro, sampler
-    eval: Mapping | None      # batch, width, new_tokens, sampler
+    train: Mapping | None  # pool, width, new_tokens, micro, sampler
+    eval: Mapping | None  # batch, width, new_tokens, sampler
     # The run's ``model`` (``smollm2``, ``random:<architecture>`` or an HF dir): its architecture is
     # known before round 0's model is built (None: wait for ``model_dir``).
     source: str | None = None
@@ -48,7 +48,7 @@ class Shapes:
 
         source = self.source
         if source is not None and is_random_source(source):
-            target = random_target(source)   # a named architecture stays a name; a dir becomes absolute
+            target = random_target(source)  # a named architecture stays a name; a dir becomes absolute
             source = source if target in ARCHITECTURES else RANDOM_PREFIX + os.path.abspath(target)
         elif source is not None and source != "smollm2":
             source = os.path.abspath(source)
@@ -56,8 +56,12 @@ class Shapes:
 
     def describe(self) -> dict:
         """JSON-able (``warm-server --ping``)."""
-        return {"model_dir": str(self.model_dir), "train": dict(self.train) if self.train else None,
-                "eval": dict(self.eval) if self.eval else None, "source": self.source}
+        return {
+            "model_dir": str(self.model_dir),
+            "train": dict(self.train) if self.train else None,
+            "eval": dict(self.eval) if self.eval else None,
+            "source": self.source,
+        }
 
 
 def shapes_from_config(config: Mapping) -> Shapes:
@@ -65,17 +69,26 @@ def shapes_from_config(config: Mapping) -> Shapes:
     tr, ev, pool = config["train"], config["eval"], int(config["env"]["pool_size"])
     train = None
     if tr.get("device") == "cuda" and tr.get("backend", "local") == "local":
-        train = {"pool": pool, "width": int(tr["max_prompt_tokens"]),
-                 "new_tokens": int(tr["max_new_tokens"]), "micro": int(tr["micro_batch_size"]),
-                 "sampler": str(tr["sampler"])}
+        train = {
+            "pool": pool,
+            "width": int(tr["max_prompt_tokens"]),
+            "new_tokens": int(tr["max_new_tokens"]),
+            "micro": int(tr["micro_batch_size"]),
+            "sampler": str(tr["sampler"]),
+        }
     evs = None
     if ev.get("device") == "cuda" and ev.get("backend", "local") == "local":
-        evs = {"batch": min(int(ev["batch"]), pool), "width": int(ev["max_prompt_tokens"]),
-               "new_tokens": int(ev["max_new_tokens"]), "sampler": str(ev["sampler"])}
+        evs = {
+            "batch": min(int(ev["batch"]), pool),
+            "width": int(ev["max_prompt_tokens"]),
+            "new_tokens": int(ev["max_new_tokens"]),
+            "sampler": str(ev["sampler"]),
+        }
     model_dir = Path(config["results_dir"]) / config["run"] / "round_000" / "model"
     source = config.get("model")
-    return Shapes(model_dir=model_dir, train=train, eval=evs,
-                  source=str(source) if source not in (None, "tiny") else None)
+    return Shapes(
+        model_dir=model_dir, train=train, eval=evs, source=str(source) if source not in (None, "tiny") else None
+    )
 
 
 @contextlib.contextmanager
@@ -130,8 +143,10 @@ def warm_up(shapes: Shapes, device: str = "cuda", arch_dir: Path | None = None) 
 
     parts: dict[str, float] = {}
     device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
-    with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else [],
-                               device_type=device.type if device.type == "cuda" else "cuda"):
+    with torch.random.fork_rng(
+        devices=[device.index] if device.type == "cuda" else [],
+        device_type=device.type if device.type == "cuda" else "cuda",
+    ):
         t = time.perf_counter()
         model, tok = _one_layer_model(shapes.model_dir if arch_dir is None else arch_dir, device)
         parts["model"] = time.perf_counter() - t
@@ -181,8 +196,15 @@ def _train_job(model, tok, s: Mapping) -> None:
     from fedagent.train.actor import autocast, logprobs_nograd, token_slices, deferred_steps, update_step
 
     gens = _bf16_sampler_call(model, tok, s["pool"], s, temperature=1.0, seed=1)
-    samples = [grpo.Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids or [int(tok.pad_token_id)],
-                           reward=float(i % 2), group=i // 2) for i, g in enumerate(gens[:s["micro"]])]
+    samples = [
+        grpo.Sample(
+            prompt_ids=g.prompt_ids,
+            response_ids=g.response_ids or [int(tok.pad_token_id)],
+            reward=float(i % 2),
+            group=i // 2,
+        )
+        for i, g in enumerate(gens[: s["micro"]])
+    ]
     for smp, a in zip(samples, grpo.group_advantages([x.reward for x in samples], [x.group for x in samples])):
         smp.advantage = a
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
@@ -192,8 +214,19 @@ def _train_job(model, tok, s: Mapping) -> None:
     adv = grpo.token_advantages(samples).to(old.device)
     params = [q for q in model.parameters() if q.requires_grad]
     for _ in range(2):
-        update_step(model, opt, samples, list(range(len(samples))), old, old, adv, token_slices(samples), p,
-                    params, deferred=deferred_steps(opt))
+        update_step(
+            model,
+            opt,
+            samples,
+            list(range(len(samples))),
+            old,
+            old,
+            adv,
+            token_slices(samples),
+            p,
+            params,
+            deferred=deferred_steps(opt),
+        )
 
 
 def _eval_job(model, tok, s: Mapping) -> None:
@@ -212,9 +245,16 @@ def _bf16_sampler_call(model, tok, batch: int, s: Mapping, *, temperature: float
 
     m = copy.deepcopy(model).to(torch.bfloat16)
     m.requires_grad_(False)
-    sampler = StaticSampler(m, tok, batch_size=batch, max_prompt_tokens=s["width"], max_new_tokens=s["new_tokens"],
-                            mode=s["sampler"])
+    sampler = StaticSampler(
+        m, tok, batch_size=batch, max_prompt_tokens=s["width"], max_new_tokens=s["new_tokens"], mode=s["sampler"]
+    )
     if s["sampler"] != "eager":
         sampler.warmup(temperature)
-    return sampler(m, tok, _prompts(model.config.vocab_size, batch, s["width"]), s["new_tokens"], temperature,
-                   torch.Generator().manual_seed(seed))
+    return sampler(
+        m,
+        tok,
+        _prompts(model.config.vocab_size, batch, s["width"]),
+        s["new_tokens"],
+        temperature,
+        torch.Generator().manual_seed(seed),
+    )

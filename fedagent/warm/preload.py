@@ -22,29 +22,76 @@ import time
 import fedagent
 from fedagent.warm import threads
 
-_TORCH = ("torch", "transformers", "transformers:AutoModelForCausalLM", "transformers:AutoTokenizer",
-          "transformers.models.llama.modeling_llama", "torch._dynamo", "safetensors.torch", "jsonschema")
-_JOB = ("fedagent.model.static_sampler", "fedagent.model.policy", "fedagent.rollout.episode", "fedagent.envs.lifecycle",
-        "fedagent.plan.tasks", "fedagent.core.config", "fedagent.core.provenance")
+_TORCH = (
+    "torch",
+    "transformers",
+    "transformers:AutoModelForCausalLM",
+    "transformers:AutoTokenizer",
+    "transformers.models.llama.modeling_llama",
+    "torch._dynamo",
+    "safetensors.torch",
+    "jsonschema",
+)
+_JOB = (
+    "fedagent.model.static_sampler",
+    "fedagent.model.policy",
+    "fedagent.rollout.episode",
+    "fedagent.envs.lifecycle",
+    "fedagent.plan.tasks",
+    "fedagent.core.config",
+    "fedagent.core.provenance",
+)
 # fedagent.train.cli / fedagent.evaluate.validation first: they set OMP_WAIT_POLICY before torch loads libgomp.
 # The lists are what a job imports (measured: modules new in sys.modules after a job ran in-process).
 PRELOADS: dict[str, tuple[str, ...]] = {
     "train": ("fedagent.train.cli", *_TORCH, "fedagent.train.local", "fedagent.train.grpo", *_JOB),
     "eval": ("fedagent.evaluate.validation", *_TORCH, *_JOB),
     # `fedagent serve-env` for a TextWorld service (fedagent.envs.serve.run): app, uvicorn's loop and protocols.
-    "env": ("fedagent.envs.serve", "fedagent.envs.service", "fedagent.envs.client", "fedagent.envs.textworld_games",
-            "fedagent.envs.textworld_env", "textworld", "fastapi", "pydantic.v1", "uvicorn", "uvicorn.config",
-            "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.asyncio", "uvicorn.protocols.http.auto",
-            "uvicorn.protocols.websockets.auto"),
+    "env": (
+        "fedagent.envs.serve",
+        "fedagent.envs.service",
+        "fedagent.envs.client",
+        "fedagent.envs.textworld_games",
+        "fedagent.envs.textworld_env",
+        "textworld",
+        "fastapi",
+        "pydantic.v1",
+        "uvicorn",
+        "uvicorn.config",
+        "uvicorn.server",
+        "uvicorn.lifespan.on",
+        "uvicorn.loops.asyncio",
+        "uvicorn.protocols.http.auto",
+        "uvicorn.protocols.websockets.auto",
+    ),
     # the server's side of a round: `fedagent aggregate` and `fedagent merge` (torch + safetensors).
-    "server": ("fedagent.server.aggregate", "torch", "safetensors.torch", "fedagent.server.merge", "fedagent.server.optimizers",
-               "fedagent.model.hf_dir", "fedagent.core.atomic", "fedagent.core.provenance"),
+    "server": (
+        "fedagent.server.aggregate",
+        "torch",
+        "safetensors.torch",
+        "fedagent.server.merge",
+        "fedagent.server.optimizers",
+        "fedagent.model.hf_dir",
+        "fedagent.core.atomic",
+        "fedagent.core.provenance",
+    ),
 }
 
 # Environment read when the interpreter starts or a library is imported (the loader, libgomp,
 # MKL/OpenBLAS, torch/transformers/huggingface_hub configs): a forked job cannot change these.
-_STARTUP_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_",
-                     "TRANSFORMERS_", "HF_", "TOKENIZERS_")
+_STARTUP_PREFIXES = (
+    "PYTHON",
+    "OMP_",
+    "GOMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "TORCH",
+    "PYTORCH_",
+    "TRANSFORMERS_",
+    "HF_",
+    "TOKENIZERS_",
+)
 _STARTUP_KEYS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 # Read when CUDA starts or a cuBLAS/cuDNN handle or the caching allocator is made (CUDA_VISIBLE_DEVICES,
 # CUDA_DEVICE_ORDER, CUDA_MODULE_LOADING, CUBLAS_WORKSPACE_CONFIG, NVIDIA_VISIBLE_DEVICES, NCCL_*, and
@@ -70,7 +117,7 @@ def preload(groups: list[str]) -> dict[str, str]:
             module, _, attr = entry.partition(":")
             mod = importlib.import_module(module)
             if attr:
-                getattr(mod, attr)             # transformers' lazy attributes import their module
+                getattr(mod, attr)  # transformers' lazy attributes import their module
     return {k: v for k, v in os.environ.items() if before.get(k) != v}
 
 
@@ -115,7 +162,7 @@ class Guard:
         self.import_env = dict(import_env)
         self.package = os.path.dirname(os.path.abspath(fedagent.__file__))
         self.files = module_files(self.package)
-        for path in extra_files:             # the test suite's hook: the same check on its own files
+        for path in extra_files:  # the test suite's hook: the same check on its own files
             st = os.stat(path)
             self.files[path] = (st.st_mtime_ns, st.st_size)
         self.started = time.time()
@@ -141,26 +188,33 @@ class Guard:
 
     def refusal(self, request: dict) -> str | None:
         """Why ``request`` must not be forked from this server, or None."""
-        restart = (f"restart the warm server (fedagent warm-server --socket {self.socket_path} --stop, "
-                   "then start it again)")
+        restart = (
+            f"restart the warm server (fedagent warm-server --socket {self.socket_path} --stop, then start it again)"
+        )
         changed = self.changed_file()
         if changed is not None:
             return f"{changed} changed since the warm server imported it: {restart}"
         if request.get("executable") != sys.executable:
-            return (f"this job's interpreter is {request.get('executable')} but the warm server runs "
-                    f"{sys.executable}: start the warm server with the job's interpreter")
+            return (
+                f"this job's interpreter is {request.get('executable')} but the warm server runs "
+                f"{sys.executable}: start the warm server with the job's interpreter"
+            )
         if request.get("package") != self.package:
-            return (f"this job imports fedagent from {request.get('package')} but the warm server "
-                    f"preloaded {self.package}: start the warm server with the job's PYTHONPATH")
+            return (
+                f"this job imports fedagent from {request.get('package')} but the warm server "
+                f"preloaded {self.package}: start the warm server with the job's PYTHONPATH"
+            )
         env = self.job_env(request.get("env") or {})
         for key in sorted(set(env) | set(os.environ)):
             if key in threads.KEYS:
-                continue                          # applied in the job (fedagent.warm.threads)
+                continue  # applied in the job (fedagent.warm.threads)
             if read_at_startup(key) and env.get(key) != os.environ.get(key):
-                return (f"environment variable {key} is {env.get(key)!r} for this job but "
-                        f"{os.environ.get(key)!r} in the warm server; it is read when the interpreter "
-                        "starts or a module is imported, so a forked job would run with the server's: "
-                        "start the warm server from the job's environment")
+                return (
+                    f"environment variable {key} is {env.get(key)!r} for this job but "
+                    f"{os.environ.get(key)!r} in the warm server; it is read when the interpreter "
+                    "starts or a module is imported, so a forked job would run with the server's: "
+                    "start the warm server from the job's environment"
+                )
         return threads.refusal(env, dict(os.environ))
 
     def standby_mismatch(self, request_env: dict[str, str]) -> str | None:
@@ -169,6 +223,8 @@ class Guard:
         env = self.job_env(request_env)
         for key in sorted(set(env) | set(os.environ)):
             if key not in threads.KEYS and read_at_cuda_start(key) and env.get(key) != os.environ.get(key):
-                return (f"environment variable {key} is {env.get(key)!r} for this job but "
-                        f"{os.environ.get(key)!r} in the warm server, whose standbys started CUDA with it")
+                return (
+                    f"environment variable {key} is {env.get(key)!r} for this job but "
+                    f"{os.environ.get(key)!r} in the warm server, whose standbys started CUDA with it"
+                )
         return None

@@ -13,7 +13,7 @@ import socket
 import struct
 
 _HEADER = struct.Struct("!I")
-MAX_MESSAGE = 64 << 20          # a request holds argv + the whole environment: far below this
+MAX_MESSAGE = 64 << 20  # a request holds argv + the whole environment: far below this
 MAX_FDS = 8
 
 
@@ -31,7 +31,7 @@ def send(sock: socket.socket, obj: dict, fds: tuple[int, ...] | list[int] = ()) 
     """Send one message, ``fds`` attached to its first bytes (blocking socket)."""
     data = encode(obj)
     sent = socket.send_fds(sock, [data], list(fds)) if fds else 0
-    if sent < len(data):        # never an empty send: it fails once the server answered and closed
+    if sent < len(data):  # never an empty send: it fails once the server answered and closed
         sock.sendall(data[sent:])
 
 
@@ -91,8 +91,8 @@ class Reader:
             raise ProtocolError(f"message of {n} bytes is over the {MAX_MESSAGE} limit")
         if len(self.buf) < _HEADER.size + n:
             return None
-        body = bytes(self.buf[_HEADER.size:_HEADER.size + n])
-        del self.buf[:_HEADER.size + n]
+        body = bytes(self.buf[_HEADER.size : _HEADER.size + n])
+        del self.buf[: _HEADER.size + n]
         try:
             msg = json.loads(body)
         except ValueError as err:

@@ -104,18 +104,26 @@ class Conn:
 class WarmServer:
     """Serve on ``listener`` until stopped; :meth:`serve` returns the exit code."""
 
-    def __init__(self, listener: socket.socket, guard: Guard, info: dict, standbys: int = 0,
-                 standby_kind: str = "cuda", standby_commands=standby.STANDBY_COMMANDS, standby_warmup=None,
-                 standby_refill_delay: float = 0.0):
+    def __init__(
+        self,
+        listener: socket.socket,
+        guard: Guard,
+        info: dict,
+        standbys: int = 0,
+        standby_kind: str = "cuda",
+        standby_commands=standby.STANDBY_COMMANDS,
+        standby_warmup=None,
+        standby_refill_delay: float = 0.0,
+    ):
         self.listener, self.guard, self.info = listener, guard, info
         self.sel = selectors.DefaultSelector()
         self.conns: set[Conn] = set()
         self.jobs: dict[int, Job] = {}
         self.standby_n, self.standby_kind = int(standbys), standby_kind
-        self.standby_warmup = standby_warmup       # fedagent.warm.gpu_warmup.Shapes, or None
+        self.standby_warmup = standby_warmup  # fedagent.warm.gpu_warmup.Shapes, or None
         self.standby_commands = frozenset(standby_commands)
         self.standbys: list[Standby] = []
-        self.handed_off: list[Standby] = []        # standbys now jobs whose output pipe is still open
+        self.handed_off: list[Standby] = []  # standbys now jobs whose output pipe is still open
         self.stop_waiters: list[Conn] = []
         self.stopping = False
         self.kill_at: float | None = None
@@ -133,7 +141,7 @@ class WarmServer:
             sock.setblocking(False)
         signal.set_wakeup_fd(self.wake_w.fileno())
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, lambda *_: None)        # the wake-up byte does the work
+            signal.signal(signum, lambda *_: None)  # the wake-up byte does the work
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_wake)
         self.sel.register(self.listener, selectors.EVENT_READ, self._on_accept)
         self._top_up()
@@ -179,7 +187,7 @@ class WarmServer:
         self.listener.close()
         path = self.info["socket"]
         try:
-            if os.stat(path).st_ino == self.info["inode"]:   # only our own socket file
+            if os.stat(path).st_ino == self.info["inode"]:  # only our own socket file
                 os.unlink(path)
         except FileNotFoundError:
             pass
@@ -198,7 +206,7 @@ class WarmServer:
         except BlockingIOError:
             return
         _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != self.uid:                        # mode 0600 already says so; root may still connect
+        if uid != self.uid:  # mode 0600 already says so; root may still connect
             log(f"refused a connection from uid {uid}")
             sock.close()
             return
@@ -220,7 +228,7 @@ class WarmServer:
             self._client_gone(conn)
             return
         if conn.handled:
-            conn.reader.buf.clear()                # nothing more is expected after a request
+            conn.reader.buf.clear()  # nothing more is expected after a request
         elif msg is not None:
             conn.handled = True
             self._handle(conn, msg)
@@ -247,14 +255,22 @@ class WarmServer:
         try:
             conn.sock.sendall(protocol.encode(obj))
         except OSError:
-            pass                                   # the client is gone; its end of stream follows
+            pass  # the client is gone; its end of stream follows
 
     # ------------------------------------------------------------------ requests
     def _handle(self, conn: Conn, msg: dict) -> None:
         op = msg.get("op")
         if op == "ping":
-            self._reply(conn, {"pong": True, **self.info, "jobs": sorted(self.jobs), "standby": self.standby_n,
-                               "standbys": [{"pid": sb.pid, "state": sb.state} for sb in self.standbys]})
+            self._reply(
+                conn,
+                {
+                    "pong": True,
+                    **self.info,
+                    "jobs": sorted(self.jobs),
+                    "standby": self.standby_n,
+                    "standbys": [{"pid": sb.pid, "state": sb.state} for sb in self.standbys],
+                },
+            )
             self._close(conn)
         elif op == "stop":
             log("stop requested")
@@ -282,9 +298,9 @@ class WarmServer:
             conn.job = job
             self._reply(conn, {"pid": job.pid})
             if sb is not None and self.refill_delay > 0 and job.pid == sb.pid:
-                self.refill_at = time.monotonic() + self.refill_delay     # after the burst of job starts
+                self.refill_at = time.monotonic() + self.refill_delay  # after the burst of job starts
             elif self.refill_at is None:
-                self._top_up()                     # after the client's fds are closed here
+                self._top_up()  # after the client's fds are closed here
         else:
             self._reply(conn, {"error": f"unknown request {op!r}"})
             self._close(conn)
@@ -312,7 +328,7 @@ class WarmServer:
                 try:
                     self._close_in_child()
                     target()
-                except BaseException:              # noqa: BLE001 - never back into the server's loop
+                except BaseException:  # noqa: BLE001 - never back into the server's loop
                     traceback.print_exc()
                 finally:
                     os._exit(1)
@@ -322,7 +338,7 @@ class WarmServer:
         try:
             os.setpgid(pid, pid)
         except (PermissionError, ProcessLookupError):
-            pass                                   # the child did it first, or is gone already
+            pass  # the child did it first, or is gone already
         return pid
 
     def _fork(self, conn: Conn, msg: dict, fds: list[int], env: dict[str, str]) -> Job:
@@ -383,8 +399,9 @@ class WarmServer:
                 return sb, None
         return None, "no standby is ready (" + ", ".join(f"pid {sb.pid} {sb.state}" for sb in self.standbys) + ")"
 
-    def _handoff(self, sb: Standby, conn: Conn, msg: dict, fds: list[int],
-                 env: dict[str, str]) -> tuple[Job | None, str | None]:
+    def _handoff(
+        self, sb: Standby, conn: Conn, msg: dict, fds: list[int], env: dict[str, str]
+    ) -> tuple[Job | None, str | None]:
         """Send the job to a ready standby, which becomes it; (None, why) if that failed."""
         self._drain(sb)
         try:
@@ -397,13 +414,15 @@ class WarmServer:
         self._close_sock(sb)
         self.sel.unregister(sb.pidfd)
         if sb.out is not None:
-            self.handed_off.append(sb)             # its output pipe is read until the job's dup2 ends it
+            self.handed_off.append(sb)  # its output pipe is read until the job's dup2 ends it
         for fd in fds:
             os.close(fd)
         command = _command(msg)
         job = self._add_job(sb.pid, sb.pidfd, conn, command)
-        log(f"standby pid {sb.pid} (process group {sb.pid}, ready {time.monotonic() - sb.ready_at:.1f} s "
-            f"before the request) runs the job of client pid {msg.get('client_pid')}: fedagent {command}")
+        log(
+            f"standby pid {sb.pid} (process group {sb.pid}, ready {time.monotonic() - sb.ready_at:.1f} s "
+            f"before the request) runs the job of client pid {msg.get('client_pid')}: fedagent {command}"
+        )
         return job, None
 
     def _kill_standby(self, sb: Standby) -> None:
@@ -429,7 +448,7 @@ class WarmServer:
             alive, msg = False, None
         for fd in sb.reader.take_fds():
             os.close(fd)
-        if not alive:                              # it is ending; its pidfd says when
+        if not alive:  # it is ending; its pidfd says when
             self._close_sock(sb)
         elif msg is not None and "ready" in msg and sb.state == "preparing":
             sb.state, sb.ready_at = "ready", time.monotonic()
@@ -467,20 +486,24 @@ class WarmServer:
         _, status = os.waitpid(sb.pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if sb.sock is not None and sb.state == "preparing":
-            self._on_standby_message(sb)           # a "ready" it sent just before dying, not yet read
+            self._on_standby_message(sb)  # a "ready" it sent just before dying, not yet read
         self.sel.unregister(sb.pidfd)
         os.close(sb.pidfd)
         self.standbys.remove(sb)
         self._close_sock(sb)
-        self._drain(sb, close=True)                # it has exited: what is in the pipe is all there is
+        self._drain(sb, close=True)  # it has exited: what is in the pipe is all there is
         if sb.killed or sb.state == "ready":
-            log(f"standby pid {sb.pid} ({sb.state}) ended before a job, exit {code}{' (SIGKILLed)' if sb.killed else ''}"
-                + ("" if self.stopping or not self.standby_n else ": forking a replacement"))
+            log(
+                f"standby pid {sb.pid} ({sb.state}) ended before a job, exit {code}{' (SIGKILLed)' if sb.killed else ''}"
+                + ("" if self.stopping or not self.standby_n else ": forking a replacement")
+            )
             self._top_up()
         elif self.standby_n:
             self.standby_n = 0
-            log(f"standby pid {sb.pid} failed while preparing (exit {code}; its output above): no more standbys "
-                f"(--standby is 0 from now on); {', '.join(sorted(self.standby_commands))} jobs fork plainly")
+            log(
+                f"standby pid {sb.pid} failed while preparing (exit {code}; its output above): no more standbys "
+                f"(--standby is 0 from now on); {', '.join(sorted(self.standby_commands))} jobs fork plainly"
+            )
             for other in self.standbys:
                 if other.state == "preparing":
                     log(f"SIGKILL to standby pid {other.pid}, still preparing")

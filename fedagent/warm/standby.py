@@ -67,14 +67,14 @@ def prepare(kind: str, warmup=None, give_up=lambda: False) -> None:
         why = _cuda_missing(torch)
         if why is not None:
             raise Unavailable(why)
-        torch.cuda.init()                                          # the context
+        torch.cuda.init()  # the context
         device = torch.device("cuda", torch.cuda.current_device())
         _warm_up(torch, device)
         if warmup is not None:
             _run_warmup(warmup, give_up, "cuda")
             _reset_memory_stats(torch, device)
     elif kind == "touch":
-        if warmup is not None:                  # tests: the same wait and calls, on the CPU
+        if warmup is not None:  # tests: the same wait and calls, on the CPU
             _run_warmup(warmup, give_up, "cpu")
         _touch()
     elif kind == "fail":
@@ -91,11 +91,13 @@ def _run_warmup(warmup, give_up, device: str) -> None:
     with gpu_warmup.architecture_dir(warmup, give_up) as arch:
         if arch is None:
             _flush()
-            os._exit(0)                         # the server is gone (or a signal came): nothing to run
+            os._exit(0)  # the server is gone (or a signal came): nothing to run
         parts = gpu_warmup.warm_up(warmup, device=device, arch_dir=arch)
     where = warmup.model_dir if arch == warmup.model_dir else f"{warmup.source} ({arch}, before {warmup.model_dir})"
-    print(f"standby warm-up on a 1-layer model of {where}: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()), file=sys.stderr)
+    print(
+        f"standby warm-up on a 1-layer model of {where}: " + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()),
+        file=sys.stderr,
+    )
 
 
 def _warm_up(torch, device) -> None:
@@ -120,8 +122,10 @@ def _reset_memory_stats(torch, device) -> None:
 
 def _cuda_missing(torch) -> str | None:
     if not torch.cuda.is_available():
-        return ("kind cuda needs a CUDA device and torch sees none (torch.cuda.is_available() is False, "
-                f"torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        return (
+            "kind cuda needs a CUDA device and torch sees none (torch.cuda.is_available() is False, "
+            f"torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     return None
 
 
@@ -164,7 +168,7 @@ def probe(kind: str, close_fds: tuple[int, ...] = ()) -> str | None:
             for fd in close_fds:
                 os.close(fd)
             answer = check(kind)
-        except BaseException as err:            # noqa: BLE001 - the answer is the error
+        except BaseException as err:  # noqa: BLE001 - the answer is the error
             answer = f"checking for kind {kind} failed: {type(err).__name__}: {err}"
         try:
             os.write(w, json.dumps(answer).encode())
@@ -226,7 +230,7 @@ def _wait(sock: socket.socket, wake: int) -> tuple[dict, list[int], list[int]]:
             noted += _signals(wake)
         if sock in ready:
             if not reader.feed(sock):
-                os._exit(0)                     # the server stopped or died: nothing to run
+                os._exit(0)  # the server stopped or died: nothing to run
             msg = reader.message()
             if msg is not None:
                 from fedagent.warm.child import BLOCKED
@@ -249,7 +253,7 @@ def live(kind: str, sock: socket.socket, out_fd: int, warmup=None) -> None:
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
-        signal.set_wakeup_fd(wake_w)            # before any unblock: the inherited one is the server's
+        signal.set_wakeup_fd(wake_w)  # before any unblock: the inherited one is the server's
         for signum in _SIGNALS:
             signal.signal(signum, _noted)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -264,7 +268,7 @@ def live(kind: str, sock: socket.socket, out_fd: int, warmup=None) -> None:
         _flush()
         protocol.send(sock, {"ready": round(time.monotonic() - t0, 3)})
         msg, fds, noted = _wait(sock, wake_r)
-        for signum in noted:                    # pending (blocked) until the job's own handlers
+        for signum in noted:  # pending (blocked) until the job's own handlers
             os.kill(os.getpid(), signum)
         signal.set_wakeup_fd(-1)
         os.close(wake_r)
@@ -273,11 +277,11 @@ def live(kind: str, sock: socket.socket, out_fd: int, warmup=None) -> None:
         request, env = msg["request"], msg["env"]
         if len(fds) != 3:
             raise RuntimeError(f"the job came with {len(fds)} fd(s), not 3")
-        _flush()                                # nothing of the standby's may reach the job's stdout
-    except BaseException:                       # noqa: BLE001 - into the server's log; the standby ends
+        _flush()  # nothing of the standby's may reach the job's stdout
+    except BaseException:  # noqa: BLE001 - into the server's log; the standby ends
         try:
             traceback.print_exc()
             _flush()
         finally:
             os._exit(1)
-    run_job(request, fds, env)                  # never returns
+    run_job(request, fds, env)  # never returns

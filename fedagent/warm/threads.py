@@ -31,8 +31,10 @@ def refusal(job_env: dict[str, str], server_env: dict[str, str]) -> str | None:
         if job == server or key == "VECLIB_MAXIMUM_THREADS":
             continue
         if job is None:
-            return (f"environment variable {key} is {server!r} in the warm server but unset for this job "
-                    "(a fresh job would use the library's default): start the warm server without it")
+            return (
+                f"environment variable {key} is {server!r} in the warm server but unset for this job "
+                "(a fresh job would use the library's default): start the warm server without it"
+            )
         if not job.isdigit() or int(job) < 1:
             return f"environment variable {key}={job!r} for this job is not a positive thread count"
     for pair in (TORCH_KEYS, BLAS_KEYS):
@@ -44,6 +46,7 @@ def refusal(job_env: dict[str, str], server_env: dict[str, str]) -> str | None:
 
 def apply(job_env: dict[str, str], server_env: dict[str, str]) -> None:
     """In the forked job: set every count the job's environment gives and the server's lacks."""
+
     def wanted(keys):
         for key in keys:
             if key in job_env and job_env[key] != server_env.get(key):
@@ -68,7 +71,7 @@ def _openblas(name: str) -> list:
         paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", fh.read())))
     found = []
     for path in paths:
-        lib = ctypes.CDLL(path)                       # already loaded: the same library, not a second copy
+        lib = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
         for symbol in (f"{p}openblas_{name}{s}" for p in ("", "scipy_") for s in ("", "64_")):
             fn = getattr(lib, symbol, None)
             if fn is not None:

@@ -17,11 +17,13 @@ import sys
 import zipfile
 from pathlib import Path
 
-NODE_GLIBC = (2, 39)          # Ubuntu 24.04 (the node's Python 3.12.3)
-NODE_GLIBCXX = (3, 4, 33)     # its libstdc++ (GCC 14)
+NODE_GLIBC = (2, 39)  # Ubuntu 24.04 (the node's Python 3.12.3)
+NODE_GLIBCXX = (3, 4, 33)  # its libstdc++ (GCC 14)
 PY_OK = re.compile(r"^(cp312|py3|py2\.py3|cp3(?:[0-9]|1[0-2])|py3[0-9]*)$")
-PLAT = re.compile(r"^(any|linux_x86_64|manylinux1_x86_64|manylinux2010_x86_64|manylinux2014_x86_64|"
-                  r"manylinux_(\d+)_(\d+)_x86_64)$")
+PLAT = re.compile(
+    r"^(any|linux_x86_64|manylinux1_x86_64|manylinux2010_x86_64|manylinux2014_x86_64|"
+    r"manylinux_(\d+)_(\d+)_x86_64)$"
+)
 
 
 def norm(name: str) -> str:
@@ -70,7 +72,7 @@ def native_needs(path: Path) -> list[tuple[str, tuple, tuple]]:
 
 def main(argv: list[str]) -> int:
     house, pins_file, extra = Path(argv[1]), Path(argv[2]), argv[3:]
-    pins = [l.strip() for l in pins_file.read_text().splitlines() if l.strip() and not l.startswith("#")] + extra
+    pins = [ln.strip() for ln in pins_file.read_text().splitlines() if ln.strip() and not ln.startswith("#")] + extra
     wheels = sorted(house.glob("*.whl"), key=lambda p: p.name.lower())
     problems, have, total = [], set(), 0
     for w in wheels:
@@ -84,16 +86,22 @@ def main(argv: list[str]) -> int:
             if glibc and glibc > NODE_GLIBC:
                 problems.append(f"{w.name}: {member} needs GLIBC_{'.'.join(map(str, glibc))} (node: {NODE_GLIBC})")
             if glibcxx and glibcxx > NODE_GLIBCXX:
-                problems.append(f"{w.name}: {member} needs GLIBCXX_{'.'.join(map(str, glibcxx))} (node: {NODE_GLIBCXX})")
+                problems.append(
+                    f"{w.name}: {member} needs GLIBCXX_{'.'.join(map(str, glibcxx))} (node: {NODE_GLIBCXX})"
+                )
         size = w.stat().st_size
         total += size
         native = ""
         if libs:
-            g = max((l[1] for l in libs), default=())
-            gx = max((l[2] for l in libs), default=())
-            native = (f"  [{len(libs)} native lib(s); needs GLIBC_{'.'.join(map(str, g)) or '-'}"
-                      f" GLIBCXX_{'.'.join(map(str, gx)) or '-'}]")
-        print(f"{name:36s} {version:14s} {'.'.join(py)}-{'.'.join(abi)}-{'.'.join(plat):40s} {size / 1e6:7.2f} MB{native}")
+            g = max((lib[1] for lib in libs), default=())
+            gx = max((lib[2] for lib in libs), default=())
+            native = (
+                f"  [{len(libs)} native lib(s); needs GLIBC_{'.'.join(map(str, g)) or '-'}"
+                f" GLIBCXX_{'.'.join(map(str, gx)) or '-'}]"
+            )
+        print(
+            f"{name:36s} {version:14s} {'.'.join(py)}-{'.'.join(abi)}-{'.'.join(plat):40s} {size / 1e6:7.2f} MB{native}"
+        )
     for pin in pins:
         name, _, version = pin.partition("==")
         if (norm(name), version) not in have:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-NEEDS = {   # what each environment imports beyond fedagent (the message names the first missing one)
+NEEDS = {  # what each environment imports beyond fedagent (the message names the first missing one)
     "textworld": ("textworld", "jericho", "fastapi", "uvicorn"),
     "webshop": ("bm25s", "rapidfuzz", "numpy", "fastapi", "uvicorn"),
     "alfworld": ("alfworld", "fast_downward", "textworld", "fastapi", "uvicorn"),
@@ -56,7 +56,7 @@ def webshop(tmp: Path) -> str:
     env = source.make_env(max_turns=3)
     tid = source.task_ids("train")[0]
     reset = env.reset(tid)
-    query = " ".join((reset.task or "").split()[:8])      # words of the goal: the search must find some
+    query = " ".join((reset.task or "").split()[:8])  # words of the goal: the search must find some
     step = env.step(f"search[{query}]")
     if "Total results: 0" in step.observation:
         raise RuntimeError(f"the bm25s search for the goal's words {query!r} found nothing: {step.observation[:200]}")
@@ -65,8 +65,10 @@ def webshop(tmp: Path) -> str:
     if jax is not None:
         backend = jax.default_backend()
         if backend != "cpu":
-            raise RuntimeError(f"jax (imported by the search) runs on {backend!r}, not the CPU: "
-                               "the env service would take the GPU (JAX_PLATFORMS=cpu not in force)")
+            raise RuntimeError(
+                f"jax (imported by the search) runs on {backend!r}, not the CPU: "
+                "the env service would take the GPU (JAX_PLATFORMS=cpu not in force)"
+            )
         where = f"jax {jax.__version__} on the cpu"
     hits = step.observation.split("Total results: ")[-1].split(")")[0]
     return f"20 products, bm25s search for the goal found {hits}, {where}"
@@ -78,7 +80,7 @@ def alfworld(tmp: Path) -> str:
     from fedagent.envs.alfworld.generate import generate_games
     from fedagent.envs.alfworld.source import AlfworldTaskSource
 
-    lib = fast_downward.load_lib()         # the compiled planner
+    lib = fast_downward.load_lib()  # the compiled planner
     fast_downward.close_lib(lib)
     generate_games(tmp / "alf", base_seed=1, splits={"train": 1}, n_distractors=(1, 1))
     source = AlfworldTaskSource(tmp / "alf", splits=("train",))
@@ -88,9 +90,11 @@ def alfworld(tmp: Path) -> str:
 
     plan = json.loads(source.game_path(tid).read_text())["walkthrough"]
     reset = env.reset(tid)
-    step = env.step(plan[0])
-    return (f"planner library loaded, game {source.task_type(tid)!r} generated and reset "
-            f"({len(reset.admissible_commands)} admissible), its plan's first step played")
+    env.step(plan[0])
+    return (
+        f"planner library loaded, game {source.task_type(tid)!r} generated and reset "
+        f"({len(reset.admissible_commands)} admissible), its plan's first step played"
+    )
 
 
 SMOKES = {"textworld": textworld, "webshop": webshop, "alfworld": alfworld}
@@ -104,20 +108,23 @@ def main(argv: list[str]) -> int:
         return 2
     from fedagent.envs.serve import hide_accelerators
 
-    hide_accelerators()                     # as every env service runs (fedagent.envs.serve)
+    hide_accelerators()  # as every env service runs (fedagent.envs.serve)
     failed = 0
     for env in envs:
         missing = _missing(env)
         if missing:
-            print(f"env-smoke: {env}: module {missing!r} is missing (not in the installed wheelhouse: "
-                  "scripts/gpu/pack.sh, then node-setup.sh carry + install)", file=sys.stderr)
+            print(
+                f"env-smoke: {env}: module {missing!r} is missing (not in the installed wheelhouse: "
+                "scripts/gpu/pack.sh, then node-setup.sh carry + install)",
+                file=sys.stderr,
+            )
             failed += 1
             continue
         t0 = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix=f"fa-smoke-{env}-") as tmp:
                 what = SMOKES[env](Path(tmp))
-        except Exception as exc:            # noqa: BLE001 - one line naming the environment and the cause
+        except Exception as exc:  # noqa: BLE001 - one line naming the environment and the cause
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             print(f"env-smoke: {env}: does not work here: {type(exc).__name__}: {first}", file=sys.stderr)
             failed += 1

@@ -26,8 +26,10 @@ import math
 import sys
 from pathlib import Path
 
-HEADER = ("| job | episodes | task ids equal | seeds equal | identical turns | identical episodes "
-          "| update rel. diff | critic rel. diff |")
+HEADER = (
+    "| job | episodes | task ids equal | seeds equal | identical turns | identical episodes "
+    "| update rel. diff | critic rel. diff |"
+)
 
 
 def episodes(d: Path) -> dict:
@@ -43,7 +45,6 @@ def rel_diff(a: Path, b: Path, start: Path) -> float | None:
     """‖a − b‖ / ‖b − start‖ over every tensor of the safetensors files (fp64 sums); None without files."""
     if not (a.is_file() and b.is_file() and start.is_file()):
         return None
-    import torch
     from safetensors.torch import load_file
 
     ta, tb, ts = load_file(a), load_file(b), load_file(start)
@@ -69,26 +70,38 @@ def compare(warm: Path, cold: Path, start: Path | None = None) -> dict:
         ta, tb = a["turns"], b["turns"]
         same_episode += [t["text"] for t in ta] == [t["text"] for t in tb]
         same_length += len(ta) == len(tb)
-        turns += max(len(ta), len(tb))          # a turn only one of them played counts as not identical
+        turns += max(len(ta), len(tb))  # a turn only one of them played counts as not identical
         for k in range(min(len(ta), len(tb))):  # seeds: over the turns both played (an episode's length
-            both += 1                           # may differ with its texts)
+            both += 1  # may differ with its texts)
             same_text += ta[k]["text"] == tb[k]["text"]
-            same_seed += ta[k].get("sampling_seed") is not None and \
-                ta[k].get("sampling_seed") == tb[k].get("sampling_seed")
+            same_seed += ta[k].get("sampling_seed") is not None and ta[k].get("sampling_seed") == tb[k].get(
+                "sampling_seed"
+            )
     mw, mc = (json.loads((Path(d) / "metrics.json").read_text()) for d in (warm, cold))
-    out = {"round": mc.get("round"), "client": mc.get("client"), "episodes": len(ec), "turns": turns,
-           "task_ids_equal": same_task / len(ec), "seeds_equal": same_seed / both if both else None,
-           "equal_lengths": same_length / len(ec),
-           "identical_turns": same_text / turns if turns else None, "identical_episodes": same_episode / len(ec),
-           "warm": (mw.get("verl", {}).get("engine_set") or {}).get("warm"),
-           "steps": {k: [mw.get(k), mc.get(k)] for k in ("kl", "entropy", "clipfrac", "vf_loss", "mean_return")
-                     if k in mc}}
+    out = {
+        "round": mc.get("round"),
+        "client": mc.get("client"),
+        "episodes": len(ec),
+        "turns": turns,
+        "task_ids_equal": same_task / len(ec),
+        "seeds_equal": same_seed / both if both else None,
+        "equal_lengths": same_length / len(ec),
+        "identical_turns": same_text / turns if turns else None,
+        "identical_episodes": same_episode / len(ec),
+        "warm": (mw.get("verl", {}).get("engine_set") or {}).get("warm"),
+        "steps": {
+            k: [mw.get(k), mc.get(k)] for k in ("kl", "entropy", "clipfrac", "vf_loss", "mean_return") if k in mc
+        },
+    }
     if start is not None:
-        out["update_rel_diff"] = rel_diff(Path(warm) / "model.safetensors", Path(cold) / "model.safetensors",
-                                          Path(start) / "model.safetensors")
-        out["critic_rel_diff"] = rel_diff(Path(warm) / "critic" / "model.safetensors",
-                                          Path(cold) / "critic" / "model.safetensors",
-                                          Path(start) / "critic" / "model.safetensors")
+        out["update_rel_diff"] = rel_diff(
+            Path(warm) / "model.safetensors", Path(cold) / "model.safetensors", Path(start) / "model.safetensors"
+        )
+        out["critic_rel_diff"] = rel_diff(
+            Path(warm) / "critic" / "model.safetensors",
+            Path(cold) / "critic" / "model.safetensors",
+            Path(start) / "critic" / "model.safetensors",
+        )
     return out
 
 
@@ -96,10 +109,12 @@ def row(r: dict) -> str:
     def f(x, fmt="{:.3f}"):
         return "–" if x is None else fmt.format(x)
 
-    return (f"| round {r['round']}, client {r['client']} ({'warm' if r['warm'] else 'cold'} vs cold) | "
-            f"{r['episodes']} | {f(r['task_ids_equal'])} | {f(r['seeds_equal'])} | {f(r['identical_turns'])} | "
-            f"{f(r['identical_episodes'])} | {f(r.get('update_rel_diff'), '{:.3g}')} | "
-            f"{f(r.get('critic_rel_diff'), '{:.3g}')} |")
+    return (
+        f"| round {r['round']}, client {r['client']} ({'warm' if r['warm'] else 'cold'} vs cold) | "
+        f"{r['episodes']} | {f(r['task_ids_equal'])} | {f(r['seeds_equal'])} | {f(r['identical_turns'])} | "
+        f"{f(r['identical_episodes'])} | {f(r.get('update_rel_diff'), '{:.3g}')} | "
+        f"{f(r.get('critic_rel_diff'), '{:.3g}')} |"
+    )
 
 
 def main(argv=None) -> int:

@@ -46,8 +46,14 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from workflow_helpers import (RUN, executed_jobs, make_workdir, run_snakemake, snakemake_cmd,  # noqa: E402
-                              snakemake_env)
+from workflow_helpers import (  # noqa: E402 - after the sys.path entry above
+    RUN,
+    executed_jobs,
+    make_workdir,
+    run_snakemake,
+    snakemake_cmd,  # noqa: E402
+    snakemake_env,
+)
 
 from fedagent.core.atomic import MANIFEST, STAGING_PREFIX, verify_manifest  # noqa: E402
 from fedagent.core.seeds import python_rng  # noqa: E402
@@ -56,12 +62,24 @@ HOOK = HERE / "hook"
 PHASES = ("train-client", "aggregate", "merge", "eval", "report", "rename")
 # Seconds after a job's process appears within which to kill it: short of how long the job
 # takes on a busy 2-core machine (python start-up with torch is most of the short jobs).
-WINDOW = {"train-client": (0.5, 6.0), "aggregate": (0.3, 2.0), "merge": (0.3, 2.0), "eval": (0.5, 5.0),
-          "report": (0.3, 1.5)}
+WINDOW = {
+    "train-client": (0.5, 6.0),
+    "aggregate": (0.3, 2.0),
+    "merge": (0.3, 2.0),
+    "eval": (0.5, 5.0),
+    "report": (0.3, 1.5),
+}
 # (command, number of output renames it makes) for the rename phase
 RENAMES = (("train-client", 1), ("aggregate", 1), ("merge", 1), ("eval", 1), ("select", 1), ("report", 4))
-ROUND1_JOBS = {"select@001", "train_client/0@001", "train_client/1@001", "aggregate@001", "merge@001",
-               "eval@001", "report@001"}
+ROUND1_JOBS = {
+    "select@001",
+    "train_client/0@001",
+    "train_client/1@001",
+    "aggregate@001",
+    "merge@001",
+    "eval@001",
+    "report@001",
+}
 COMPARED = ("round_000/eval.json", "round_001/eval.json", "round_001/summary.csv", "round_001/model")
 RULE_NAME = {"merge_protected": "merge", "merge_temporary": "merge"}
 
@@ -71,7 +89,7 @@ class Trial:
     index: int
     phase: str
     mode: str
-    hit: str = ""           # what was running when the kill landed
+    hit: str = ""  # what was running when the kill landed
     survived: bool = False
     identical: bool = False
     status_exact: bool | None = None
@@ -92,7 +110,7 @@ def _env(extra: dict | None = None) -> dict:
 def _job_name(cmdline: list[str]) -> str:
     """``<rule>[/<client>]@<round>`` of a ``fedagent <command> ...`` command line (status's names)."""
     i = next(i for i, part in enumerate(cmdline) if os.path.basename(part) == "fedagent")
-    command, args = cmdline[i + 1], cmdline[i + 2:]
+    command, args = cmdline[i + 1], cmdline[i + 2 :]
 
     def flag(name: str) -> str:
         return args[args.index(name) + 1] if name in args else ""
@@ -253,8 +271,14 @@ def _status_check(work: Path, trial: Trial, killed_jobs: set[str]) -> None:
     landed (killed after its rename, before it exited): Snakemake redoes such a job to be safe.
     """
     env = _env()
-    st = subprocess.run([sys.executable, "-m", "fedagent.cli", "status", RUN, "--json"], cwd=work, env=env,
-                        capture_output=True, text=True, timeout=300)
+    st = subprocess.run(
+        [sys.executable, "-m", "fedagent.cli", "status", RUN, "--json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if st.returncode != 0:
         trial.status_exact = False
         trial.notes.append(f"status failed: {st.stderr[-500:]}")
@@ -279,8 +303,14 @@ def _status_check(work: Path, trial: Trial, killed_jobs: set[str]) -> None:
         trial.notes.append(f"status finished {sorted(finished)} vs snakemake-done {sorted(expected)}")
 
 
-_JOB_OF_COMMAND = {"train-client": "train_client", "aggregate": "aggregate", "merge": "merge", "eval": "eval",
-                   "select": "select", "report": "report"}
+_JOB_OF_COMMAND = {
+    "train-client": "train_client",
+    "aggregate": "aggregate",
+    "merge": "merge",
+    "eval": "eval",
+    "select": "select",
+    "report": "report",
+}
 
 
 def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -> Trial:
@@ -298,8 +328,14 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
         when = rng.choice(("before", "after"))
         extra["FEDAGENT_KILL_RENAME"] = f"{command}:{rng.randint(1, n_renames)}:{when}:{marker}"
     start_state(ref, work, command)
-    proc = subprocess.Popen(snakemake_cmd(), cwd=work, env=_env(extra), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        snakemake_cmd(),
+        cwd=work,
+        env=_env(extra),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     root = psutil.Process(proc.pid)
     killed_jobs: set[str] = set()
     deadline = time.monotonic() + 900
@@ -353,8 +389,14 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
 
     # The documented recovery: the same command; `snakemake --unlock` first if it asks for it.
     def snakemake(*args: str) -> subprocess.CompletedProcess:  # with the read audit, no kill
-        return subprocess.run(snakemake_cmd(*args), cwd=work, env=_env({"FEDAGENT_READ_AUDIT": str(audit)}),
-                              capture_output=True, text=True, timeout=1800)
+        return subprocess.run(
+            snakemake_cmd(*args),
+            cwd=work,
+            env=_env({"FEDAGENT_READ_AUDIT": str(audit)}),
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
 
     again = snakemake()
     if again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower():
@@ -373,8 +415,9 @@ def run_trial(i: int, seed: int, ref: Path, base: Path, *, check_status: bool) -
     return trial
 
 
-def run_suite(kills: int, seed: int, base: Path, *, check_status: bool = True, keep: bool = False,
-              log=print) -> list[Trial]:
+def run_suite(
+    kills: int, seed: int, base: Path, *, check_status: bool = True, keep: bool = False, log=print
+) -> list[Trial]:
     """Reference run + ``kills`` trials; returns the trials (the summary line is logged)."""
     t0 = time.monotonic()
     ref = build_reference(base)
@@ -387,19 +430,23 @@ def run_suite(kills: int, seed: int, base: Path, *, check_status: bool = True, k
         except Exception as exc:  # noqa: BLE001 - a driver error counts as a failed trial, the suite goes on
             trial = Trial(i, PHASES[i % len(PHASES)], "?", notes=[f"driver error: {exc!r}"])
         trials.append(trial)
-        log(f"kill {i:02d} {trial.phase:12s} {trial.mode:4s} hit [{trial.hit}] survived={trial.survived} "
+        log(
+            f"kill {i:02d} {trial.phase:12s} {trial.mode:4s} hit [{trial.hit}] survived={trial.survived} "
             f"identical={trial.identical} status_exact={trial.status_exact} ({time.monotonic() - t:.0f} s)"
-            + "".join(f"\n    {n}" for n in trial.notes))
+            + "".join(f"\n    {n}" for n in trial.notes)
+        )
         if not keep and trial.survived and trial.identical:
             shutil.rmtree(base / f"trial_{i:03d}", ignore_errors=True)
     hits = Counter(t.hit.split(" -> ")[0] if t.phase == "rename" else t.hit for t in trials)
     log("phases hit: " + ", ".join(f"{k}: {v}" for k, v in sorted(hits.items())))
     n_status = sum(t.status_exact is not None for t in trials)
-    log(f"kills: {len(trials)} survived: {sum(t.survived for t in trials)} "
+    log(
+        f"kills: {len(trials)} survived: {sum(t.survived for t in trials)} "
         f"identical: {sum(t.identical for t in trials)}"
         + (f" status exact: {sum(bool(t.status_exact) for t in trials)}/{n_status}" if n_status else "")
         + f" partial reads: {sum(t.partial_reads for t in trials)}"
-        + f" ({time.monotonic() - t0:.0f} s)")
+        + f" ({time.monotonic() - t0:.0f} s)"
+    )
     return trials
 
 
@@ -412,8 +459,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = args.workdir or Path(tempfile.mkdtemp(prefix="fedagent-kills-"))
     base.mkdir(parents=True, exist_ok=True)
-    trials = run_suite(args.kills, args.seed, base, check_status=not args.no_status, keep=args.workdir is not None,
-                       log=lambda s: print(s, flush=True))
+    trials = run_suite(
+        args.kills,
+        args.seed,
+        base,
+        check_status=not args.no_status,
+        keep=args.workdir is not None,
+        log=lambda s: print(s, flush=True),
+    )
     if args.workdir is None:
         shutil.rmtree(base, ignore_errors=True)
     ok = all(t.survived and t.identical and t.status_exact is not False for t in trials)

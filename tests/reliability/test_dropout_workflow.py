@@ -40,8 +40,11 @@ def test_strict_stops_then_min_per_round_1_finishes_with_the_survivor(reference_
     assert not (rd / "aggregate").exists() and not (rd / "clients" / "1").exists()
 
     cfg = work / "config" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("clients: {total: 2, per_round: 2}",
-                                           "clients: {total: 2, per_round: 2, min_per_round: 1}"))
+    cfg.write_text(
+        cfg.read_text().replace(
+            "clients: {total: 2, per_round: 2}", "clients: {total: 2, per_round: 2, min_per_round: 1}"
+        )
+    )
     assert "min_per_round: 1" in cfg.read_text()
     again = _snakemake(work, env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
@@ -58,13 +61,34 @@ def test_strict_stops_then_min_per_round_1_finishes_with_the_survivor(reference_
     header, last = rows[0].split(","), rows[-1].split(",")
     assert last[header.index("clients_dropped")] == "1"  # the report says so too
 
-    st = subprocess.run([sys.executable, "-m", "fedagent.cli", "status", RUN, "--json"], cwd=work, env=env,
-                        capture_output=True, text=True, check=True)
+    st = subprocess.run(
+        [sys.executable, "-m", "fedagent.cli", "status", RUN, "--json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     r1 = json.loads(st.stdout)["rounds"][1]
     assert r1["jobs"]["train_client/1"] == "dropped" and r1["complete"]
     assert "injected failure" in r1["dropped"]["1"]
-    ver = subprocess.run([sys.executable, "-m", "fedagent.cli", "verify", "--prev", f"{RUN}/round_000/model",
-                          "--clients", f"{RUN}/round_001/clients/0", f"{RUN}/round_001/clients/1",
-                          "--aggregate", f"{RUN}/round_001/aggregate"], cwd=work, env=env,
-                         capture_output=True, text=True)
+    ver = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedagent.cli",
+            "verify",
+            "--prev",
+            f"{RUN}/round_000/model",
+            "--clients",
+            f"{RUN}/round_001/clients/0",
+            f"{RUN}/round_001/clients/1",
+            "--aggregate",
+            f"{RUN}/round_001/aggregate",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert ver.returncode == 0, ver.stderr

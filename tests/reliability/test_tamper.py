@@ -26,11 +26,19 @@ from fedagent.cli import main as cli_main
 from fedagent.model.hf_dir import SINGLE_FILE, TensorReader, read_header, save_model_dir, tensor_index, write_tensors
 from fedagent.core.seeds import torch_generator
 
-SHAPES = {"model.embed_tokens.weight": (40, 16), "model.layers.0.self_attn.q_proj.weight": (16, 16),
-          "model.layers.0.mlp.up_proj.weight": (32, 16), "model.norm.weight": (16,)}
-OTHER_ARCH = {"model.embed_tokens.weight": (40, 24), "model.layers.0.self_attn.q_proj.weight": (24, 24),
-              "model.layers.0.mlp.up_proj.weight": (48, 24), "model.layers.1.mlp.up_proj.weight": (48, 24),
-              "model.norm.weight": (24,)}
+SHAPES = {
+    "model.embed_tokens.weight": (40, 16),
+    "model.layers.0.self_attn.q_proj.weight": (16, 16),
+    "model.layers.0.mlp.up_proj.weight": (32, 16),
+    "model.norm.weight": (16,),
+}
+OTHER_ARCH = {
+    "model.embed_tokens.weight": (40, 24),
+    "model.layers.0.self_attn.q_proj.weight": (24, 24),
+    "model.layers.0.mlp.up_proj.weight": (48, 24),
+    "model.layers.1.mlp.up_proj.weight": (48, 24),
+    "model.norm.weight": (24,),
+}
 
 
 def _state(shapes, purpose, index, base=None):
@@ -87,15 +95,27 @@ def _truncate_resigned(d: Path) -> None:
 # case -> (tamper the client update, the reason aggregate names, the reason verify names)
 CASES = {
     "truncated safetensors": (_truncate, r"size \d+ != manifest \d+", r"manifest: .*size \d+ != manifest"),
-    "truncated safetensors, manifest re-signed": (_truncate_resigned, r"byte range .* disagrees with shape/file",
-                                                  r"structure: .*byte range .* disagrees"),
+    "truncated safetensors, manifest re-signed": (
+        _truncate_resigned,
+        r"byte range .* disagrees with shape/file",
+        r"structure: .*byte range .* disagrees",
+    ),
     "changed tensor byte": (_flip_byte, r"sha256 differs from manifest", r"manifest: .*sha256 differs"),
-    "missing manifest": (lambda d: (d / "manifest.json").unlink(), r"no manifest\.json",
-                         r"manifest: .*no manifest\.json"),
-    "other architecture": (_other_arch, r"tensor names disagree with prev",
-                           r"structure: .*tensor names disagree with prev"),
-    "NaN": (_nan, r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' contains NaN/Inf",
-            r"client .*tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' contains NaN/Inf"),
+    "missing manifest": (
+        lambda d: (d / "manifest.json").unlink(),
+        r"no manifest\.json",
+        r"manifest: .*no manifest\.json",
+    ),
+    "other architecture": (
+        _other_arch,
+        r"tensor names disagree with prev",
+        r"structure: .*tensor names disagree with prev",
+    ),
+    "NaN": (
+        _nan,
+        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' contains NaN/Inf",
+        r"client .*tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' contains NaN/Inf",
+    ),
 }
 
 
@@ -111,8 +131,14 @@ def make_round(root: Path) -> tuple[Path, list[Path], Path]:
     """prev + 2 client updates + the honest aggregate (made before any tampering)."""
     prev = _state(SHAPES, "prev", 0)
     prev_dir = save_model_dir(root / "prev", prev)
-    clients = [save_model_dir(root / "clients" / str(i), _state(SHAPES, "client", i, base=prev),
-                              json_files={"metrics.json": {"num_samples": 4 + i}}) for i in range(2)]
+    clients = [
+        save_model_dir(
+            root / "clients" / str(i),
+            _state(SHAPES, "client", i, base=prev),
+            json_files={"metrics.json": {"num_samples": 4 + i}},
+        )
+        for i in range(2)
+    ]
     aggregate(prev_dir, clients, root / "aggregate", weighting="uniform")
     return prev_dir, clients, root / "aggregate"
 
@@ -122,8 +148,17 @@ def check_case(root: Path, case: str) -> tuple[str, str]:
     tamper, agg_reason, verify_reason = CASES[case]
     prev_dir, clients, agg_dir = make_round(root)
     tamper(clients[1])
-    agg = _cli("aggregate", "--prev", str(prev_dir), "--clients", *map(str, clients), "--out",
-               str(root / "aggregate2"), "--quarantine", str(root / "_failed"))
+    agg = _cli(
+        "aggregate",
+        "--prev",
+        str(prev_dir),
+        "--clients",
+        *map(str, clients),
+        "--out",
+        str(root / "aggregate2"),
+        "--quarantine",
+        str(root / "_failed"),
+    )
     assert agg.returncode == 1, (case, agg.stdout, agg.stderr)
     assert re.search(agg_reason, agg.stderr) and str(clients[1]) in agg.stderr, (case, agg.stderr)
     assert not (root / "aggregate2").exists()
@@ -135,8 +170,12 @@ def check_case(root: Path, case: str) -> tuple[str, str]:
 
 def test_untampered_round_aggregates_and_verifies(tmp_path):
     prev_dir, clients, agg_dir = make_round(tmp_path)
-    assert _cli("aggregate", "--prev", str(prev_dir), "--clients", *map(str, clients), "--out",
-                str(tmp_path / "again")).returncode == 0
+    assert (
+        _cli(
+            "aggregate", "--prev", str(prev_dir), "--clients", *map(str, clients), "--out", str(tmp_path / "again")
+        ).returncode
+        == 0
+    )
     ver = _cli("verify", "--prev", str(prev_dir), "--clients", *map(str, clients), "--aggregate", str(agg_dir))
     assert ver.returncode == 0, ver.stderr
 
@@ -160,8 +199,10 @@ def main() -> int:
             refused["aggregate"] += 1
             refused["verify"] += 1
             print(f"{case}:\n  aggregate: {agg}\n  verify:    {ver}")
-    print(f"tamper cases: {len(CASES)} refused by name at aggregate: {refused['aggregate']} "
-          f"at verify: {refused['verify']}")
+    print(
+        f"tamper cases: {len(CASES)} refused by name at aggregate: {refused['aggregate']} "
+        f"at verify: {refused['verify']}"
+    )
     return 0 if refused["aggregate"] == refused["verify"] == len(CASES) else 1
 
 

@@ -10,11 +10,24 @@ Nothing here imports ``alfworld``/``textworld`` at import time.
 """
 
 from fedagent.envs.alfworld.assets import alfworld_available
-from fedagent.envs.alfworld.data import (MissingGamesError, ManifestError, canonical_order, split_games,
-                                         task_id_for, task_type_for)
+from fedagent.envs.alfworld.data import (
+    MissingGamesError,
+    ManifestError,
+    canonical_order,
+    split_games,
+    task_id_for,
+    task_type_for,
+)
 from fedagent.envs.alfworld.source import AlfworldTaskSource, resolve_data_root
 
 __all__ = [
-    "AlfworldTaskSource", "ManifestError", "MissingGamesError", "alfworld_available", "canonical_order",
-    "resolve_data_root", "split_games", "task_id_for", "task_type_for",
+    "AlfworldTaskSource",
+    "ManifestError",
+    "MissingGamesError",
+    "alfworld_available",
+    "canonical_order",
+    "resolve_data_root",
+    "split_games",
+    "task_id_for",
+    "task_type_for",
 ]

@@ -73,7 +73,7 @@ def layouts_dir() -> Path:
 def floor_plans() -> tuple[str, ...]:
     """Names of the shipped floor plans (``FloorPlan1`` ...), sorted by number."""
     names = [p.name[: -len("-objects.json")] for p in layouts_dir().glob("FloorPlan*-objects.json")]
-    return tuple(sorted(names, key=lambda n: int(n[len("FloorPlan"):])))
+    return tuple(sorted(names, key=lambda n: int(n[len("FloorPlan") :])))
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,9 +32,18 @@ FORMAT = "fedagent-alfworld-games-v1"
 GENERATED_ROOT = "alfworld"
 
 
-def build_catalogue(out: Path, *, data_seed: int, n_train: int, n_val: int, val_split: str = "valid_seen",
-                    real_data: Path | None = None, manifests: Path | None = None,
-                    quarantine_root: Path | None = None, jobs: int = 1) -> dict:
+def build_catalogue(
+    out: Path,
+    *,
+    data_seed: int,
+    n_train: int,
+    n_val: int,
+    val_split: str = "valid_seen",
+    real_data: Path | None = None,
+    manifests: Path | None = None,
+    quarantine_root: Path | None = None,
+    jobs: int = 1,
+) -> dict:
     """Write the catalogue folder ``out`` atomically; return its games.json (``jobs``: processes
     generating games at once; the same catalogue for any value)."""
     from fedagent.envs.alfworld.source import AlfworldTaskSource, resolve_data_root
@@ -51,12 +60,12 @@ def build_catalogue(out: Path, *, data_seed: int, n_train: int, n_val: int, val_
             root = resolve_data_root(real_data)
             root_rel = str(Path(root).resolve())
             manifest_dir = Path(manifests).resolve() if manifests else None
-        source = AlfworldTaskSource(root, splits=("train", val_split), base_seed=data_seed,
-                                    manifest_dir=manifest_dir)
+        source = AlfworldTaskSource(root, splits=("train", val_split), base_seed=data_seed, manifest_dir=manifest_dir)
         train, val = source.task_ids("train"), source.task_ids(val_split)
         if len(train) < n_train or len(val) < n_val:
-            raise ValueError(f"ALFWorld has {len(train)} train / {len(val)} {val_split} games, "
-                             f"asked for {n_train} / {n_val}")
+            raise ValueError(
+                f"ALFWorld has {len(train)} train / {len(val)} {val_split} games, asked for {n_train} / {n_val}"
+            )
         train, val = train[:n_train], val[:n_val]
         mdir = manifest_dir or Path(root) / data.MANIFEST_DIR
         msha = {}
@@ -74,8 +83,13 @@ def build_catalogue(out: Path, *, data_seed: int, n_train: int, n_val: int, val_
             "task_types": {t: source.task_type(t) for t in train + val},
             "files": {t: str(source.game_path(t).relative_to(root)) for t in train + val},
             "manifest_sha256": msha,
-            "knobs": {"data_seed": int(data_seed), "n_train": n_train, "n_val": n_val, "val_split": val_split,
-                      "generated": real_data is None},
+            "knobs": {
+                "data_seed": int(data_seed),
+                "n_train": n_train,
+                "n_val": n_val,
+                "val_split": val_split,
+                "generated": real_data is None,
+            },
             "sha256": id_list_sha256(train, val),
         }
         (staging / GAMES_JSON).write_text(json.dumps(games, indent=1, sort_keys=True) + "\n")
@@ -91,8 +105,9 @@ def source_from_catalogue(games_dir: Path, split: str):
     real_split = index["splits"].get(split, split)
     root = Path(index["root"])
     root = root if root.is_absolute() else games_dir / root
-    return AlfworldTaskSource(root, splits=[real_split], base_seed=index["knobs"]["data_seed"],
-                              manifest_dir=index.get("manifests")), real_split
+    return AlfworldTaskSource(
+        root, splits=[real_split], base_seed=index["knobs"]["data_seed"], manifest_dir=index.get("manifests")
+    ), real_split
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -104,17 +119,31 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-split", default="valid_seen", choices=["valid_seen", "valid_unseen"])
     parser.add_argument("--data", type=Path, default=None, help="real ALFWorld data (else: generate games)")
     parser.add_argument("--manifests", type=Path, default=None, help="manifest folder for real data")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes generating games at once (the planner is serial in each; same games)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes generating games at once (the planner is serial in each; same games)",
+    )
     parser.add_argument("--quarantine", type=Path, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the catalogue; print a one-line summary."""
-    games = build_catalogue(args.out, data_seed=args.seed, n_train=args.n_train, n_val=args.n_val,
-                            val_split=args.val_split, real_data=args.data, manifests=args.manifests,
-                            quarantine_root=args.quarantine, jobs=args.jobs)
+    games = build_catalogue(
+        args.out,
+        data_seed=args.seed,
+        n_train=args.n_train,
+        n_val=args.n_val,
+        val_split=args.val_split,
+        real_data=args.data,
+        manifests=args.manifests,
+        quarantine_root=args.quarantine,
+        jobs=args.jobs,
+    )
     types = sorted(set(games["task_types"].values()))
-    print(f"alfworld catalogue: {len(games['train'])} train + {len(games['val'])} {args.val_split} "
-          f"({'generated' if args.data is None else args.data}; types {types}; sha256 {games['sha256'][:12]})")
+    print(
+        f"alfworld catalogue: {len(games['train'])} train + {len(games['val'])} {args.val_split} "
+        f"({'generated' if args.data is None else args.data}; types {types}; sha256 {games['sha256'][:12]})"
+    )
     return 0

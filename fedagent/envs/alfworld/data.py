@@ -26,9 +26,9 @@ from fedagent.core.seeds import python_rng
 
 GAME_FILE = "game.tw-pddl"
 MANIFEST_FORMAT = "fedagent-alfworld-manifest-v1"
-MANIFEST_DIR = "manifests"          # <root>/manifests/<split>.json unless a path is given
+MANIFEST_DIR = "manifests"  # <root>/manifests/<split>.json unless a path is given
 ORDER_PURPOSE = "alfworld_order"
-DEFAULT_ORDER_SEED = 42             # FACTS §2: the reference shuffles with Random(42)
+DEFAULT_ORDER_SEED = 42  # FACTS §2: the reference shuffles with Random(42)
 
 # ALFRED task-type folder prefix -> short task type (FACTS §4 order: 1 Pick ... 6 Pick2).
 TASK_TYPES = {

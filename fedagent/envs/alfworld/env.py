@@ -22,7 +22,7 @@ from typing import Mapping
 
 from fedagent.envs.alfworld import assets
 from fedagent.envs.base import ResetResult, StepResult
-from fedagent.envs.textworld_env import engine_text   # the same Z-machine/TextWorld engine underneath
+from fedagent.envs.textworld_env import engine_text  # the same Z-machine/TextWorld engine underneath
 
 WIN_REWARD = 10.0
 DEFAULT_MAX_TURNS = 50
@@ -33,8 +33,7 @@ _PDDL_LOCK = threading.RLock()
 def _request_infos(policy_commands: bool):
     import textworld
 
-    return textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy_commands,
-                              extras=["gamefile"])
+    return textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy_commands, extras=["gamefile"])
 
 
 @contextlib.contextmanager
@@ -91,8 +90,14 @@ def close_game(env) -> None:
 class AlfworldEnv:
     """A pool slot able to play the ALFWorld games in ``game_paths`` (task id -> game file)."""
 
-    def __init__(self, game_paths: Mapping[str, Path], task_types: Mapping[str, str], *,
-                 max_turns: int = DEFAULT_MAX_TURNS, policy_commands: bool = False):
+    def __init__(
+        self,
+        game_paths: Mapping[str, Path],
+        task_types: Mapping[str, str],
+        *,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        policy_commands: bool = False,
+    ):
         """Remember the games; the PDDL env is created on the first reset."""
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
@@ -139,8 +144,9 @@ class AlfworldEnv:
         won = bool(state["won"])
         self._done = won or self._turns >= self.max_turns
         self._plan = list(state.get("policy_commands") or [])
-        self._last = StepResult(state["feedback"], WIN_REWARD if won else 0.0, self._done, won,
-                                _admissible(state), 1.0 if won else 0.0)
+        self._last = StepResult(
+            state["feedback"], WIN_REWARD if won else 0.0, self._done, won, _admissible(state), 1.0 if won else 0.0
+        )
         return self._last
 
     def expert_plan(self) -> list[str]:

@@ -40,8 +40,7 @@ def noisy_expert_episode(env, task_id: str, rng, p: float, max_turns: int) -> di
         won, admissible = bool(result.won), list(result.admissible_commands)
         if result.done:
             break
-    return {"task_id": task_id, "won": won, "turns": turns, "plan_len": plan_len,
-            "expert_moves": expert_moves}
+    return {"task_id": task_id, "won": won, "turns": turns, "plan_len": plan_len, "expert_moves": expert_moves}
 
 
 def noisy_expert_labels(source, task_ids: Sequence[str], base_seed: int, p: float, max_turns: int) -> list[dict]:
@@ -52,7 +51,9 @@ def noisy_expert_labels(source, task_ids: Sequence[str], base_seed: int, p: floa
         raise ValueError(f"expert p must be in [0, 1], got {p}")
     env = source.make_env(max_turns=max_turns, policy_commands=True)
     try:
-        return [noisy_expert_episode(env, tid, python_rng(base_seed, "labels_expert", index=i), p, max_turns)
-                for i, tid in enumerate(task_ids)]
+        return [
+            noisy_expert_episode(env, tid, python_rng(base_seed, "labels_expert", index=i), p, max_turns)
+            for i, tid in enumerate(task_ids)
+        ]
     finally:
         env.close()

@@ -40,13 +40,17 @@ OPENABLE = frozenset({"Fridge", "Cabinet", "Microwave", "Drawer", "Safe", "Box"}
 # Types the domain names as constants in action preconditions: always declared.
 DOMAIN_CONSTANTS = {"otype": ("Knife", "ButterKnife"), "rtype": ("SinkBasin", "Microwave", "Fridge")}
 # Where each state-changing task type must go first (receptacle type the action needs).
-TOOL_RECEPTACLE = {"pick_clean_then_place_in_recep": "SinkBasin",
-                   "pick_heat_then_place_in_recep": "Microwave",
-                   "pick_cool_then_place_in_recep": "Fridge"}
-TOOL_PROPERTY = {"pick_clean_then_place_in_recep": "Cleanable",
-                 "pick_heat_then_place_in_recep": "Heatable",
-                 "pick_cool_then_place_in_recep": "Coolable"}
-DEFAULT_DISTRACTORS = (3, 6)        # inclusive range of extra objects per game
+TOOL_RECEPTACLE = {
+    "pick_clean_then_place_in_recep": "SinkBasin",
+    "pick_heat_then_place_in_recep": "Microwave",
+    "pick_cool_then_place_in_recep": "Fridge",
+}
+TOOL_PROPERTY = {
+    "pick_clean_then_place_in_recep": "Cleanable",
+    "pick_heat_then_place_in_recep": "Heatable",
+    "pick_cool_then_place_in_recep": "Coolable",
+}
+DEFAULT_DISTRACTORS = (3, 6)  # inclusive range of extra objects per game
 MAX_ATTEMPTS = 50
 # How far the planner's address space may grow while it solves one attempt (:func:`solve`). Measured
 # on 104 solved attempts (data_seed 42, train[0..60]): 41-77 MiB each but one (307 MiB, 100 s of
@@ -58,15 +62,15 @@ PLANNER_MEM_MB = 128
 class GameSpec:
     """Everything that defines one generated game (pure data; JSON-serializable)."""
 
-    task_type: str                  # ALFRED long name, e.g. pick_heat_then_place_in_recep
+    task_type: str  # ALFRED long name, e.g. pick_heat_then_place_in_recep
     floor_plan: str
-    obj: str                        # target object class
-    recep: str                      # target receptacle class, or the lamp class for look
+    obj: str  # target object class
+    recep: str  # target receptacle class, or the lamp class for look
     toggle: str | None
     goal_text: str
-    receptacles: dict               # receptacle id -> location name
-    objects: list = field(default_factory=list)   # [object id, class, receptacle id]
-    lamp: list | None = None        # [lamp id, class, receptacle id]
+    receptacles: dict  # receptacle id -> location name
+    objects: list = field(default_factory=list)  # [object id, class, receptacle id]
+    lamp: list | None = None  # [lamp id, class, receptacle id]
 
 
 def _fix(name: str) -> str:
@@ -102,8 +106,7 @@ def _scene(plan: str):
 
 
 def _holders(consts, receps: dict, obj: str, exclude: Sequence[str] = ()) -> list[str]:
-    return [rid for rid, cls in receps.items()
-            if obj in consts.VAL_RECEPTACLE_OBJECTS[cls] and cls not in exclude]
+    return [rid for rid, cls in receps.items() if obj in consts.VAL_RECEPTACLE_OBJECTS[cls] and cls not in exclude]
 
 
 def plan_game(task_type: str, plan: str, rng, n_distractors: int) -> GameSpec | None:
@@ -155,10 +158,10 @@ def plan_game(task_type: str, plan: str, rng, n_distractors: int) -> GameSpec | 
         if not where:
             continue
         counts[cls] = counts.get(cls, 0) + 1
-        spec.objects.append([f"{cls}|{plan[len('FloorPlan'):]}|{counts[cls]:02d}", cls, rng.choice(sorted(where))])
+        spec.objects.append([f"{cls}|{plan[len('FloorPlan') :]}|{counts[cls]:02d}", cls, rng.choice(sorted(where))])
     if toggle:
         stand = rng.choice(sorted(r for r, c in receps.items() if c not in OPENABLE))
-        spec.lamp = [f"{toggle}|{plan[len('FloorPlan'):]}|01", toggle, stand]
+        spec.lamp = [f"{toggle}|{plan[len('FloorPlan') :]}|01", toggle, stand]
     return spec
 
 
@@ -187,8 +190,11 @@ def problem_pddl(spec: GameSpec, name: str) -> str:
                 init.append(f"(canContain {rc}Type {oc}Type)")
     for oid, cls, rid in objs:
         o = _fix(oid)
-        init += [f"(objectType {o} {cls}Type)", f"(inReceptacle {o} {_fix(rid)})",
-                 f"(objectAtLocation {o} {_fix(spec.receptacles[rid])})"]
+        init += [
+            f"(objectType {o} {cls}Type)",
+            f"(inReceptacle {o} {_fix(rid)})",
+            f"(objectAtLocation {o} {_fix(spec.receptacles[rid])})",
+        ]
         if cls in LAMPS:
             init.append(f"(toggleable {o})")
             continue
@@ -198,8 +204,11 @@ def problem_pddl(spec: GameSpec, name: str) -> str:
                 init.append(f"({pred} {o})")
         if cls in consts.MOVABLE_RECEPTACLES_SET:
             init.append(f"(isReceptacleObject {o})")
-    goal = glib.gdict[spec.task_type]["pddl"].format(
-        obj=spec.obj, recep=spec.recep, toggle=spec.toggle or "", mrecep="").replace("#", "-")
+    goal = (
+        glib.gdict[spec.task_type]["pddl"]
+        .format(obj=spec.obj, recep=spec.recep, toggle=spec.toggle or "", mrecep="")
+        .replace("#", "-")
+    )
     lines = [f"(define (problem {name})", "    (:domain alfred)", "    (:objects"]
     lines += ["        " + d for d in decl] + ["    )", "    (:init"]
     lines += ["        " + f for f in init] + ["    )"]
@@ -219,7 +228,7 @@ def game_data(spec: GameSpec, name: str) -> dict:
 
 def task_dir_name(spec: GameSpec) -> str:
     """ALFRED-style task folder: ``<type>-<Obj>-None-<Recep or Lamp>-<plan number>``."""
-    return f"{spec.task_type}-{spec.obj}-None-{spec.recep}-{spec.floor_plan[len('FloorPlan'):]}"
+    return f"{spec.task_type}-{spec.obj}-None-{spec.recep}-{spec.floor_plan[len('FloorPlan') :]}"
 
 
 def solve(game: dict, max_steps: int = 60) -> list[str] | None:
@@ -242,7 +251,7 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
 
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:                                   # the child: solve, send the result, exit at once
+    if pid == 0:  # the child: solve, send the result, exit at once
         status = 1
         try:
             os.close(r)
@@ -251,13 +260,13 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
                 out = ["ok", _solve(game, max_steps)]
             except MemoryError:
                 out = ["memory", None]
-            except BaseException as exc:          # noqa: BLE001 - raised again in the parent
+            except BaseException as exc:  # noqa: BLE001 - raised again in the parent
                 out = ["error", f"{type(exc).__name__}: {exc}"]
             with os.fdopen(w, "wb") as f:
                 f.write(json.dumps(out).encode())
             status = 0
         finally:
-            os._exit(status)                       # no atexit (fast-downward's C++ destructors)
+            os._exit(status)  # no atexit (fast-downward's C++ destructors)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         raw = f.read()
@@ -269,21 +278,28 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
         aborted = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT
         if not (aborted or (os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0)):
             raise RuntimeError(f"solving {_problem_name(game)}: the planner's process died (wait status {status})")
-        print(f"alfworld-gen: {_problem_name(game)}: the planner went over its {PLANNER_MEM_MB} MiB "
-              f"(wait status {status}); next attempt", file=sys.stderr, flush=True)
+        print(
+            f"alfworld-gen: {_problem_name(game)}: the planner went over its {PLANNER_MEM_MB} MiB "
+            f"(wait status {status}); next attempt",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     kind, value = json.loads(raw)
     if kind == "error":
         raise RuntimeError(f"solving {_problem_name(game)}: {value}")
     if kind == "memory":
-        print(f"alfworld-gen: {_problem_name(game)}: MemoryError within {PLANNER_MEM_MB} MiB; next attempt",
-              file=sys.stderr, flush=True)
+        print(
+            f"alfworld-gen: {_problem_name(game)}: MemoryError within {PLANNER_MEM_MB} MiB; next attempt",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return value
 
 
 def _problem_name(game: dict) -> str:
-    head = game["pddl_problem"].split("\n", 1)[0]           # (define (problem NAME)
+    head = game["pddl_problem"].split("\n", 1)[0]  # (define (problem NAME)
     return head.split("(problem", 1)[-1].strip(" )") or "?"
 
 
@@ -323,8 +339,9 @@ def _solve(game: dict, max_steps: int) -> list[str] | None:
         close_game(env)
 
 
-def make_game(split: str, index: int, base_seed: int, plans: Sequence[str],
-              n_distractors=DEFAULT_DISTRACTORS) -> tuple[GameSpec, dict]:
+def make_game(
+    split: str, index: int, base_seed: int, plans: Sequence[str], n_distractors=DEFAULT_DISTRACTORS
+) -> tuple[GameSpec, dict]:
     """Game ``index`` of ``split``: spec + solved game data (retries with ``epoch=attempt``)."""
     task_type = TASK_TYPE_CYCLE[index % len(TASK_TYPE_CYCLE)]
     for attempt in range(MAX_ATTEMPTS):
@@ -362,9 +379,15 @@ def _games(split: str, n: int, base_seed: int, plans: list[str], n_distractors, 
         return list(ex.map(_make_game_star, args, chunksize=4))
 
 
-def generate_games(out_dir: Path, *, base_seed: int, splits: dict[str, int],
-                   floor_plans: Sequence[str] | None = None, n_distractors=DEFAULT_DISTRACTORS,
-                   jobs: int = 1) -> dict:
+def generate_games(
+    out_dir: Path,
+    *,
+    base_seed: int,
+    splits: dict[str, int],
+    floor_plans: Sequence[str] | None = None,
+    n_distractors=DEFAULT_DISTRACTORS,
+    jobs: int = 1,
+) -> dict:
     """Write ``splits`` ({split: n games}) under ``out_dir`` with one manifest per split.
 
     The output is built in a temporary sibling folder and renamed into place, so a killed
@@ -401,8 +424,13 @@ def _traj_data(spec: GameSpec) -> dict:
     return {
         "task_type": spec.task_type,
         "scene": {"floor_plan": spec.floor_plan},
-        "pddl_params": {"object_target": spec.obj, "parent_target": "" if spec.toggle else spec.recep,
-                        "toggle_target": spec.toggle or "", "mrecep_target": "", "object_sliced": False},
+        "pddl_params": {
+            "object_target": spec.obj,
+            "parent_target": "" if spec.toggle else spec.recep,
+            "toggle_target": spec.toggle or "",
+            "mrecep_target": "",
+            "object_sliced": False,
+        },
         "task_desc": spec.goal_text,
         "generator": "fedagent.envs.alfworld.generate",
     }
@@ -419,8 +447,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate train + valid_seen games; print a one-line summary."""
-    manifests = generate_games(args.out, base_seed=args.seed,
-                               splits={"train": args.n_train, "valid_seen": args.n_val}, jobs=args.jobs)
-    print("alfworld games: " + ", ".join(f"{s} {len(m['games'])} (sha256 {m['sha256'][:12]})"
-                                         for s, m in manifests.items()) + f" in {args.out}")
+    manifests = generate_games(
+        args.out, base_seed=args.seed, splits={"train": args.n_train, "valid_seen": args.n_val}, jobs=args.jobs
+    )
+    print(
+        "alfworld games: "
+        + ", ".join(f"{s} {len(m['games'])} (sha256 {m['sha256'][:12]})" for s, m in manifests.items())
+        + f" in {args.out}"
+    )
     return 0

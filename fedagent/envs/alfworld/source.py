@@ -30,11 +30,17 @@ def resolve_data_root(path: str | os.PathLike | None = None) -> Path | None:
 class AlfworldTaskSource:
     """The games of some splits under ``root``, in canonical order, checked against manifests."""
 
-    prompt_template = "alfworld"    # the reference's ALFWorld prompt (fedagent.rollout.prompts)
+    prompt_template = "alfworld"  # the reference's ALFWorld prompt (fedagent.rollout.prompts)
 
-    def __init__(self, root: str | os.PathLike, splits: Iterable[str] = ("train", "valid_seen"), *,
-                 base_seed: int = data.DEFAULT_ORDER_SEED, manifest_dir: str | os.PathLike | None = None,
-                 use_manifest: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        splits: Iterable[str] = ("train", "valid_seen"),
+        *,
+        base_seed: int = data.DEFAULT_ORDER_SEED,
+        manifest_dir: str | os.PathLike | None = None,
+        use_manifest: bool = True,
+    ):
         """Load each split's game list (manifest or sorted walk) and fix its canonical order.
 
         ``manifest_dir`` holds ``<split>.json`` manifests kept outside the data folder (e.g.

@@ -37,15 +37,24 @@ from fedagent.core.seeds import derive_seed, numpy_rng, python_rng
 
 ARMS = ("none", "catalog_split", "bm25_field_subset", "bm25_reweight", "lookalike", "rank_wrapper")
 FIELD_SUBSETS = [
-    ALL_FIELDS, ("name", "Title"), ("description",), ("BulletPoints",),
-    ("features",), ("name", "Title", "BulletPoints"), ("description", "features"),
+    ALL_FIELDS,
+    ("name", "Title"),
+    ("description",),
+    ("BulletPoints",),
+    ("features",),
+    ("name", "Title", "BulletPoints"),
+    ("description", "features"),
     ("Title", "description", "features", "BulletPoints"),
 ]
 REWEIGHTS = [(1.2, 0.75), (1.2, 0.0), (0.3, 0.75), (5.0, 0.75), (0.1, 0.75), (1.2, 1.0), (2.0, 0.5), (0.3, 0.0)]
 LOOKALIKES = ["v_price", "v_color", "v_size", "v_price_color"]
 RANK_WRAPPERS = ["v_bm25_default", "v_shuffled_topk", "v_inverted_topk", "v_partial_random"]
-POOLS = {"bm25_field_subset": FIELD_SUBSETS, "bm25_reweight": REWEIGHTS, "lookalike": LOOKALIKES,
-         "rank_wrapper": RANK_WRAPPERS}
+POOLS = {
+    "bm25_field_subset": FIELD_SUBSETS,
+    "bm25_reweight": REWEIGHTS,
+    "lookalike": LOOKALIKES,
+    "rank_wrapper": RANK_WRAPPERS,
+}
 LOOKALIKE_FRACTION = 0.3
 LOOKALIKE_PRICE = 9999.0
 SHUFFLE_TOP = 50
@@ -65,10 +74,10 @@ class ArmSpec:
     arm: str = "none"
     search_return_n: int = 50
     variant_n: int = 4
-    variant: int | None = None          # pin the pool entry (default: seeded per client)
+    variant: int | None = None  # pin the pool entry (default: seeded per client)
     env_div: float = 0.0
     keep_ratio: float = 0.7
-    seed: int = 42                      # the run's data seed
+    seed: int = 42  # the run's data seed
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "ArmSpec":
@@ -114,8 +123,9 @@ def _query_key(query: str) -> int:
     return int(hashlib.sha256(query.encode()).hexdigest()[:15], 16)
 
 
-def catalog_split(asins: Sequence[str], targets: set[str], env_div: float, keep_ratio: float, seed: int,
-                  client: int) -> set[str]:
+def catalog_split(
+    asins: Sequence[str], targets: set[str], env_div: float, keep_ratio: float, seed: int, client: int
+) -> set[str]:
     """The client's catalogue: every target plus the kept distractors (FACTS §3 steps 3–6)."""
     full = sorted(asins)
     u = dict(zip(full, numpy_rng(seed, "catalog_split_u").random(len(full))))
@@ -139,7 +149,7 @@ def lookalikes(products: Sequence[dict], kind: str, seed: int, client: int, targ
         if kind in ("v_price", "v_price_color"):
             clone["Price"], changed = LOOKALIKE_PRICE, True
         if kind in ("v_color", "v_price_color") and "color" in clone["options"]:
-            clone["options"]["color"] = rng.sample(_ALT_COLORS, len(clone["options"]["color"][:len(_ALT_COLORS)]))
+            clone["options"]["color"] = rng.sample(_ALT_COLORS, len(clone["options"]["color"][: len(_ALT_COLORS)]))
             changed = True
         if kind == "v_size" and "size" in clone["options"]:
             clone["options"]["size"] = rng.sample(_NONSENSE_SIZES, min(3, len(_NONSENSE_SIZES)))
@@ -150,8 +160,9 @@ def lookalikes(products: Sequence[dict], kind: str, seed: int, client: int, targ
     return out
 
 
-def build_view(products: Sequence[dict], spec: ArmSpec, *, client: int | None = None,
-               served_goals: Sequence[dict] = ()) -> EnvView:
+def build_view(
+    products: Sequence[dict], spec: ArmSpec, *, client: int | None = None, served_goals: Sequence[dict] = ()
+) -> EnvView:
     """The view of one service: ``products`` perturbed by ``spec`` for ``client``."""
     by_asin = {p["asin"]: p for p in products}
     n = spec.search_return_n
@@ -168,10 +179,14 @@ def build_view(products: Sequence[dict], spec: ArmSpec, *, client: int | None = 
         if client is None:
             raise ArmError("catalog_split needs a client id")
         keep = catalog_split(list(by_asin), targets, spec.env_div, spec.keep_ratio, spec.seed, client)
-        index = SearchIndex(products)                                  # the full index: top-K first
-        info.update(catalog_size=len(keep), n_targets=len(targets), env_div=spec.env_div,
-                    keep_ratio=spec.keep_ratio,
-                    catalog_sha256=hashlib.sha256("\n".join(sorted(keep)).encode()).hexdigest())
+        index = SearchIndex(products)  # the full index: top-K first
+        info.update(
+            catalog_size=len(keep),
+            n_targets=len(targets),
+            env_div=spec.env_div,
+            keep_ratio=spec.keep_ratio,
+            catalog_sha256=hashlib.sha256("\n".join(sorted(keep)).encode()).hexdigest(),
+        )
         view = {a: p for a, p in by_asin.items() if a in keep}
         return EnvView(view, lambda q: [a for a in index.search(q, n) if a in keep], info)
     k = spec.variant_index(client)
@@ -207,7 +222,7 @@ def build_view(products: Sequence[dict], spec: ArmSpec, *, client: int | None = 
         if variant == "v_shuffled_topk":
             head = base[:SHUFFLE_TOP]
             return [head[i] for i in rng.permutation(len(head))] + base[SHUFFLE_TOP:]
-        if rng.random() < PARTIAL_RANDOM_P:                                # v_partial_random
+        if rng.random() < PARTIAL_RANDOM_P:  # v_partial_random
             return [asins[i] for i in rng.choice(len(asins), size=min(n, len(asins)), replace=False)]
         return base
 

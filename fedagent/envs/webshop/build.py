@@ -42,10 +42,19 @@ def _dump(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
 
 
-def build_catalog(out: Path, *, data_seed: int, n_products: int = 1000, goals_per_product: int = 2,
-                  val_goals: int = 500, data: Path | None = None, data_manifest: dict | None = None,
-                  goal_source: str = "synthetic", max_products: int | None = None,
-                  quarantine_root: Path | None = None) -> dict:
+def build_catalog(
+    out: Path,
+    *,
+    data_seed: int,
+    n_products: int = 1000,
+    goals_per_product: int = 2,
+    val_goals: int = 500,
+    data: Path | None = None,
+    data_manifest: dict | None = None,
+    goal_source: str = "synthetic",
+    max_products: int | None = None,
+    quarantine_root: Path | None = None,
+) -> dict:
     """Build the task directory; return its games.json."""
     if goal_source not in ("synthetic", "human"):
         raise ValueError(f"goal source must be synthetic or human, got {goal_source!r}")
@@ -67,10 +76,13 @@ def build_catalog(out: Path, *, data_seed: int, n_products: int = 1000, goals_pe
     for p in products:
         categories[p["category"]] = categories.get(p["category"], 0) + 1
     bad = sorted(set(categories) - set(catalog.CATEGORIES))
-    if bad and data is None:          # the generator's own guard; real data keeps its labels (recorded)
+    if bad and data is None:  # the generator's own guard; real data keeps its labels (recorded)
         raise catalog.WebShopDataError(f"categories {bad} are not WebShop's five {list(catalog.CATEGORIES)}")
-    built = (goals_mod.synthetic_goals(products, data_seed, goals_per_product) if goal_source == "synthetic"
-             else goals_mod.human_goals(products, human, data_seed))
+    built = (
+        goals_mod.synthetic_goals(products, data_seed, goals_per_product)
+        if goal_source == "synthetic"
+        else goals_mod.human_goals(products, human, data_seed)
+    )
     ordered = goals_mod.order_goals(built, data_seed)
     if len(ordered) <= val_goals:
         raise ValueError(f"{len(ordered)} goals leave none for training after val_goals={val_goals}")
@@ -129,10 +141,27 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent webshop-catalog``."""
     manifest = json.loads(Path(args.data_manifest).read_text()) if args.data_manifest else None
-    index = build_catalog(args.out, data_seed=args.data_seed, n_products=args.n_products,
-                          goals_per_product=args.goals_per_product, val_goals=args.val_goals, data=args.data,
-                          data_manifest=manifest, goal_source=args.goals, max_products=args.max_products,
-                          quarantine_root=args.quarantine)
-    print(json.dumps({"out": str(args.out), "products": index["n_products"], "train": len(index["train"]),
-                      "val": len(index["val"]), "sha256": index["sha256"]}))
+    index = build_catalog(
+        args.out,
+        data_seed=args.data_seed,
+        n_products=args.n_products,
+        goals_per_product=args.goals_per_product,
+        val_goals=args.val_goals,
+        data=args.data,
+        data_manifest=manifest,
+        goal_source=args.goals,
+        max_products=args.max_products,
+        quarantine_root=args.quarantine,
+    )
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "products": index["n_products"],
+                "train": len(index["train"]),
+                "val": len(index["val"]),
+                "sha256": index["sha256"],
+            }
+        )
+    )
     return 0

@@ -75,7 +75,7 @@ def check_manifest(files: dict[str, Path], expected: dict[str, str]) -> dict[str
     return actual
 
 
-DEFAULT_PRICE = 100.0      # WebShop's price of a product without pricing
+DEFAULT_PRICE = 100.0  # WebShop's price of a product without pricing
 
 
 def parse_price(pricing) -> float:

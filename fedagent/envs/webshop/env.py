@@ -48,7 +48,7 @@ def format_obs(raw: str, task: str) -> str:
                 break
     if idx is None:
         return raw
-    return SEP.join(f"'{p}'" for p in parts[idx + 1:])
+    return SEP.join(f"'{p}'" for p in parts[idx + 1 :])
 
 
 def task_from_reset_page(raw: str) -> str:
@@ -93,7 +93,7 @@ class WebShopEnv:
         if self.page == "results":
             n = len(self.results)
             start = (self.page_num - 1) * RESULTS_PER_PAGE
-            shown = self.results[start:start + RESULTS_PER_PAGE]
+            shown = self.results[start : start + RESULTS_PER_PAGE]
             parts = ["Back to Search", f"Page {self.page_num} (Total results: {n})"]
             clicks = ["back to search"]
             if self.page_num > 1:
@@ -114,8 +114,16 @@ class WebShopEnv:
                 parts.append(name)
                 parts += values
                 clicks += values
-            parts += [p["Title"], f"Price: {_price(p['Price'])}", f"Rating: {p.get('Rating') or 'N.A.'}",
-                      "Description", "Features", "Reviews", "Attributes", "Buy Now"]
+            parts += [
+                p["Title"],
+                f"Price: {_price(p['Price'])}",
+                f"Rating: {p.get('Rating') or 'N.A.'}",
+                "Description",
+                "Features",
+                "Reviews",
+                "Attributes",
+                "Buy Now",
+            ]
             clicks += list(SUB_PAGES) + ["buy now"]
             return SEP.join(head + parts), False, clicks
         # a sub-page of the item
@@ -125,8 +133,9 @@ class WebShopEnv:
         elif self.sub == "features":
             parts += p["BulletPoints"] or ["N.A."]
         elif self.sub == "reviews":
-            parts += [f"{r.get('title', '')} {r.get('body', '')} {r.get('score', '')}".strip()
-                      for r in p["Reviews"]] or ["N.A."]
+            parts += [
+                f"{r.get('title', '')} {r.get('body', '')} {r.get('score', '')}".strip() for r in p["Reviews"]
+            ] or ["N.A."]
         else:
             parts += p["Attributes"] or ["N.A."]
         return SEP.join(head + parts), False, ["back to search", "< prev"]
@@ -147,7 +156,7 @@ class WebShopEnv:
         self.asin, self.sub, self.options = None, None, {}
         self.turns, self._done = 0, False
         raw, _, _ = self._render()
-        task = task_from_reset_page(raw).strip()     # the reference strips the goal text it prompts with
+        task = task_from_reset_page(raw).strip()  # the reference strips the goal text it prompts with
         obs, acts = self._observe()
         self._last = StepResult(obs, 0.0, False, False, acts, 0.0)
         return ResetResult(obs, task, acts, task_id, self.goal["category"])
@@ -164,8 +173,13 @@ class WebShopEnv:
         if bought is not None:
             self._done = True
             won = bought["score"] == 1.0
-            obs = format_obs(SEP.join(self._head() + ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)",
-                                                      f"{bought['score']:.4f}"]), self.goal["instruction_text"])
+            obs = format_obs(
+                SEP.join(
+                    self._head()
+                    + ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{bought['score']:.4f}"]
+                ),
+                self.goal["instruction_text"],
+            )
             result = StepResult(obs, WIN_REWARD if won else 0.0, True, won, [], float(bought["score"]))
         else:
             obs, acts = self._observe()
@@ -178,7 +192,7 @@ class WebShopEnv:
         """Change the page for ``action``; return the purchase score dict on "buy now"."""
         m = _ACTION.match(action.lower())
         if m is None:
-            return None                                   # not an action: no-op
+            return None  # not an action: no-op
         kind, arg = m.group(1), m.group(2).strip()
         if kind == "search":
             if not self._has_search_bar or not arg or arg == "<your query>":
@@ -187,7 +201,7 @@ class WebShopEnv:
             self.page, self.page_num = "results", 1
             return None
         if arg not in self._clickables or arg == "search":
-            return None                                   # not clickable here (click[search]: no-op as in WebShop)
+            return None  # not clickable here (click[search]: no-op as in WebShop)
         if arg == "back to search":
             self.page, self.query, self.results, self.asin, self.sub = "search", "", [], None, None
         elif arg == "next >":
@@ -206,7 +220,7 @@ class WebShopEnv:
         elif arg == "buy now":
             p = self.view.products[self.asin]
             return reward_mod.score(p, self.goal, p["Price"], dict(self.options))
-        else:                                             # an option value of the item
+        else:  # an option value of the item
             for name, values in self.view.products[self.asin]["options"].items():
                 if arg in values:
                     self.options[name] = arg
@@ -241,7 +255,7 @@ class WebShopEnv:
                 if value in self._clickables and value not in self.options.values():
                     return f"click[{value}]"
             return "click[buy now]"
-        return "click[< prev]"                            # a sub-page: back to the item
+        return "click[< prev]"  # a sub-page: back to the item
 
     def open_item(self, asin: str) -> None:
         """Jump to ``asin``'s item page (oracle tests and benchmarks only; no turn is spent)."""

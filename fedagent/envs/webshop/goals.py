@@ -62,8 +62,15 @@ def synthetic_goals(products: list[dict], data_seed: int, goals_per_product: int
             options = {n: v for n, v in zip(names, combos[c])}
             option_text = ", and ".join(f"{k}: {v}" for k, v in options.items())
             option_text = f" with {option_text}" if option_text else ""
-            per_product.append(_goal(product, f"{product['instruction_text']}{option_text}{price_text}",
-                                     product["instruction_attributes"], options, price_upper))
+            per_product.append(
+                _goal(
+                    product,
+                    f"{product['instruction_text']}{option_text}{price_text}",
+                    product["instruction_attributes"],
+                    options,
+                    price_upper,
+                )
+            )
         for g in per_product:
             g["weight"] = 1.0 / len(per_product)
         goals += per_product
@@ -83,8 +90,9 @@ def human_goals(products: list[dict], human: dict, data_seed: int) -> list[dict]
             price_upper, price_text = price_clause(product["Price"], rng)
             options = [str(o).strip().lower() for o in entry.get("instruction_options") or []]
             instruction = str(entry.get("instruction", "")).strip().strip(".")
-            g = _goal(product, f"{instruction}{price_text}", [a.strip().lower() for a in attributes], options,
-                      price_upper)
+            g = _goal(
+                product, f"{instruction}{price_text}", [a.strip().lower() for a in attributes], options, price_upper
+            )
             g["weight"] = 1.0
             goals.append(g)
     return goals

@@ -35,14 +35,15 @@ def field_text(product: dict, field: str) -> str:
 class SearchIndex:
     """BM25 over ``products`` (any list of product dicts; position = tie-break order)."""
 
-    def __init__(self, products: Sequence[dict], *, fields: Sequence[str] = ALL_FIELDS, k1: float = 1.2,
-                 b: float = 0.75):
+    def __init__(
+        self, products: Sequence[dict], *, fields: Sequence[str] = ALL_FIELDS, k1: float = 1.2, b: float = 0.75
+    ):
         """Tokenize and index the chosen fields of every product."""
         if not products:
             raise ValueError("cannot index an empty catalogue")
         self.fields, self.k1, self.b = tuple(fields), float(k1), float(b)
         for f in self.fields:
-            field_text({}, f)                      # unknown field names fail here
+            field_text({}, f)  # unknown field names fail here
         self.asins = [p["asin"] for p in products]
         texts = [" ".join(field_text(p, f) for f in self.fields) for p in products]
         self._tokenizer = Tokenizer(lower=True, stopwords=None, stemmer=None)
@@ -62,5 +63,5 @@ class SearchIndex:
     def search(self, query: str, k: int) -> list[str]:
         """ASINs of the top ``k`` products with a positive score, best first."""
         s = self.scores(query)
-        order = np.lexsort((np.arange(len(s)), -s))      # score desc, then catalogue position
+        order = np.lexsort((np.arange(len(s)), -s))  # score desc, then catalogue position
         return [self.asins[i] for i in order[:k] if s[i] > 0]

@@ -21,8 +21,15 @@ from fedagent.envs.webshop.build import load_catalog
 class WebShopTaskSource:
     """Goals of a WebShop task directory, one shared catalogue view per service."""
 
-    def __init__(self, games_dir: str | Path, *, env_params: dict | None = None, client_id: int | None = None,
-                 served: Sequence[str] | None = None, check_hashes: bool = True):
+    def __init__(
+        self,
+        games_dir: str | Path,
+        *,
+        env_params: dict | None = None,
+        client_id: int | None = None,
+        served: Sequence[str] | None = None,
+        check_hashes: bool = True,
+    ):
         """Load the directory and build the view (``served`` default: every goal)."""
         self.games_dir = Path(games_dir)
         self.index, products, goals = load_catalog(self.games_dir, check_hashes=check_hashes)
@@ -43,7 +50,7 @@ class WebShopTaskSource:
             raise ArmError(f"{len(unreachable)} served goal targets are not in the catalogue: {unreachable[:5]}")
         self.info = dict(self.view.info)
 
-    prompt_template = "webshop"     # the reference's WebShop prompt (fedagent.rollout.prompts)
+    prompt_template = "webshop"  # the reference's WebShop prompt (fedagent.rollout.prompts)
 
     def task_ids(self, split: str) -> list[str]:
         """Goal ids of ``split`` (``train`` or ``val``) in the fixed order."""

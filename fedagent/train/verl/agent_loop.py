@@ -65,8 +65,10 @@ def weight_versions(out) -> dict:
     """
     extra = dict(getattr(out, "extra_fields", None) or {})
     step = extra.get("global_steps")
-    return {"min_global_steps": extra.get("min_global_steps", step),
-            "max_global_steps": extra.get("max_global_steps", step)}
+    return {
+        "min_global_steps": extra.get("min_global_steps", step),
+        "max_global_steps": extra.get("max_global_steps", step),
+    }
 
 
 # the row's extra_info keys a turn's sampling seed derives from (with the turn's session and index)
@@ -82,7 +84,9 @@ def read_job_file(job_file: str, *entry_values) -> tuple:
     a later job's values can reach live workers (``train.verl.warm_refit``; the run-scoped engines). The
     YAML entry must then carry none of them itself (one source, never a mix)."""
     if any(v is not None for v in entry_values):
-        raise ValueError(f"agent-loop entry has job_file {job_file} and its own {JOB_FILE_KEYS} values: one or the other")
+        raise ValueError(
+            f"agent-loop entry has job_file {job_file} and its own {JOB_FILE_KEYS} values: one or the other"
+        )
     with open(job_file) as fh:
         job = json.load(fh)
     missing = [k for k in JOB_FILE_KEYS if k not in job]
@@ -98,17 +102,29 @@ class WindowedAgentLoop(AgentLoopBase):
     with the env client's ``create/reset/step/close``) replaces the connection in tests.
     """
 
-    def __init__(self, *args, env_uds: str | None = None, env_url: str | None = None,
-                 env_token: str | None = None, max_turns: int = 3, max_prompt_tokens: int = 1024,
-                 invalid_penalty: float = 0.1, history_length: int = HISTORY_LENGTH,
-                 record_file: str | None = None, answer_format: str = "think_action", env=None,
-                 job_file: str | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        env_uds: str | None = None,
+        env_url: str | None = None,
+        env_token: str | None = None,
+        max_turns: int = 3,
+        max_prompt_tokens: int = 1024,
+        invalid_penalty: float = 0.1,
+        history_length: int = HISTORY_LENGTH,
+        record_file: str | None = None,
+        answer_format: str = "think_action",
+        env=None,
+        job_file: str | None = None,
+        **kwargs,
+    ):
         model_dir = None
         if job_file is not None:
-            env_uds, env_url, env_token, record_file, model_dir = read_job_file(job_file, env_uds, env_url, env_token,
-                                                                                record_file)
-        kwargs.pop("name", None)     # the YAML entry's registry name
-        kwargs.pop("tools", None)    # verl passes its tool list to every loop
+            env_uds, env_url, env_token, record_file, model_dir = read_job_file(
+                job_file, env_uds, env_url, env_token, record_file
+            )
+        kwargs.pop("name", None)  # the YAML entry's registry name
+        kwargs.pop("tools", None)  # verl passes its tool list to every loop
         super().__init__(*args, **kwargs)
         self.max_turns = int(max_turns)
         self.max_prompt_tokens = min(int(max_prompt_tokens), int(self.rollout_config.prompt_length))
@@ -120,9 +136,10 @@ class WindowedAgentLoop(AgentLoopBase):
         self.prefix = response_prefix(self.answer_format)
         # the job's own start model (from its job file: on live engines verl's config names the first job's,
         # which a later round may have deleted), else verl's
-        self.stop_token_ids = stop_token_ids_for_dir(self.tokenizer,
-                                                     model_dir or self.config.actor_rollout_ref.model.get("path"))
-        self._own_env = env is None       # verl builds one loop per episode: close what we open
+        self.stop_token_ids = stop_token_ids_for_dir(
+            self.tokenizer, model_dir or self.config.actor_rollout_ref.model.get("path")
+        )
+        self._own_env = env is None  # verl builds one loop per episode: close what we open
         if env is None:
             from fedagent.envs.client import EnvClient
 
@@ -139,8 +156,10 @@ class WindowedAgentLoop(AgentLoopBase):
         session = int(kwargs.get("session_id", 0))
         missing = [k for k in SEED_KEYS if k not in info]
         if missing:
-            raise ValueError(f"agent loop: the row's extra_info lacks {missing}: the per-request sampling seeds "
-                             "need the job's coordinates (fedagent.train.verl.launch.task_rows)")
+            raise ValueError(
+                f"agent loop: the row's extra_info lacks {missing}: the per-request sampling seeds "
+                "need the job's coordinates (fedagent.train.verl.launch.task_rows)"
+            )
         coords = {k: int(info[k]) for k in ("round", "client", "epoch", "group")}
         sid = f"{uid}-s{session}"
         params = dict(sampling_params)
@@ -153,22 +172,27 @@ class WindowedAgentLoop(AgentLoopBase):
             r = await self._env(self.env.reset, sid, seed)
             task_id, task_type = str(r["task_id"]), str(r["task_type"])
             task, obs = r.get("task", ""), r["observation"]
-            template = template_of(r)      # the env names its prompt family (TextWorld/WebShop/ALFWorld)
+            template = template_of(r)  # the env names its prompt family (TextWorld/WebShop/ALFWorld)
             admissible = list(r.get("admissible_commands", []))
             history: list[tuple[str, str]] = []
             episode_return, won, score = 0.0, False, 0.0
             t_first = None
             for _ in range(self.max_turns):
-                prompt_ids = encode_prompt(self.tokenizer, windowed_prompt(task, obs, admissible, history,
-                                                                           self.history_length, self.answer_format,
-                                                                           template=template),
-                                           self.max_prompt_tokens, self.answer_format)
+                prompt_ids = encode_prompt(
+                    self.tokenizer,
+                    windowed_prompt(
+                        task, obs, admissible, history, self.history_length, self.answer_format, template=template
+                    ),
+                    self.max_prompt_tokens,
+                    self.answer_format,
+                )
                 # the job's own seed per request: vLLM's engine seed is engine-wide (a run-scoped set's first job's)
                 sampling_seed = request_seed(int(info["base_seed"]), session=session, turn=len(turns), **coords)
-                out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
-                                                         sampling_params={**params, "seed": sampling_seed})
+                out = await self.server_manager.generate(
+                    request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params={**params, "seed": sampling_seed}
+                )
                 if t_first is None:
-                    t_first = time.time()      # wall clock, for the job's start-up timing only
+                    t_first = time.time()  # wall clock, for the job's start-up timing only
                 response_ids = list(out.token_ids)[: self.response_length]
                 logprobs = list(out.log_probs)[: self.response_length] if out.log_probs else None
                 text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
@@ -177,9 +201,19 @@ class WindowedAgentLoop(AgentLoopBase):
                 episode_return += reward
                 won, score = bool(step.get("won", False)), float(step.get("score", 0.0))
                 action = str(step.get("action", ""))
-                turns.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "logprobs": logprobs,
-                              "text": text, "action": action, "valid": bool(step["is_action_valid"]),
-                              "reward": reward, "versions": weight_versions(out), "sampling_seed": sampling_seed})
+                turns.append(
+                    {
+                        "prompt_ids": prompt_ids,
+                        "response_ids": response_ids,
+                        "logprobs": logprobs,
+                        "text": text,
+                        "action": action,
+                        "valid": bool(step["is_action_valid"]),
+                        "reward": reward,
+                        "versions": weight_versions(out),
+                        "sampling_seed": sampling_seed,
+                    }
+                )
                 history.append((obs, action))
                 obs = step["observation"]
                 admissible = list(step.get("admissible_commands", admissible))
@@ -194,23 +228,58 @@ class WindowedAgentLoop(AgentLoopBase):
         outputs = []
         for k, t in enumerate(turns):
             if not t["response_ids"]:
-                continue   # nothing to train on
+                continue  # nothing to train on
             rew = turn_reward(episode_return, t["valid"], self.invalid_penalty)
-            outputs.append(TurnOutput(
-                prompt_ids=t["prompt_ids"], response_ids=t["response_ids"],
-                response_mask=[1] * len(t["response_ids"]), response_logprobs=t["logprobs"],
-                reward_score=rew, turn_reward=rew, num_turns=2, metrics=AgentLoopMetrics(),
-                extra_fields={"reward_extra_info": {}, "task_id": task_id, "task_type": task_type,
-                              "turn": k, "valid": t["valid"], "episode_return": episode_return,
-                              "won": won, "seed": seed, **t["versions"]},
-            ))
-        self._record({"epoch": int(info.get("epoch", 0)), "group": int(info.get("group", 0)),
-                      "session": session, "task_id": task_id, "task_type": task_type, "seed": seed,
-                      "return": episode_return, "won": won, "score": score, "n_turns": len(turns),
-                      "t_first_generation": t_first,
-                      "turns": [{"action": t["action"], "valid": t["valid"], "reward": t["reward"],
-                                 "text": t["text"], "sampling_seed": t["sampling_seed"], "prompt_tokens": len(t["prompt_ids"]),
-                                 "response_tokens": len(t["response_ids"])} for t in turns]})
+            outputs.append(
+                TurnOutput(
+                    prompt_ids=t["prompt_ids"],
+                    response_ids=t["response_ids"],
+                    response_mask=[1] * len(t["response_ids"]),
+                    response_logprobs=t["logprobs"],
+                    reward_score=rew,
+                    turn_reward=rew,
+                    num_turns=2,
+                    metrics=AgentLoopMetrics(),
+                    extra_fields={
+                        "reward_extra_info": {},
+                        "task_id": task_id,
+                        "task_type": task_type,
+                        "turn": k,
+                        "valid": t["valid"],
+                        "episode_return": episode_return,
+                        "won": won,
+                        "seed": seed,
+                        **t["versions"],
+                    },
+                )
+            )
+        self._record(
+            {
+                "epoch": int(info.get("epoch", 0)),
+                "group": int(info.get("group", 0)),
+                "session": session,
+                "task_id": task_id,
+                "task_type": task_type,
+                "seed": seed,
+                "return": episode_return,
+                "won": won,
+                "score": score,
+                "n_turns": len(turns),
+                "t_first_generation": t_first,
+                "turns": [
+                    {
+                        "action": t["action"],
+                        "valid": t["valid"],
+                        "reward": t["reward"],
+                        "text": t["text"],
+                        "sampling_seed": t["sampling_seed"],
+                        "prompt_tokens": len(t["prompt_ids"]),
+                        "response_tokens": len(t["response_ids"]),
+                    }
+                    for t in turns
+                ],
+            }
+        )
         return outputs
 
     def _record(self, rec: dict) -> None:

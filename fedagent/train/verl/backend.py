@@ -25,14 +25,23 @@ from fedagent.train.verl import launch, refit, steplog
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
-VERL_KEYS = JobKeys("train-client-verl", {"backend": "train.backend", "ref_anchor": "train.ref_anchor",
-                                          "kl_coef": "train.kl_coef", "fedprox_mu": "train.fedprox_mu",
-                                          "rollout_mode": "rollout.mode", "algorithm": "train.algorithm",
-                                          "mini_batch_size": "train.mini_batch_size", "group_size": "train.group_size",
-                                          "groups_per_epoch": "train.groups_per_epoch",
-                                          "residual_dtype": "train.residual_dtype",
-                                          "clip_ratio_c": "train.clip_ratio_c",
-                                          "activation_checkpointing": "train.activation_checkpointing"})
+VERL_KEYS = JobKeys(
+    "train-client-verl",
+    {
+        "backend": "train.backend",
+        "ref_anchor": "train.ref_anchor",
+        "kl_coef": "train.kl_coef",
+        "fedprox_mu": "train.fedprox_mu",
+        "rollout_mode": "rollout.mode",
+        "algorithm": "train.algorithm",
+        "mini_batch_size": "train.mini_batch_size",
+        "group_size": "train.group_size",
+        "groups_per_epoch": "train.groups_per_epoch",
+        "residual_dtype": "train.residual_dtype",
+        "clip_ratio_c": "train.clip_ratio_c",
+        "activation_checkpointing": "train.activation_checkpointing",
+    },
+)
 
 
 def check_job_keys(values: dict) -> None:
@@ -56,12 +65,21 @@ def check_sampling_seeds(episodes: list[dict], base_seed: int, round: int, clien
 
     for e in episodes:
         for k, t in enumerate(e["turns"]):
-            want = request_seed(base_seed, round=round, client=client, epoch=int(e["epoch"]), group=int(e["group"]),
-                                session=int(e["session"]), turn=k)
+            want = request_seed(
+                base_seed,
+                round=round,
+                client=client,
+                epoch=int(e["epoch"]),
+                group=int(e["group"]),
+                session=int(e["session"]),
+                turn=k,
+            )
             if t.get("sampling_seed") != want:
-                raise RuntimeError(f"episode (epoch {e['epoch']}, group {e['group']}, session {e['session']}) turn {k}: "
-                                   f"sampled with seed {t.get('sampling_seed')!r}, not its own {want} "
-                                   "(fedagent.core.seeds.request_seed); refusing the update")
+                raise RuntimeError(
+                    f"episode (epoch {e['epoch']}, group {e['group']}, session {e['session']}) turn {k}: "
+                    f"sampled with seed {t.get('sampling_seed')!r}, not its own {want} "
+                    "(fedagent.core.seeds.request_seed); refusing the update"
+                )
 
 
 def episode_metrics(episodes: list[dict]) -> dict:
@@ -78,15 +96,25 @@ def episode_metrics(episodes: list[dict]) -> dict:
     }
 
 
-def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: dict, *, round: int, client: int,
-                      params, settings: launch.VerlSettings, out_dir: Path, quarantine: Path | None = None) -> dict:
+def train_client_verl(
+    model_dir: Path,
+    ref_model_dir: Path | None,
+    env_address: dict,
+    *,
+    round: int,
+    client: int,
+    params,
+    settings: launch.VerlSettings,
+    out_dir: Path,
+    quarantine: Path | None = None,
+) -> dict:
     """Run one verl job for this client and round; write the update dir; return the metrics."""
     from fedagent.core.atomic import atomic_dir, verifying
     from fedagent.train.local import epoch_task_seeds, same_weights
     from fedagent.core.timing import PhaseClock
     from fedagent.train.verl.convert import write_update
 
-    clock = PhaseClock()       # process start → …: the same timings block as the local backend
+    clock = PhaseClock()  # process start → …: the same timings block as the local backend
     t0 = time.time()
     p = params
     ppo = p.algorithm == "ppo"
@@ -102,9 +130,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         from fedagent.train.verl.ref_model import same_architecture
 
         if not same_architecture(model_dir, ref_model_dir):
-            raise ValueError(f"train.backend=verl: the KL reference {ref_model_dir} is not the architecture of the "
-                             f"start model {model_dir} (config.json differs), and verl builds it with the start "
-                             "model's config")
+            raise ValueError(
+                f"train.backend=verl: the KL reference {ref_model_dir} is not the architecture of the "
+                f"start model {model_dir} (config.json differs), and verl builds it with the start "
+                "model's config"
+            )
         ref_dir = Path(ref_model_dir).resolve()
     out_dir = Path(out_dir)
     workdir = out_dir.parent / f".verl-{out_dir.name}"
@@ -119,18 +149,30 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         # job's engine set, a stale trainer) cannot write into this attempt's files
         record = job.workdir / f"episodes-{job.tag}.jsonl"
         yaml_path = launch.write_agent_loop_yaml(
-            job.workdir / "agent_loop.yaml", env_uds=env_address.get("uds"), env_url=env_address.get("base_url"),
-            env_token=env_address.get("token"), p=p, record_file=record, history_length=p.history,
+            job.workdir / "agent_loop.yaml",
+            env_uds=env_address.get("uds"),
+            env_url=env_address.get("base_url"),
+            env_token=env_address.get("token"),
+            p=p,
+            record_file=record,
+            history_length=p.history,
             # a warm refit reaches its agent loops' env address through the per-episode job file, as a
             # run-scoped engine set reaches a later job's
             job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None,
-            model_dir=Path(model_dir).resolve())
+            model_dir=Path(model_dir).resolve(),
+        )
         overrides = launch.build_overrides(
-            p, settings, job=job, model_dir=Path(model_dir).resolve(), rows=rows, agent_loop_yaml=yaml_path,
+            p,
+            settings,
+            job=job,
+            model_dir=Path(model_dir).resolve(),
+            rows=rows,
+            agent_loop_yaml=yaml_path,
             rollout_seed=derive_seed(p.base_seed, "rollout_sampling", round=round, client=client) % 2**31,
-            ref_model_dir=ref_dir)
+            ref_model_dir=ref_dir,
+        )
         reply = None
-        if engines:         # the slot's run-scoped engine set (fedagent.train.verl.engines)
+        if engines:  # the slot's run-scoped engine set (fedagent.train.verl.engines)
             reply, trainer_s, t_launch = _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock)
             attempts = 1
             marks: dict = {}
@@ -142,9 +184,13 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 t_launch = time.time()
                 clock.set("trainer_launch", t_launch)
                 try:
-                    trainer_s = launch.run_trainer(launch.trainer_command(overrides, warm_refit=settings.warm_refit),
-                                                   launch.job_environ(job), job.log,
-                                                   marks=marks, workdir=job.workdir)
+                    trainer_s = launch.run_trainer(
+                        launch.trainer_command(overrides, warm_refit=settings.warm_refit),
+                        launch.job_environ(job),
+                        job.log,
+                        marks=marks,
+                        workdir=job.workdir,
+                    )
                     break
                 except RuntimeError:
                     if attempts > 1 or not launch.port_collision(job.log):
@@ -155,11 +201,11 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                     shutil.rmtree(job.ckpt_dir, ignore_errors=True)
                     record.unlink(missing_ok=True)
                 finally:
-                    _echo(job.log)             # into the rule's log (stdout), before the work dir goes
+                    _echo(job.log)  # into the rule's log (stdout), before the work dir goes
         actor = launch.final_checkpoint(job.ckpt_dir)
         log_text = job.log.read_text(errors="replace")
-        warm = bool(reply and reply["warm"])      # a job on an engine set that was reset to its start
-        if ref_dir is not None and not warm:      # (a warm job's reference: its reset lines, below)
+        warm = bool(reply and reply["warm"])  # a job on an engine set that was reset to its start
+        if ref_dir is not None and not warm:  # (a warm job's reference: its reset lines, below)
             from fedagent.train.verl.ref_model import check_loaded
 
             # fail closed: without the loaded line the KL reference was the start model, not ref_model_dir
@@ -169,19 +215,26 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
 
             # fail closed: without the armed line the critic trained verl's own loss, not legacy_exact
             if ARMED_LINE not in log_text:
-                raise RuntimeError(f"{job.log}: no '{ARMED_LINE}' line: the job's critic did not train the "
-                                   "legacy_exact loss (fedagent.train.verl.critic_loss); refusing its update")
+                raise RuntimeError(
+                    f"{job.log}: no '{ARMED_LINE}' line: the job's critic did not train the "
+                    "legacy_exact loss (fedagent.train.verl.critic_loss); refusing its update"
+                )
             from fedagent.train.verl.critic_attn import armed_line
 
             # fail closed as well: without it verl loaded the critic its own way (flash_attention_2 hard-coded)
             if armed_line() not in log_text:
-                raise RuntimeError(f"{job.log}: no '{armed_line()}' line: the critic's loader was not armed "
-                                   "(fedagent.train.verl.critic_attn); refusing its update")
+                raise RuntimeError(
+                    f"{job.log}: no '{armed_line()}' line: the critic's loader was not armed "
+                    "(fedagent.train.verl.critic_attn); refusing its update"
+                )
             critic_ckpt = actor.parent / "critic"
             if not (critic_ckpt / "fsdp_config.json").is_file():
                 raise RuntimeError(f"{critic_ckpt}: verl wrote no critic checkpoint")
-        t_refit = (refit_started(log_text, Path(model_dir).resolve(), ref_dir, has_ref=float(p.kl_coef) > 0)
-                   if settings.warm_refit or warm else None)
+        t_refit = (
+            refit_started(log_text, Path(model_dir).resolve(), ref_dir, has_ref=float(p.kl_coef) > 0)
+            if settings.warm_refit or warm
+            else None
+        )
         # a refit's cold start is its first fit's first token (logged before that fit's episodes were wiped)
         t_cold = refit.first_fit_token_at(log_text) if settings.warm_refit else None
         warm_start = {}
@@ -189,9 +242,9 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         check_sampling_seeds(episodes, p.base_seed, round, client)
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
-        if firsts and t_refit is not None:    # a job on warm engines: its reset → its first token
+        if firsts and t_refit is not None:  # a job on warm engines: its reset → its first token
             warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
-            if settings.warm_refit:            # the probe's launch → first token: its first fit's
+            if settings.warm_refit:  # the probe's launch → first token: its first fit's
                 firsts = [t_cold] if t_cold is not None else []
         if firsts:
             marks["first_generation"] = round_(min(firsts) - t_launch)
@@ -199,28 +252,33 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
         if t_refit is not None:
             marks["refit"] = round_(t_refit - t_launch)
         for name, secs in marks.items():
-            if name != "first_generation":          # = first_token
+            if name != "first_generation":  # = first_token
                 clock.mark(name, t_launch + secs)
         clock.mark("trainer_done", t_launch + trainer_s)
         # a warm refit's update is its second fit: verl's step records from after the refit line only
         steps = steplog.step_metrics_in(refit.after_refit(log_text) if settings.warm_refit else log_text)
         engine_check = {}
-        if reply is not None:     # an engine set returns the steps as verl's Tracking got them: those count,
+        if reply is not None:  # an engine set returns the steps as verl's Tracking got them: those count,
             engine_check = {"engine_steps_match": refit.steps_agree(reply["steps"], steps)}
-            if not engine_check["engine_steps_match"]:    # and must agree with the job's own log lines
-                raise RuntimeError(f"train.verl.engines: the set returned steps {[r.get('step') for r in reply['steps']]} "
-                                   f"that disagree with the job's log lines {[r.get('step') for r in steps]}; "
-                                   "refusing the update")
+            if not engine_check["engine_steps_match"]:  # and must agree with the job's own log lines
+                raise RuntimeError(
+                    f"train.verl.engines: the set returned steps {[r.get('step') for r in reply['steps']]} "
+                    f"that disagree with the job's log lines {[r.get('step') for r in steps]}; "
+                    "refusing the update"
+                )
             steps = reply["steps"]
         records = steplog.step_records(steps)
         clock.phases.update(steplog.phase_totals(steps))
         # the probe of returned (not scraped) step metrics: the second fit's records as verl's Tracking got
         # them, against its console lines (a diagnostic; the log's lines stay the source)
-        refit_check = {"refit_steps_match": refit.steps_match(job.workdir / refit.STEPS_FILE, steps)} \
-            if settings.warm_refit else engine_check
+        refit_check = (
+            {"refit_steps_match": refit.steps_match(job.workdir / refit.STEPS_FILE, steps)}
+            if settings.warm_refit
+            else engine_check
+        )
         t1 = time.time()
         with atomic_dir(out_dir, quarantine) as staging:
-            inputs.wait()          # nothing derived from an unverified start model reaches the final path
+            inputs.wait()  # nothing derived from an unverified start model reaches the final path
             conv = write_update(actor, model_dir, staging)
             critic_record = {}
             if ppo:
@@ -232,28 +290,55 @@ def train_client_verl(model_dir: Path, ref_model_dir: Path | None, env_address: 
                 critic_record = {CRITIC_RECORD: critic_digests(staging)}
             convert_s = time.time() - t1
             metrics = {
-                "round": round, "client": client, "backend": "verl", **episode_metrics(episodes),
+                "round": round,
+                "client": client,
+                "backend": "verl",
+                **episode_metrics(episodes),
                 # verl's own per-step values (its console logger's lines); None where verl logged none
-                "kl": steplog.mean_of(records, "kl"), "entropy": steplog.mean_of(records, "entropy"),
-                "clipfrac": steplog.mean_of(records, "clipfrac"), "steps": records,
+                "kl": steplog.mean_of(records, "kl"),
+                "entropy": steplog.mean_of(records, "entropy"),
+                "clipfrac": steplog.mean_of(records, "clipfrac"),
+                "steps": records,
                 "task_seeds": [epoch_task_seeds(p, round, client, e) for e in range(p.epochs)],
-                "params": dataclasses.asdict(p), "verl": {**dataclasses.asdict(settings), "tag": job.tag,
-                                                          "world_size": conv["world_size"],
-                                                          # None: verl's KL reference was the start model
-                                                          "ref_model": None if ref_dir is None else str(ref_dir),
-                                                          **({"engine_set": {k: reply[k] for k in
-                                                                             ("set", "warm", "jobs_before", "fit_s",
-                                                                              "slot_wait_s", "memory_gb",
-                                                                              "memory_growth_gb")}}
-                                                             if reply is not None else {})},
-                "timings_s": {"trainer": round_(trainer_s), "convert": round_(convert_s),
-                              **{f"launch_to_{k}": v for k, v in sorted(marks.items())}, **warm_start},
-                "trainer_attempts": attempts, **refit_check,
+                "params": dataclasses.asdict(p),
+                "verl": {
+                    **dataclasses.asdict(settings),
+                    "tag": job.tag,
+                    "world_size": conv["world_size"],
+                    # None: verl's KL reference was the start model
+                    "ref_model": None if ref_dir is None else str(ref_dir),
+                    **(
+                        {
+                            "engine_set": {
+                                k: reply[k]
+                                for k in (
+                                    "set",
+                                    "warm",
+                                    "jobs_before",
+                                    "fit_s",
+                                    "slot_wait_s",
+                                    "memory_gb",
+                                    "memory_growth_gb",
+                                )
+                            }
+                        }
+                        if reply is not None
+                        else {}
+                    ),
+                },
+                "timings_s": {
+                    "trainer": round_(trainer_s),
+                    "convert": round_(convert_s),
+                    **{f"launch_to_{k}": v for k, v in sorted(marks.items())},
+                    **warm_start,
+                },
+                "trainer_attempts": attempts,
+                **refit_check,
                 "verl_steps": steps,
                 "wall_time_s": round_(time.time() - t0),
                 **critic_record,
             }
-            if ppo:   # verl's critic values per step (vf_loss, …) are in steps / verl_steps
+            if ppo:  # verl's critic values per step (vf_loss, …) are in steps / verl_steps
                 metrics["vf_loss"] = steplog.mean_of(records, "vf_loss")
             clock.mark("saved")
             metrics["timings"] = clock.summary()
@@ -283,18 +368,32 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
     from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
     ref_key = f"+ray_kwargs.ray_init.runtime_env.env_vars.{REF_MODEL_ENV}="
-    ref = next((o[len(ref_key):] for o in overrides if o.startswith(ref_key)), None)
-    request = {"tag": job.tag, "model_dir": own["actor_rollout_ref.model.path"], "ref_dir": ref,
-               "critic_dir": own.get("critic.model.path"), "rows": own["data.train_files"],
-               "ckpt_dir": own["trainer.default_local_dir"], "job_file": entry_job_file}
+    ref = next((o[len(ref_key) :] for o in overrides if o.startswith(ref_key)), None)
+    request = {
+        "tag": job.tag,
+        "model_dir": own["actor_rollout_ref.model.path"],
+        "ref_dir": ref,
+        "critic_dir": own.get("critic.model.path"),
+        "rows": own["data.train_files"],
+        "ckpt_dir": own["trainer.default_local_dir"],
+        "job_file": entry_job_file,
+    }
     t_asked = time.time()
     try:
-        reply = engines_client.run_job(sets_dir=engines_dir(out_dir), n_sets=settings.engine_sets, preferred=client,
-                                       overrides=overrides, agent_loop_yaml=yaml_path, request=request, log=job.log,
-                                       env=launch.job_environ(job), idle_s=settings.engines_idle_s,
-                                       max_growth_gb=settings.engines_max_growth_gb)
+        reply = engines_client.run_job(
+            sets_dir=engines_dir(out_dir),
+            n_sets=settings.engine_sets,
+            preferred=client,
+            overrides=overrides,
+            agent_loop_yaml=yaml_path,
+            request=request,
+            log=job.log,
+            env=launch.job_environ(job),
+            idle_s=settings.engines_idle_s,
+            max_growth_gb=settings.engines_max_growth_gb,
+        )
     finally:
-        _echo(job.log)             # into the rule's log (stdout), before the work dir goes
+        _echo(job.log)  # into the rule's log (stdout), before the work dir goes
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
     clock.set("trainer_launch", reply["t_request"])
     reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
@@ -308,22 +407,29 @@ def refit_started(log_text: str, model_dir: Path, ref_dir: Path | None = None, *
     first fit's, or from engines not reset, or reset from another model)."""
     t = refit.started_at(log_text)
     if t is None:
-        raise RuntimeError(f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
-                           "refit (fedagent.train.verl.refit); refusing the update")
+        raise RuntimeError(
+            f"train.verl.warm_refit: no '{refit.REFIT_PREFIX}' line in the job's log: verl did not "
+            "refit (fedagent.train.verl.refit); refusing the update"
+        )
     # Only the refit's reset prints these, from the workers: searched in the whole log, since Ray forwards
     # each process's output on its own and need not keep the TaskRunner's refit line ahead of them.
     paths = refit.reset_paths(log_text)
     if not paths:
-        raise RuntimeError(f"train.verl.warm_refit: no '{refit.RESET_LINE}' line in the job's log: the "
-                           "engines were not reset; refusing the update")
+        raise RuntimeError(
+            f"train.verl.warm_refit: no '{refit.RESET_LINE}' line in the job's log: the "
+            "engines were not reset; refusing the update"
+        )
     if set(paths) != {str(model_dir)}:
-        raise RuntimeError(f"train.verl.warm_refit: the engines were reset from {sorted(set(paths))}, not only from "
-                           f"the start model {model_dir}; refusing the update")
+        raise RuntimeError(
+            f"train.verl.warm_refit: the engines were reset from {sorted(set(paths))}, not only from "
+            f"the start model {model_dir}; refusing the update"
+        )
     refs = set(refit.reset_paths(log_text, refit.REF_RESET_LINE))
     want = str(ref_dir if ref_dir is not None else model_dir)
-    if (refs != {want}) if has_ref else (refs - {want}):    # no KL term: verl built no reference
-        raise RuntimeError(f"train.verl.warm_refit: the KL reference was reset from {sorted(refs)}, not {want}; "
-                           "refusing the update")
+    if (refs != {want}) if has_ref else (refs - {want}):  # no KL term: verl built no reference
+        raise RuntimeError(
+            f"train.verl.warm_refit: the KL reference was reset from {sorted(refs)}, not {want}; refusing the update"
+        )
     return t
 
 

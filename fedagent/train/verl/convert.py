@@ -54,7 +54,9 @@ def _local(key: str, value):
     raise CheckpointError(f"{key}: not a tensor ({type(value).__name__})")
 
 
-def merge_fsdp_shards(actor_dir: Path, dtype_key: str = "actor_rollout_ref.actor.fsdp_config.model_dtype") -> dict[str, torch.Tensor]:
+def merge_fsdp_shards(
+    actor_dir: Path, dtype_key: str = "actor_rollout_ref.actor.fsdp_config.model_dtype"
+) -> dict[str, torch.Tensor]:
     """The full fp32 state dict from every rank's shard file (exact: concatenation only).
 
     ``dtype_key``: the override that makes the saved masters fp32 (named when they are not)."""
@@ -63,13 +65,16 @@ def merge_fsdp_shards(actor_dir: Path, dtype_key: str = "actor_rollout_ref.actor
     import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
 
     # weights_only: tensors, DTensors and their placements load; any other pickled object is refused.
-    shards = [torch.load(actor_dir / f"model_world_size_{ws}_rank_{r}.pt", map_location="cpu", weights_only=True)
-              for r in range(ws)]
+    shards = [
+        torch.load(actor_dir / f"model_world_size_{ws}_rank_{r}.pt", map_location="cpu", weights_only=True)
+        for r in range(ws)
+    ]
     keys = list(shards[0])
     for r, sd in enumerate(shards[1:], start=1):
         if set(sd) != set(keys):
-            raise CheckpointError(f"{actor_dir}: rank {r} has different keys than rank 0: "
-                                  f"{sorted(set(sd) ^ set(keys))[:5]}")
+            raise CheckpointError(
+                f"{actor_dir}: rank {r} has different keys than rank 0: {sorted(set(sd) ^ set(keys))[:5]}"
+            )
     out: dict[str, torch.Tensor] = {}
     for key in keys:
         parts = [_local(key, sd[key]) for sd in shards]
@@ -80,8 +85,9 @@ def merge_fsdp_shards(actor_dir: Path, dtype_key: str = "actor_rollout_ref.actor
         tensors = [t.detach().to("cpu") for t, _ in parts]
         for t in tensors:
             if t.dtype != torch.float32:
-                raise CheckpointError(f"{actor_dir}: {key} is {t.dtype}, not float32; the saved masters must be "
-                                      f"fp32 ({dtype_key}=fp32)")
+                raise CheckpointError(
+                    f"{actor_dir}: {key} is {t.dtype}, not float32; the saved masters must be fp32 ({dtype_key}=fp32)"
+                )
         if dim is None:
             for r, t in enumerate(tensors[1:], start=1):
                 if t.shape != tensors[0].shape or not torch.equal(t, tensors[0]):
@@ -132,7 +138,9 @@ def _load_exactly(model, state: dict[str, torch.Tensor], ckpt: Path) -> None:
         raise CheckpointError(f"{ckpt}: tensors the start model does not have: {extra[:5]}")
     for k, t in state.items():
         if tuple(t.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"{k}: shape {tuple(t.shape)} in the checkpoint, {tuple(expected[k].shape)} in the model")
+            raise CheckpointError(
+                f"{k}: shape {tuple(t.shape)} in the checkpoint, {tuple(expected[k].shape)} in the model"
+            )
     model.load_state_dict(state, strict=False)
 
 

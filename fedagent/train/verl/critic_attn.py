@@ -5,7 +5,7 @@ verl 0.9.1's FSDP engine loads the critic (``model_type == "value_model"``) thro
 (imported inside ``FSDPEngine._build_module``, so replacing the module attribute is enough), which
 passes ``attn_implementation="flash_attention_2"`` to ``from_pretrained`` regardless of the config —
 overriding ``+critic.model.override_config.attn_implementation`` (``launch.ppo_overrides``). Without
-flash-attn the critic does not load (seen on the H200, 2026-12-04: "FlashAttention2 has been toggled
+flash-attn the critic does not load (seen on the GPU: "FlashAttention2 has been toggled
 on", then verl's "is not a value head model, please install trl").
 
 :func:`load_valuehead_model` is verl's first (token-classification) load with the attention taken from
@@ -51,11 +51,13 @@ def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_cod
             config=model_config,
             attn_implementation=attn_implementation(model_config),
             trust_remote_code=trust_remote_code,
-            use_safetensors=True,          # a fedagent critic dir is safetensors (never a pickle)
+            use_safetensors=True,  # a fedagent critic dir is safetensors (never a pickle)
         )
     except Exception as e:
-        raise RuntimeError(f"{local_path}: the critic did not load as a token-classification model "
-                           f"(attention {attn_implementation(model_config)}): {e}") from e
+        raise RuntimeError(
+            f"{local_path}: the critic did not load as a token-classification model "
+            f"(attention {attn_implementation(model_config)}): {e}"
+        ) from e
 
 
 setattr(load_valuehead_model, _MARK, True)

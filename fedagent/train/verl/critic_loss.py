@@ -24,8 +24,9 @@ TARGET_MODULE = "verl.trainer.ppo.v1.trainer_base"
 ARMED_LINE = f"fedagent: critic loss {LEGACY_EXACT} armed in {TARGET_MODULE}"
 
 
-def legacy_exact_loss(vpreds, values, returns, mask, cliprange_value: float, micro_rows: int, dp_size: int,
-                      global_batch_size: int):
+def legacy_exact_loss(
+    vpreds, values, returns, mask, cliprange_value: float, micro_rows: int, dp_size: int, global_batch_size: int
+):
     """``(loss, clipfrac)`` of one micro-batch: its masked token mean × micro_rows · dp_size / global rows.
 
     ``global_batch_size`` is the mini-batch's rows over all ranks, so ``global_batch_size / dp_size /
@@ -49,17 +50,24 @@ def value_loss(config, model_output, data, dp_group=None):
     from verl.utils.torch_functional import masked_mean
     from verl.workers.utils.padding import no_padding_2_padding
 
-    vpreds = no_padding_2_padding(model_output["values"], data)          # (rows, response_length)
+    vpreds = no_padding_2_padding(model_output["values"], data)  # (rows, response_length)
     dp_size, global_batch_size = data["dp_size"], data["global_batch_size"]
     if global_batch_size is None:
         raise RuntimeError("legacy_exact critic loss: verl gave no global_batch_size for the mini-batch")
     padded = data.select("values", "returns", "response_mask").to_padded_tensor()
     mask = padded["response_mask"].to(bool)
-    loss, clipfrac = legacy_exact_loss(vpreds, padded["values"], padded["returns"], mask, config.cliprange_value,
-                                       micro_rows=vpreds.shape[0], dp_size=dp_size,
-                                       global_batch_size=global_batch_size)
+    loss, clipfrac = legacy_exact_loss(
+        vpreds,
+        padded["values"],
+        padded["returns"],
+        mask,
+        config.cliprange_value,
+        micro_rows=vpreds.shape[0],
+        dp_size=dp_size,
+        global_batch_size=global_batch_size,
+    )
     metrics = {
-        "critic/vf_loss": Metric(value=loss, aggregation=AggregationType.SUM),   # Σ micro = the mini-batch's loss
+        "critic/vf_loss": Metric(value=loss, aggregation=AggregationType.SUM),  # Σ micro = the mini-batch's loss
         "critic/vf_clipfrac": clipfrac.detach().item(),
         "critic/vpred_mean": masked_mean(vpreds, mask).detach().item(),
     }

@@ -55,8 +55,8 @@ class VerlJob:
     """The private places of one verl job (all removed when the job ends)."""
 
     tag: str
-    workdir: Path     # beside the job's output: rows, YAML, checkpoints, logs, TMPDIR
-    ray_tmp: Path     # short path (AF_UNIX limit) unique to this job
+    workdir: Path  # beside the job's output: rows, YAML, checkpoints, logs, TMPDIR
+    ray_tmp: Path  # short path (AF_UNIX limit) unique to this job
 
     @property
     def ckpt_dir(self) -> Path:
@@ -98,8 +98,10 @@ def isolated_job(workdir: Path, *, round: int, client: int, tmp_root: Path | Non
         ray_tmp = own_tmp
     leftovers.record(workdir, tag=tag, ray_tmp=str(own_tmp.resolve()) if own_tmp else None)
     if len(str(ray_tmp)) > RAY_TMP_MAX:
-        raise RuntimeError(f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
-                           "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path")
+        raise RuntimeError(
+            f"Ray temp dir {ray_tmp} is longer than {RAY_TMP_MAX} characters "
+            "(Ray's Unix sockets would not fit); set TMPDIR to a shorter path"
+        )
     (ray_tmp / "t").mkdir()
     try:
         yield VerlJob(tag=tag, workdir=workdir, ray_tmp=ray_tmp)
@@ -119,7 +121,7 @@ def job_environ(job: VerlJob, base: dict | None = None) -> dict:
     # Short and private: vLLM and ZMQ put Unix sockets (107-byte paths) under the temp dir.
     env["TMPDIR"] = str(job.ray_tmp / "t")
     env["RAY_TMPDIR"] = str(job.ray_tmp)
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # no flashinfer in the GPU wheel set
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # no flashinfer in the GPU wheel set
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HYDRA_FULL_ERROR", "1")
     env.setdefault("RAY_DEDUP_LOGS", "0")
@@ -133,7 +135,7 @@ class VerlSettings:
 
     gpus: int = 1
     gpu_memory_utilization: float = 0.5
-    attn_implementation: str = "sdpa"       # no flash-attn in the GPU wheel set
+    attn_implementation: str = "sdpa"  # no flash-attn in the GPU wheel set
     enforce_eager: bool = False
     # A fixed KV cache (GiB) instead of one sized by profiling: vLLM's profiling assumes no other
     # process changes its GPU memory meanwhile, so jobs starting together on one GPU can each
@@ -142,11 +144,11 @@ class VerlSettings:
     # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     # vLLM's executor inside each rollout server: "uni" (the worker runs inside the engine process:
-    # one process start fewer, 10-20 s of a job's start on the H200, docs/gpu.md) or "mp" (verl's own
+    # one process start fewer, 10-20 s of a job's start, docs/gpu.md) or "mp" (verl's own
     # choice: the engine process starts a worker process).
     vllm_executor: str = "uni"
-    # Ray actors verl starts per job that a fedagent job never uses or barely uses (start-up levers,
-    # issue 30; verl's defaults are 8 each): reward-loop workers (our agent loop scores every turn, so
+    # Ray actors verl starts per job that a fedagent job never uses or barely uses (start-up levers;
+    # verl's defaults are 8 each): reward-loop workers (our agent loop scores every turn, so
     # verl never calls them) and the v1 trainer's TransferQueue storage units (one in-memory sample
     # store, sharded). Each is a Ray worker process importing verl while the job starts.
     reward_workers: int = 1
@@ -157,13 +159,13 @@ class VerlSettings:
     # Run-scoped engines (fedagent.train.verl.engines): "job" (each job starts its own verl process tree)
     # or "run" (a slot's engine set, started by its first job, serves the later ones after a reset).
     engines: str = "job"
-    engine_sets: int = 2            # slots per run: concurrent verl jobs on warm engines
-    engines_idle_s: float = 900.0   # a set with no job for this long stops
+    engine_sets: int = 2  # slots per run: concurrent verl jobs on warm engines
+    engines_idle_s: float = 900.0  # a set with no job for this long stops
     # a set whose training workers hold this many GB more device memory after a job than after its first
-    # stops after that job (the next starts a fresh set): on the H200 each warm job left ≈ 0.5 GB per
-    # trained 135M engine allocated (docs/gpu.md, 2026-12-05)
+    # stops after that job (the next starts a fresh set): each warm job has been seen to leave ≈ 0.5 GB per
+    # trained 135M engine allocated (docs/gpu.md)
     engines_max_growth_gb: float = 4.0
-    extra_overrides: tuple[str, ...] = ()   # appended last, e.g. from the lead's GPU script
+    extra_overrides: tuple[str, ...] = ()  # appended last, e.g. from the lead's GPU script
 
 
 def mini_batch_prompts(p) -> int:
@@ -175,8 +177,17 @@ def mini_batch_prompts(p) -> int:
     return max(1, min(int(p.groups_per_epoch), int(p.mini_batch_size) // int(p.group_size) or 1))
 
 
-def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: Path,
-                    agent_loop_yaml: Path, rollout_seed: int, ref_model_dir: Path | None = None) -> list[str]:
+def build_overrides(
+    p,
+    s: VerlSettings,
+    *,
+    job: VerlJob,
+    model_dir: Path,
+    rows: Path,
+    agent_loop_yaml: Path,
+    rollout_seed: int,
+    ref_model_dir: Path | None = None,
+) -> list[str]:
     """The Hydra overrides of one client's round, against verl's ``ppo_trainer`` config.
 
     ``p`` is :class:`fedagent.train.local.TrainParams` (the same knobs as the local backend).
@@ -260,13 +271,18 @@ def build_overrides(p, s: VerlSettings, *, job: VerlJob, model_dir: Path, rows: 
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{TAG_ENV}={job.tag}",
     ]
     if s.kv_cache_gb is not None:
-        ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}")
+        ov.append(
+            f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}"
+        )
     if s.vllm_executor != "mp":
         # verl 0.9.1 sets "mp" and spreads engine_kwargs after it: this one wins
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend={s.vllm_executor}")
     if s.cudagraph_capture_sizes is not None:
-        ov.append("actor_rollout_ref.rollout.cudagraph_capture_sizes=["
-                  + ",".join(str(int(n)) for n in s.cudagraph_capture_sizes) + "]")
+        ov.append(
+            "actor_rollout_ref.rollout.cudagraph_capture_sizes=["
+            + ",".join(str(int(n)) for n in s.cudagraph_capture_sizes)
+            + "]"
+        )
     if ref_model_dir is not None:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
@@ -317,9 +333,18 @@ def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
     ]
 
 
-def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | None, env_token: str | None,
-                          p, record_file: Path, history_length: int, job_file: Path | None = None,
-                          model_dir: Path | None = None) -> Path:
+def write_agent_loop_yaml(
+    path: Path,
+    *,
+    env_uds: str | None,
+    env_url: str | None,
+    env_token: str | None,
+    p,
+    record_file: Path,
+    history_length: int,
+    job_file: Path | None = None,
+    model_dir: Path | None = None,
+) -> Path:
     """The agent-loop YAML verl loads (``rollout.agent.agent_loop_config_path``).
 
     Each entry is ``hydra.utils.instantiate``-d per episode; its extra keys become the
@@ -349,8 +374,10 @@ def write_agent_loop_yaml(path: Path, *, env_uds: str | None, env_url: str | Non
 
         if model_dir is None:
             raise ValueError("an agent-loop job file needs the job's start model dir")
-        per_job = {**{k: entry.pop(k) for k in ("env_uds", "env_url", "env_token", "record_file")},
-                   "model_dir": str(model_dir)}
+        per_job = {
+            **{k: entry.pop(k) for k in ("env_uds", "env_url", "env_token", "record_file")},
+            "model_dir": str(model_dir),
+        }
         atomic_write_text(Path(job_file), json.dumps(per_job, sort_keys=True) + "\n")
         entry["job_file"] = str(job_file)
     Path(path).write_text(yaml.safe_dump([entry], sort_keys=True))
@@ -368,16 +395,25 @@ def task_rows(p, round: int, client: int) -> list[dict]:
     rows = []
     for epoch in range(int(p.epochs)):
         for g, seed in enumerate(epoch_task_seeds(p, round, client, epoch)):
-            rows.append({
-                "data_source": "fedagent",
-                "prompt": [{"role": "user", "content": f"task seed {seed}"}],
-                "ability": "agent",
-                "agent_name": AGENT_NAME,
-                "reward_model": {"style": "rule", "ground_truth": ""},
-                # round/client/epoch/group + base_seed: the agent loop's per-request sampling seeds
-                "extra_info": {"seed": int(seed), "epoch": epoch, "group": g, "round": int(round),
-                               "client": int(client), "base_seed": int(p.base_seed), "index": len(rows)},
-            })
+            rows.append(
+                {
+                    "data_source": "fedagent",
+                    "prompt": [{"role": "user", "content": f"task seed {seed}"}],
+                    "ability": "agent",
+                    "agent_name": AGENT_NAME,
+                    "reward_model": {"style": "rule", "ground_truth": ""},
+                    # round/client/epoch/group + base_seed: the agent loop's per-request sampling seeds
+                    "extra_info": {
+                        "seed": int(seed),
+                        "epoch": epoch,
+                        "group": g,
+                        "round": int(round),
+                        "client": int(client),
+                        "base_seed": int(p.base_seed),
+                        "index": len(rows),
+                    },
+                }
+            )
     return rows
 
 
@@ -399,15 +435,23 @@ def trainer_command(overrides: Sequence[str], python: str | None = None, *, warm
 
 # Log lines whose first appearance times a job's start-up (seconds after launch, in metrics.json).
 PHASE_MARKERS = {
-    "ray_started": "Started a local Ray instance",     # ray.init of the job's own cluster
-    "runner_ready": "train and validate dataloader initialized",   # verl's TaskRunner: config, data
-    "engines_initialized": "actor and ref model engine initialized",   # FSDP actor + reference
-    "rollout_server_up": "LLMServerManager: [",        # vLLM server(s) started (compile, CUDA graphs)
+    "ray_started": "Started a local Ray instance",  # ray.init of the job's own cluster
+    "runner_ready": "train and validate dataloader initialized",  # verl's TaskRunner: config, data
+    "engines_initialized": "actor and ref model engine initialized",  # FSDP actor + reference
+    "rollout_server_up": "LLMServerManager: [",  # vLLM server(s) started (compile, CUDA graphs)
     "ready_to_fit": "all initialize finished, ready to fit",
-    "first_step_logged": "step:1 - ",                  # verl's console logger after step 1
+    "first_step_logged": "step:1 - ",  # verl's console logger after step 1
 }
-def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None = None,
-                marks: dict | None = None, workdir: Path | None = None) -> float:
+
+
+def run_trainer(
+    cmd: Sequence[str],
+    env: dict,
+    log: Path,
+    timeout: float | None = None,
+    marks: dict | None = None,
+    workdir: Path | None = None,
+) -> float:
     """Run the trainer in its own process group; kill the whole group on any exit path.
 
     Output goes to ``log`` line by line; ``marks`` (if given) gets the seconds after launch at
@@ -421,8 +465,14 @@ def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None 
     from fedagent.core import procs
 
     t0 = time.monotonic()
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     if workdir is not None:
         leftovers.record(workdir, pgid=proc.pid, start=procs.proc_start(proc.pid))
     seen = {} if marks is None else marks
@@ -445,7 +495,7 @@ def run_trainer(cmd: Sequence[str], env: dict, log: Path, timeout: float | None 
         _kill_group(proc)
         raise
     finally:
-        _kill_group(proc)   # Ray/vLLM children left behind by a finished driver
+        _kill_group(proc)  # Ray/vLLM children left behind by a finished driver
         reader.join(30)
     if rc != 0:
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-60:])

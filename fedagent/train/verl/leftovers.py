@@ -18,9 +18,9 @@ from pathlib import Path
 
 from fedagent.core import tempdirs
 
-LEFTOVERS = "leftovers.json"     # in the work dir: what a killed attempt leaves outside it
-IPC_SOCKET_GLOB = "/tmp/rl-colocate-zmq-*{tag}*"    # verl's weight-transfer sockets, salted by the job tag
-TAG_PATTERN = r"fa-r\d{3}-c\d+-\d+-[0-9a-f]{16}"    # launch.job_tag's names
+LEFTOVERS = "leftovers.json"  # in the work dir: what a killed attempt leaves outside it
+IPC_SOCKET_GLOB = "/tmp/rl-colocate-zmq-*{tag}*"  # verl's weight-transfer sockets, salted by the job tag
+TAG_PATTERN = r"fa-r\d{3}-c\d+-\d+-[0-9a-f]{16}"  # launch.job_tag's names
 
 
 def record(workdir: Path, **fields) -> None:

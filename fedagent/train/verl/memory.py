@@ -1,6 +1,6 @@
-"""Device memory of an engine set's training workers (``train.verl.engines: run``, issue 30).
+"""Device memory of an engine set's training workers (``train.verl.engines: run``).
 
-On the H200 (docs/gpu.md, 2026-12-05) each warm job left ≈ 0.5 GB per trained 135M engine allocated in the
+On the GPU (docs/gpu.md) each warm job left ≈ 0.5 GB per trained 135M engine allocated in the
 FSDP worker, although the CPU test sees the old modules and optimizers freed. Two worker methods, added to
 verl's ``ActorRolloutRefWorker`` and ``TrainingWorker`` by :func:`fedagent.train.verl.refit.arm` (ONE_TO_ALL):
 
@@ -17,7 +17,7 @@ import gc
 from typing import Callable, Iterable
 
 CENSUS_ENV = "FEDAGENT_VERL_MEMORY_CENSUS"
-MEMORY_METHOD = "fedagent_allocated_gb"    # the worker-method names of allocated_gb and device_tensors
+MEMORY_METHOD = "fedagent_allocated_gb"  # the worker-method names of allocated_gb and device_tensors
 CENSUS_METHOD = "fedagent_device_tensors"
 CENSUS_LINE = "fedagent: device tensor: "
 
@@ -49,16 +49,22 @@ def census(objects: Iterable, keep: Callable[[object], bool], top: int = 12) -> 
                 continue
             storage = obj.untyped_storage()
             ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        except Exception:        # noqa: BLE001 - a tensor subclass or a freed storage: not countable
+        except Exception:  # noqa: BLE001 - a tensor subclass or a freed storage: not countable
             continue
-        row = by_storage.setdefault(ptr, {"bytes": nbytes, "shape": list(obj.shape), "dtype": str(obj.dtype),
-                                          "tensors": 0, "tensor": obj})
+        row = by_storage.setdefault(
+            ptr, {"bytes": nbytes, "shape": list(obj.shape), "dtype": str(obj.dtype), "tensors": 0, "tensor": obj}
+        )
         row["tensors"] += 1
     rows = sorted(by_storage.values(), key=lambda r: -r["bytes"])[:top]
     for row in rows:
         t = row.pop("tensor")
-        row["held_by"] = sorted({type(r).__name__ for r in gc.get_referrers(t)
-                                 if r is not objects and r is not row and type(r).__name__ != "frame"})
+        row["held_by"] = sorted(
+            {
+                type(r).__name__
+                for r in gc.get_referrers(t)
+                if r is not objects and r is not row and type(r).__name__ != "frame"
+            }
+        )
     return rows
 
 
@@ -75,6 +81,9 @@ def device_tensors(self, top: int = 12) -> list[dict]:
     for r in rows:
         print(f"{CENSUS_LINE}{json.dumps(r, sort_keys=True)}", flush=True)
     if torch.cuda.is_available():
-        print(f"{CENSUS_LINE}top {len(rows)} storages {total / 2**30:.3f} GB of "
-              f"{torch.cuda.memory_allocated() / 2**30:.3f} GB allocated", flush=True)
+        print(
+            f"{CENSUS_LINE}top {len(rows)} storages {total / 2**30:.3f} GB of "
+            f"{torch.cuda.memory_allocated() / 2**30:.3f} GB allocated",
+            flush=True,
+        )
     return rows

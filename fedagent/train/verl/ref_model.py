@@ -50,13 +50,16 @@ def check_loaded(log: Path, ref_dir: Path) -> None:
     paths = loaded_paths(Path(log).read_text(errors="replace"))
     want = str(ref_dir)
     if not paths:
-        raise RuntimeError(f"{log}: no '{LOADED_PREFIX}{want}' line: the KL reference was not loaded from {want} "
-                           "(fedagent.train.verl.ref_model not armed in verl's reference worker, whose reference is "
-                           "then the start model); refusing the update")
+        raise RuntimeError(
+            f"{log}: no '{LOADED_PREFIX}{want}' line: the KL reference was not loaded from {want} "
+            "(fedagent.train.verl.ref_model not armed in verl's reference worker, whose reference is "
+            "then the start model); refusing the update"
+        )
     other = sorted({p for p in paths if p != want})
     if other:
-        raise RuntimeError(f"{log}: the KL reference was loaded from {other}, not only from {want}; "
-                           "refusing the update")
+        raise RuntimeError(
+            f"{log}: the KL reference was loaded from {other}, not only from {want}; refusing the update"
+        )
 
 
 def architecture(model_dir: Path) -> dict:
@@ -84,10 +87,10 @@ def anchored_ref_worker(base_cls, ref_dir: str):
         def __init__(self, config, *args, **kwargs):
             # Its own copy whatever verl passes (0.9.1 passes a deep copy), so the actor's stays as it was.
             own = copy.deepcopy(config.model_config)
-            own.local_path = copy_to_local(ref_dir, use_shm=own.use_shm)     # verl's own path → local_path step
+            own.local_path = copy_to_local(ref_dir, use_shm=own.use_shm)  # verl's own path → local_path step
             super().__init__(dataclasses.replace(config, model_config=own), *args, **kwargs)
 
-        @functools.wraps(base_cls.reset)   # keeps verl's dispatch attributes
+        @functools.wraps(base_cls.reset)  # keeps verl's dispatch attributes
         def reset(self, *args, **kwargs):
             out = super().reset(*args, **kwargs)
             print(loaded_line(self.engine.model_config.local_path), flush=True)
@@ -103,8 +106,9 @@ def _patcher(ref_dir: str):
         owner = getattr(module, TARGET_CLASS, None)
         current = getattr(owner, "ref_worker_cls", None)
         if current is None:
-            raise RuntimeError(f"{TARGET_MODULE}.{TARGET_CLASS}.ref_worker_cls is missing: cannot load the KL "
-                               f"reference from {ref_dir}")
+            raise RuntimeError(
+                f"{TARGET_MODULE}.{TARGET_CLASS}.ref_worker_cls is missing: cannot load the KL reference from {ref_dir}"
+            )
         if getattr(current, _MARK, None) == ref_dir:
             return
         owner.ref_worker_cls = anchored_ref_worker(getattr(current, _ORIGINAL, current), ref_dir)
@@ -119,4 +123,3 @@ def arm(ref_dir: str) -> None:
     if not ref_dir or not (Path(ref_dir) / "config.json").is_file():
         raise RuntimeError(f"{REF_MODEL_ENV}={ref_dir!r} is not a model directory: cannot load the KL reference")
     patch_on_import(TARGET_MODULE, _patcher(str(ref_dir)), f"load the KL reference from {ref_dir}")
-

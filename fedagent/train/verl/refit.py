@@ -1,5 +1,5 @@
 """``train.verl.warm_refit``: a job fits twice on the same live verl engines — the probe of the
-run-scoped engines (issue 30; docs/architecture.md, "Run-scoped verl engines").
+run-scoped engines (docs/architecture.md, "Run-scoped verl engines").
 
 A verl job spends ≈ 3 minutes starting processes for seconds of work (docs/gpu.md). The run-scoped
 design keeps the engines alive between jobs and resets them per job; what a job on warm engines
@@ -60,7 +60,7 @@ def _last(log_text: str, prefix: str) -> tuple[int, str] | None:
     for line in log_text.splitlines(keepends=True):
         i = line.find(prefix)
         if i >= 0:
-            found = (pos + len(line), line[i + len(prefix):].strip())
+            found = (pos + len(line), line[i + len(prefix) :].strip())
         pos += len(line)
     return found
 
@@ -81,7 +81,7 @@ def started_at(log_text: str) -> float | None:
 def after_refit(log_text: str) -> str:
     """The log after the last refit line (the second fit's output); '' if there is none."""
     hit = _last(log_text, REFIT_PREFIX)
-    return "" if hit is None else log_text[hit[0]:]
+    return "" if hit is None else log_text[hit[0] :]
 
 
 def reset_paths(log_text: str, prefix: str = RESET_LINE) -> list[str]:
@@ -134,9 +134,12 @@ def _patch(module) -> None:
 
     from fedagent.train.verl.memory import CENSUS_METHOD, MEMORY_METHOD, allocated_gb, device_tensors
 
-    for cls_name, name, fn in ((TARGET_CLASS, METHOD, reset_engines), (CRITIC_CLASS, PATH_METHOD, set_model_path),
-                               *((c, MEMORY_METHOD, allocated_gb) for c in (TARGET_CLASS, CRITIC_CLASS)),
-                               *((c, CENSUS_METHOD, device_tensors) for c in (TARGET_CLASS, CRITIC_CLASS))):
+    for cls_name, name, fn in (
+        (TARGET_CLASS, METHOD, reset_engines),
+        (CRITIC_CLASS, PATH_METHOD, set_model_path),
+        *((c, MEMORY_METHOD, allocated_gb) for c in (TARGET_CLASS, CRITIC_CLASS)),
+        *((c, CENSUS_METHOD, device_tensors) for c in (TARGET_CLASS, CRITIC_CLASS)),
+    ):
         owner = getattr(module, cls_name, None)
         if owner is None:
             raise RuntimeError(f"{TARGET_MODULE}.{cls_name} is missing: cannot add the warm refit's {name}")
@@ -196,8 +199,12 @@ def reset_for_refit(trainer, config) -> None:
     from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
     model = str(config.actor_rollout_ref.model.path)
-    reset_trainer(trainer, model_dir=model, ref_dir=os.environ.get(REF_MODEL_ENV) or model,
-                  critic_dir=str(config.critic.model.path) if trainer.use_critic else None)
+    reset_trainer(
+        trainer,
+        model_dir=model,
+        ref_dir=os.environ.get(REF_MODEL_ENV) or model,
+        critic_dir=str(config.critic.model.path) if trainer.use_critic else None,
+    )
 
 
 def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | None) -> None:
@@ -226,8 +233,8 @@ def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | No
     trainer.replay_buffer = trainer._build_replay_buffer()
     trainer.local_trigger_step = 0
     trainer._restored_tq_prompt_count = 0
-    trainer._load_checkpoint()          # resume_mode=disable: global_steps = 0
-    trainer.on_init_end()               # the sync trainer: the reset weights into the vLLM replicas
+    trainer._load_checkpoint()  # resume_mode=disable: global_steps = 0
+    trainer.on_init_end()  # the sync trainer: the reset weights into the vLLM replicas
 
 
 def check_config(config, what: str = "train.verl.warm_refit") -> None:
@@ -235,11 +242,15 @@ def check_config(config, what: str = "train.verl.warm_refit") -> None:
     if config.trainer.v1.trainer_mode != "sync":
         raise ValueError(f"{what} needs verl's sync trainer (trainer.v1.trainer_mode=sync)")
     if config.actor_rollout_ref.model.get("use_shm"):
-        raise ValueError(f"{what}: actor_rollout_ref.model.use_shm loads the model from a copy "
-                         "elsewhere, and the reset reloads the start dir itself; unsupported")
+        raise ValueError(
+            f"{what}: actor_rollout_ref.model.use_shm loads the model from a copy "
+            "elsewhere, and the reset reloads the start dir itself; unsupported"
+        )
     if config.algorithm.get("use_kl_in_reward"):
-        raise ValueError(f"{what}: algorithm.use_kl_in_reward keeps an adaptive KL controller in the trainer "
-                         "that the reset does not rebuild; unsupported")
+        raise ValueError(
+            f"{what}: algorithm.use_kl_in_reward keeps an adaptive KL controller in the trainer "
+            "that the reset does not rebuild; unsupported"
+        )
 
 
 def fit_recorded(trainer, agent_loop_manager) -> list:
@@ -257,7 +268,7 @@ def fit_recorded(trainer, agent_loop_manager) -> list:
     return steps
 
 
-STEPS_FILE = "refit_steps.json"   # beside the job's checkpoint dir: the second fit's metrics as returned
+STEPS_FILE = "refit_steps.json"  # beside the job's checkpoint dir: the second fit's metrics as returned
 
 
 def recording_tracking(base, sink: list):
@@ -298,8 +309,12 @@ def steps_agree(recorded: list[dict], logged: list[dict]) -> bool:
 
     if [r["step"] for r in recorded] != [r["step"] for r in logged]:
         return False
-    return all(k in rec and math.isclose(rec[k], v, rel_tol=1e-6, abs_tol=1e-12)
-               for rec, line in zip(recorded, logged) for k, v in line.items() if k != "step")
+    return all(
+        k in rec and math.isclose(rec[k], v, rel_tol=1e-6, abs_tol=1e-12)
+        for rec, line in zip(recorded, logged)
+        for k, v in line.items()
+        if k != "step"
+    )
 
 
 def runner_class():
@@ -354,8 +369,7 @@ def prepare_verl_config(config, what: str) -> None:
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                    use_critic=need_critic(config))
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:
         raise ValueError(f"{what} needs verl's v1 trainer (trainer.use_v1=True)")
 

@@ -13,16 +13,27 @@ from typing import Sequence
 
 
 # verl's per-step timings (``timing_s/*``) that make our ``train`` phase; ``gen`` is ``rollout``.
-TRAIN_TIMINGS = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor",
-                 "timing_s/update_weights")
+TRAIN_TIMINGS = (
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/adv",
+    "timing_s/update_actor",
+    "timing_s/update_weights",
+)
 
 
 # verl's per-step metric names (verl 0.9.1's console logger: the actor's loss terms renamed under
 # "actor/", the trainer's reward statistics under "critic/") → the local backend's step-record names.
-STEP_METRICS = {"actor/pg_loss": "pg", "actor/kl_loss": "kl", "actor/entropy": "entropy",
-                "actor/pg_clipfrac": "clipfrac", "actor/grad_norm": "grad_norm",
-                "critic/rewards/mean": "reward_mean", "critic/score/mean": "score_mean",
-                "critic/vf_loss": "vf_loss"}
+STEP_METRICS = {
+    "actor/pg_loss": "pg",
+    "actor/kl_loss": "kl",
+    "actor/entropy": "entropy",
+    "actor/pg_clipfrac": "clipfrac",
+    "actor/grad_norm": "grad_norm",
+    "critic/rewards/mean": "reward_mean",
+    "critic/score/mean": "score_mean",
+    "critic/vf_loss": "vf_loss",
+}
 
 
 def marked(log_text: str, prefix: str) -> list[str]:
@@ -32,15 +43,18 @@ def marked(log_text: str, prefix: str) -> list[str]:
     for line in log_text.splitlines():
         i = line.find(prefix)
         if i >= 0:
-            out.append(line[i + len(prefix):].strip())
+            out.append(line[i + len(prefix) :].strip())
     return out
 
 
 def step_records(steps: Sequence[dict]) -> list[dict]:
     """verl's logged steps as the local backend's step records (``metrics.json``'s ``steps``): each
     step's number and the :data:`STEP_METRICS` verl logged for it (absent ones left out, never 0)."""
-    return [{"step": int(s["step"]), **{ours: float(s[theirs]) for theirs, ours in STEP_METRICS.items() if theirs in s}}
-            for s in steps if "step" in s]
+    return [
+        {"step": int(s["step"]), **{ours: float(s[theirs]) for theirs, ours in STEP_METRICS.items() if theirs in s}}
+        for s in steps
+        if "step" in s
+    ]
 
 
 def mean_of(records: Sequence[dict], key: str):
@@ -51,8 +65,10 @@ def mean_of(records: Sequence[dict], key: str):
 
 def phase_totals(steps: Sequence[dict]) -> dict:
     """Rollout and training seconds summed over verl's logged steps (the local backend's phase names)."""
-    return {"rollout": sum(float(s.get("timing_s/gen", 0.0)) for s in steps),
-            "train": sum(float(s.get(k, 0.0)) for s in steps for k in TRAIN_TIMINGS)}
+    return {
+        "rollout": sum(float(s.get("timing_s/gen", 0.0)) for s in steps),
+        "train": sum(float(s.get(k, 0.0)) for s in steps for k in TRAIN_TIMINGS),
+    }
 
 
 def step_metrics(log: Path) -> list[dict]:

@@ -14,8 +14,13 @@ import sys
 # ``FEDAGENT_FAIL_TRAIN_CLIENT=<c>``: ``fedagent train-client --client <c>`` fails at start-up
 # (exit 1), every attempt: a client that cannot train (tests/reliability/test_dropout_workflow.py).
 _FAIL = os.environ.get("FEDAGENT_FAIL_TRAIN_CLIENT")
-if _FAIL is not None and len(sys.argv) > 2 and os.path.basename(sys.argv[0]) == "fedagent" \
-        and sys.argv[1] == "train-client" and sys.argv[sys.argv.index("--client") + 1] == _FAIL:
+if (
+    _FAIL is not None
+    and len(sys.argv) > 2
+    and os.path.basename(sys.argv[0]) == "fedagent"
+    and sys.argv[1] == "train-client"
+    and sys.argv[sys.argv.index("--client") + 1] == _FAIL
+):
     print(f"injected failure: client {_FAIL} cannot train (FEDAGENT_FAIL_TRAIN_CLIENT)", file=sys.stderr, flush=True)
     os._exit(1)
 
@@ -35,8 +40,11 @@ if _AUDIT and len(sys.argv) > 1 and os.path.basename(sys.argv[0]) == "fedagent":
         if ".partial-" not in path and "_failed" not in path:
             return
         mode, flags = args[1], args[2]
-        reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) else \
-            (isinstance(flags, int) and flags & os.O_ACCMODE == os.O_RDONLY)
+        reading = (
+            ("r" in mode and "+" not in mode)
+            if isinstance(mode, str)
+            else (isinstance(flags, int) and flags & os.O_ACCMODE == os.O_RDONLY)
+        )
         if reading and not os.path.isdir(path):
             line = _json.dumps({"pid": os.getpid(), "command": sys.argv[1], "out": _OUT, "path": path})
             fd = os.open(_AUDIT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -88,6 +96,7 @@ if _SPEC:
             if fire and _WHEN == "after":
                 _stop(dst)
             return result
+
         return inner
 
     _real_replace = os.replace

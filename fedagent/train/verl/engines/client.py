@@ -29,7 +29,7 @@ from fedagent.core import procs
 from fedagent.train.verl.engines import keys, serve
 
 SERVER_MODULE = "fedagent.train.verl.engines.server"
-SERVER_ENV = "FEDAGENT_VERL_ENGINES_SERVER"       # tests: another module in its place
+SERVER_ENV = "FEDAGENT_VERL_ENGINES_SERVER"  # tests: another module in its place
 SOCKET_ENV = "FEDAGENT_VERL_ENGINES_SOCKET"
 KEY_ENV = "FEDAGENT_VERL_ENGINES_KEY"
 IDLE_ENV = "FEDAGENT_VERL_ENGINES_IDLE_S"
@@ -53,8 +53,9 @@ def socket_path(slot: Path) -> Path:
 
 def _live_set_of(d: Path, key: str | None) -> bool:
     rec = _server_record(d)
-    return (key is not None and rec is not None and rec.get("key") == key
-            and procs.alive(int(rec["pid"]), rec.get("start")))
+    return (
+        key is not None and rec is not None and rec.get("key") == key and procs.alive(int(rec["pid"]), rec.get("start"))
+    )
 
 
 @contextlib.contextmanager
@@ -141,7 +142,7 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
     now = procs.proc_start(pid)
     if not (now is not None and since is not None and now != since) and (now is not None or since is not None):
         procs.stop_group(pid, since, grace_s)
-    with contextlib.suppress(OSError):      # a killed set leaves its socket file behind
+    with contextlib.suppress(OSError):  # a killed set leaves its socket file behind
         socket_path(Path(d)).unlink()
     if rec.get("tag"):
         remove_ipc_sockets(rec["tag"])
@@ -152,30 +153,59 @@ def stop_set(d: Path, grace_s: float = 20.0) -> None:
 def stop_set_detached(d: Path) -> None:
     """:func:`stop_set` from a process of its own session (the set's watchdog is inside the group it stops,
     so the escalation to SIGKILL must not die with it)."""
-    subprocess.Popen([sys.executable, "-c", "import sys, pathlib; from fedagent.train.verl.engines.client import "
-                      "stop_set; stop_set(pathlib.Path(sys.argv[1]))", str(d)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from fedagent.train.verl.engines.client import "
+            "stop_set; stop_set(pathlib.Path(sys.argv[1]))",
+            str(d),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-def set_overrides(overrides: Sequence[str], d: Path, *, ray_tmp: Path, tag: str, idle_s: float, key: str,
-                  nonce: str, max_growth_gb: float | None = None) -> list[str]:
+def set_overrides(
+    overrides: Sequence[str],
+    d: Path,
+    *,
+    ray_tmp: Path,
+    tag: str,
+    idle_s: float,
+    key: str,
+    nonce: str,
+    max_growth_gb: float | None = None,
+) -> list[str]:
     """The job's overrides as the set's: its Ray temp dir, tag and agent-loop YAML in the slot, and the
     socket, key, start nonce, idle time, memory-growth limit and slot for the set's TaskRunner (Ray's env
     vars are strings: quoted), and the refit's worker methods armed (the reset)."""
     from fedagent.train.verl.refit import REFIT_ENV
 
-    out = keys.replace(overrides, {
-        "+ray_kwargs.ray_init._temp_dir": str(ray_tmp),
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.{keys.TAG_ENV}": tag,
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(d / "agent_loop.yaml"),
-    })
+    out = keys.replace(
+        overrides,
+        {
+            "+ray_kwargs.ray_init._temp_dir": str(ray_tmp),
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.{keys.TAG_ENV}": tag,
+            "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(d / "agent_loop.yaml"),
+        },
+    )
     prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
     if not any(o.startswith(f"{prefix}{REFIT_ENV}=") for o in out):
         out.append(f"{prefix}{REFIT_ENV}='1'")
-    return out + [f"{prefix}{SOCKET_ENV}='{socket_path(d)}'", f"{prefix}{KEY_ENV}='{key}'",
-                  f"{prefix}{NONCE_ENV}='{nonce}'", f"{prefix}{IDLE_ENV}='{float(idle_s)}'", f"{prefix}{SLOT_ENV}='{d}'"] + (
-        [] if max_growth_gb is None else [f"{prefix}{GROWTH_ENV}='{float(max_growth_gb)}'"])
+    return (
+        out
+        + [
+            f"{prefix}{SOCKET_ENV}='{socket_path(d)}'",
+            f"{prefix}{KEY_ENV}='{key}'",
+            f"{prefix}{NONCE_ENV}='{nonce}'",
+            f"{prefix}{IDLE_ENV}='{float(idle_s)}'",
+            f"{prefix}{SLOT_ENV}='{d}'",
+        ]
+        + ([] if max_growth_gb is None else [f"{prefix}{GROWTH_ENV}='{float(max_growth_gb)}'"])
+    )
 
 
 def _short_tmp() -> Path:
@@ -189,8 +219,17 @@ def _short_tmp() -> Path:
     return path
 
 
-def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dict, *, key: str, idle_s: float,
-              max_growth_gb: float | None = None, python: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_set(
+    d: Path,
+    overrides: Sequence[str],
+    agent_loop_yaml: Path,
+    env: dict,
+    *,
+    key: str,
+    idle_s: float,
+    max_growth_gb: float | None = None,
+    python: str | None = None,
+) -> tuple[subprocess.Popen, str]:
     """Start a set in slot ``d`` for the job whose overrides and agent-loop YAML these are (its YAML's
     ``job_file`` becomes the slot's ``job.json``, rewritten per job by the set), after the slot's previous
     set, if any, is gone entirely. Returns the process and the start nonce only this job's request carries."""
@@ -206,13 +245,21 @@ def start_set(d: Path, overrides: Sequence[str], agent_loop_yaml: Path, env: dic
     (ray_tmp / "t").mkdir()
     tag = f"fa-eng-{d.name}-{os.getpid()}-{os.urandom(4).hex()}"
     nonce = os.urandom(8).hex()
-    ov = set_overrides(overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s, key=key, nonce=nonce,
-                       max_growth_gb=max_growth_gb)
+    ov = set_overrides(
+        overrides, d, ray_tmp=ray_tmp, tag=tag, idle_s=idle_s, key=key, nonce=nonce, max_growth_gb=max_growth_gb
+    )
     env = {**env, "TMPDIR": str(ray_tmp / "t"), "RAY_TMPDIR": str(ray_tmp), keys.TAG_ENV: tag}
     module = os.environ.get(SERVER_ENV, SERVER_MODULE)
     with open(d / "server.log", "wb") as log:
-        proc = subprocess.Popen([python or sys.executable, "-m", module, *ov], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
+        proc = subprocess.Popen(
+            [python or sys.executable, "-m", module, *ov],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            cwd=os.getcwd(),
+        )
     record_set(d, proc.pid, tag=tag, ray_tmp=ray_tmp, key=key)
     return proc, nonce
 
@@ -222,8 +269,12 @@ def record_set(d: Path, pid: int, *, tag: str, ray_tmp, key: str) -> None:
     again by the set itself at its start, so a job killed right after the start leaves a stoppable set)."""
     from fedagent.core.atomic import atomic_write_text
 
-    atomic_write_text(Path(d) / "server.json", json.dumps({"pid": int(pid), "start": procs.proc_start(int(pid)),
-                                                           "tag": tag, "ray_tmp": str(ray_tmp), "key": key}))
+    atomic_write_text(
+        Path(d) / "server.json",
+        json.dumps(
+            {"pid": int(pid), "start": procs.proc_start(int(pid)), "tag": tag, "ray_tmp": str(ray_tmp), "key": key}
+        ),
+    )
 
 
 def _wait_listening(d: Path, proc: subprocess.Popen, timeout_s: float) -> socket.socket:
@@ -237,7 +288,9 @@ def _wait_listening(d: Path, proc: subprocess.Popen, timeout_s: float) -> socket
             raise RuntimeError(f"the engine set of {d} exited before serving:\n{_tail(d / 'server.log')}")
         if time.monotonic() > deadline:
             stop_set(d)
-            raise RuntimeError(f"the engine set of {d} did not serve within {timeout_s:.0f} s:\n{_tail(d / 'server.log')}")
+            raise RuntimeError(
+                f"the engine set of {d} did not serve within {timeout_s:.0f} s:\n{_tail(d / 'server.log')}"
+            )
         time.sleep(0.5)
 
 
@@ -265,9 +318,20 @@ def _clear_attempt(request: dict) -> None:
         Path(record).write_text("")
 
 
-def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[str], agent_loop_yaml: Path,
-            request: dict, log: Path, env: dict, idle_s: float, max_growth_gb: float | None = None,
-            start_timeout_s: float = 1800.0) -> dict:
+def run_job(
+    *,
+    sets_dir: Path,
+    n_sets: int,
+    preferred: int,
+    overrides: Sequence[str],
+    agent_loop_yaml: Path,
+    request: dict,
+    log: Path,
+    env: dict,
+    idle_s: float,
+    max_growth_gb: float | None = None,
+    start_timeout_s: float = 1800.0,
+) -> dict:
     """Run one job on a slot's engine set (started for it when none is live, or when the live one answers
     ``restart``: another key, or stopping for idleness); append its part of the set's log to ``log``; return
     the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``memory_gb``, ``memory_growth_gb``, ``t_request``: when the request went, epoch
@@ -285,8 +349,9 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
             conn = _connect(socket_path(d))
             nonce = None
             if conn is None:
-                proc, nonce = start_set(d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s,
-                                        max_growth_gb=max_growth_gb)
+                proc, nonce = start_set(
+                    d, overrides, agent_loop_yaml, env, key=key, idle_s=idle_s, max_growth_gb=max_growth_gb
+                )
                 conn = _wait_listening(d, proc, start_timeout_s)
             try:
                 with conn:
@@ -296,12 +361,13 @@ def run_job(*, sets_dir: Path, n_sets: int, preferred: int, overrides: Sequence[
                 reply = None
             if reply is None:
                 stop_set(d)
-                if nonce is None and attempt == 1:    # a set that was stopping (its job killed): start one
+                if nonce is None and attempt == 1:  # a set that was stopping (its job killed): start one
                     print(f"fedagent: engine set of {d} went away before answering; starting another", flush=True)
                     _clear_attempt(request)
                     continue
-                raise RuntimeError(f"the engine set of {d} closed the connection without an answer:\n"
-                                   f"{_tail(d / 'server.log')}")
+                raise RuntimeError(
+                    f"the engine set of {d} closed the connection without an answer:\n{_tail(d / 'server.log')}"
+                )
             if "restart" in reply and attempt == 1:
                 print(f"fedagent: engine set of {d}: {reply['restart']}; starting another", flush=True)
                 stop_set(d)

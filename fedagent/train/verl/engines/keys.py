@@ -16,15 +16,17 @@ from fedagent.train.verl.launch import TAG_ENV
 
 # Override keys (as written, ``+`` included) that differ between the jobs of one set.
 PER_JOB = (
-    "data.train_files", "data.val_files",          # the job's rows (the reset's new dataloader)
-    "actor_rollout_ref.model.path",                # the start model (reset_engines' model_dir)
-    "critic.model.path",                           # the round's critic (set_model_path + reset)
-    "critic.model.tokenizer_path",                 # the start model dir again (the tokenizer is the set's)
-    "actor_rollout_ref.rollout.seed",              # vLLM's engine seed: the set's first job's (requests carry their own)
-    "actor_rollout_ref.rollout.agent.agent_loop_config_path",   # the set's YAML (naming the set's job file)
-    "trainer.experiment_name", "trainer.default_local_dir",
-    "+ray_kwargs.ray_init._temp_dir",              # the set's own Ray temp dir
-    f"+ray_kwargs.ray_init.runtime_env.env_vars.{TAG_ENV}",     # the set's tag (salts its IPC sockets)
+    "data.train_files",
+    "data.val_files",  # the job's rows (the reset's new dataloader)
+    "actor_rollout_ref.model.path",  # the start model (reset_engines' model_dir)
+    "critic.model.path",  # the round's critic (set_model_path + reset)
+    "critic.model.tokenizer_path",  # the start model dir again (the tokenizer is the set's)
+    "actor_rollout_ref.rollout.seed",  # vLLM's engine seed: the set's first job's (requests carry their own)
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path",  # the set's YAML (naming the set's job file)
+    "trainer.experiment_name",
+    "trainer.default_local_dir",
+    "+ray_kwargs.ray_init._temp_dir",  # the set's own Ray temp dir
+    f"+ray_kwargs.ray_init.runtime_env.env_vars.{TAG_ENV}",  # the set's tag (salts its IPC sockets)
 )
 
 

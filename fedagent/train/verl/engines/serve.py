@@ -99,8 +99,10 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._done.wait(self.period_s):
             if _closed(self.conn):
-                print("fedagent: engine set: the job's connection closed mid-fit (job killed); stopping the set",
-                      flush=True)
+                print(
+                    "fedagent: engine set: the job's connection closed mid-fit (job killed); stopping the set",
+                    flush=True,
+                )
                 self.stop()
                 return
 
@@ -120,7 +122,7 @@ def startup_lines(log: Path, end: int) -> list[str]:
         text = fh.read(end).decode(errors="replace")
     i = text.find(JOB_BEGINS)
     if i >= 0:
-        text = text[:text.rfind("\n", 0, i) + 1]
+        text = text[: text.rfind("\n", 0, i) + 1]
     return [line for line in text.splitlines() if STARTUP_MARK in line]
 
 
@@ -139,10 +141,22 @@ def _wait_for_line(log: Path, start: int, line: str, limit_s: float) -> None:
         time.sleep(0.1)
 
 
-def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Path, idle_s: float,
-          stop: Callable[[], None], settle_s: float = 1.0, set_tag: str = "", nonce: str = "",
-          forward_limit_s: float = 60.0, say: Callable[[str], None] | None = None,
-          max_growth_gb: float | None = None) -> str:
+def serve(
+    sock_path: Path,
+    *,
+    key: str,
+    fitter: Fitter,
+    log: Path,
+    job_file: Path,
+    idle_s: float,
+    stop: Callable[[], None],
+    settle_s: float = 1.0,
+    set_tag: str = "",
+    nonce: str = "",
+    forward_limit_s: float = 60.0,
+    say: Callable[[str], None] | None = None,
+    max_growth_gb: float | None = None,
+) -> str:
     """Answer jobs on ``sock_path`` until idle for ``idle_s``, a job of another key, a failed fit or a
     vanished job. ``job_file``: the set's agent-loop job file, rewritten (atomically) with each job's env
     address, record file and start model before its fit. ``nonce``: the one the starting job got; only a
@@ -185,17 +199,19 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                         send(conn, {"error": f"bad request: {err}"})
                     continue
                 if req["engine_key"] != key:
-                    send(conn, {"restart": f"the job's engine key {req['engine_key'][:12]} is not the set's {key[:12]}"})
+                    send(
+                        conn, {"restart": f"the job's engine key {req['engine_key'][:12]} is not the set's {key[:12]}"}
+                    )
                     return "restart"
-                if _closed(conn):       # the job is gone already: no fit for it
+                if _closed(conn):  # the job is gone already: no fit for it
                     continue
                 atomic_write_text(Path(job_file), json.dumps(req["job_file"], sort_keys=True) + "\n")
                 warm = jobs > 0 or req.get("nonce") != nonce or not nonce or not fitter.built_for(req)
-                start = os.path.getsize(log) if jobs else 0      # a set's first job's log holds its start-up
+                start = os.path.getsize(log) if jobs else 0  # a set's first job's log holds its start-up
                 say(f"{JOB_BEGINS}{req['tag']} (job {jobs + 1} of set {set_tag}, warm={warm})")
                 t0 = time.monotonic()
                 try:
-                    with Watchdog(conn, lambda: (_unlink(sock_path), stop())):   # no new job reaches it
+                    with Watchdog(conn, lambda: (_unlink(sock_path), stop())):  # no new job reaches it
                         steps = fitter.fit(req, reset=warm)
                     fit_s = time.monotonic() - t0
                     say(f"{JOB_ENDS}{req['tag']}")
@@ -210,23 +226,34 @@ def serve(sock_path: Path, *, key: str, fitter: Fitter, log: Path, job_file: Pat
                 end = os.path.getsize(log)
                 try:
                     memory = fitter.memory_gb()
-                except Exception:      # noqa: BLE001 - a reading that fails never fails the job's sound fit
+                except Exception:  # noqa: BLE001 - a reading that fails never fails the job's sound fit
                     say(f"fedagent: engine set: no memory reading after {req['tag']}:\n{traceback.format_exc(limit=4)}")
                     memory = None
                 if not jobs:
                     first_end, first_memory = end, memory
                 growth = None if memory is None or first_memory is None else round(memory - first_memory, 3)
-                reply = {"ok": True, "warm": warm, "jobs_before": jobs, "set": set_tag, "fit_s": round(fit_s, 3),
-                         "log_range": [start, end], "steps": steps, "memory_gb": memory, "memory_growth_gb": growth,
-                         "startup_lines": startup_lines(log, first_end) if jobs else []}
+                reply = {
+                    "ok": True,
+                    "warm": warm,
+                    "jobs_before": jobs,
+                    "set": set_tag,
+                    "fit_s": round(fit_s, 3),
+                    "log_range": [start, end],
+                    "steps": steps,
+                    "memory_gb": memory,
+                    "memory_growth_gb": growth,
+                    "startup_lines": startup_lines(log, first_end) if jobs else [],
+                }
                 jobs += 1
                 try:
                     send(conn, reply)
-                except OSError:        # the job vanished right after its fit: nothing of it is committed
+                except OSError:  # the job vanished right after its fit: nothing of it is committed
                     return "job gone"
                 if growth is not None and max_growth_gb is not None and growth > max_growth_gb:
-                    why = (f"its training workers hold {growth:.2f} GB more device memory than after its first job "
-                           f"(train.verl.engines_max_growth_gb: {max_growth_gb:g})")
+                    why = (
+                        f"its training workers hold {growth:.2f} GB more device memory than after its first job "
+                        f"(train.verl.engines_max_growth_gb: {max_growth_gb:g})"
+                    )
                     say(f"{RETIRES}{why}")
                     _turn_away(srv, sock_path, f"the set retired: {why}")
                     return "memory"

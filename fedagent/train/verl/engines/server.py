@@ -35,10 +35,13 @@ class VerlFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.trainer, self.config, self.manager = trainer, config, agent_loop_manager
-        self.start = {"model_dir": str(config.actor_rollout_ref.model.path), "rows": str(config.data.train_files),
-                      "critic_dir": str(config.critic.model.path) if trainer.use_critic else None,
-                      "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
-                      "ckpt_dir": str(config.trainer.default_local_dir)}
+        self.start = {
+            "model_dir": str(config.actor_rollout_ref.model.path),
+            "rows": str(config.data.train_files),
+            "critic_dir": str(config.critic.model.path) if trainer.use_critic else None,
+            "ref_dir": os.environ.get(REF_MODEL_ENV) or None,
+            "ckpt_dir": str(config.trainer.default_local_dir),
+        }
 
     def built_for(self, job: dict) -> bool:
         return all(job.get(k) == v for k, v in self.start.items())
@@ -56,8 +59,12 @@ class VerlFitter:
             cfg.actor_rollout_ref.model.path = job["model_dir"]
             if self.trainer.use_critic:
                 cfg.critic.model.path = job["critic_dir"]
-            refit.reset_trainer(self.trainer, model_dir=job["model_dir"], ref_dir=job["ref_dir"] or job["model_dir"],
-                                critic_dir=job["critic_dir"])
+            refit.reset_trainer(
+                self.trainer,
+                model_dir=job["model_dir"],
+                ref_dir=job["ref_dir"] or job["model_dir"],
+                critic_dir=job["critic_dir"],
+            )
         try:
             return refit.fit_recorded(self.trainer, self.manager)
         finally:
@@ -70,8 +77,8 @@ class VerlFitter:
         from fedagent.train.verl import memory
 
         groups = [self.trainer.actor_rollout_wg] + ([self.trainer.critic_wg] if self.trainer.use_critic else [])
-        if os.environ.get(memory.CENSUS_ENV) == "1":      # the largest live device tensors into the set's log
-            getattr(self.trainer.actor_rollout_wg, memory.CENSUS_METHOD)()   # (colocated: one process for all roles)
+        if os.environ.get(memory.CENSUS_ENV) == "1":  # the largest live device tensors into the set's log
+            getattr(self.trainer.actor_rollout_wg, memory.CENSUS_METHOD)()  # (colocated: one process for all roles)
         got = [g for wg in groups for g in getattr(wg, memory.MEMORY_METHOD)() if g is not None]
         return max(got) if got else None
 
@@ -121,12 +128,18 @@ def runner_class():
                 self.trainer.init()
                 self.init_agent_loop_manager()
                 slot = Path(_env(client.SLOT_ENV))
-                why = serve.serve(Path(_env(client.SOCKET_ENV)), key=_env(client.KEY_ENV),
-                                  fitter=VerlFitter(self.trainer, config, self.agent_loop_manager),
-                                  log=slot / "server.log", job_file=slot / "job.json",
-                                  idle_s=float(_env(client.IDLE_ENV)), stop=stop_own_set,
-                                  set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""), nonce=_env(client.NONCE_ENV),
-                                  max_growth_gb=max_growth_gb())
+                why = serve.serve(
+                    Path(_env(client.SOCKET_ENV)),
+                    key=_env(client.KEY_ENV),
+                    fitter=VerlFitter(self.trainer, config, self.agent_loop_manager),
+                    log=slot / "server.log",
+                    job_file=slot / "job.json",
+                    idle_s=float(_env(client.IDLE_ENV)),
+                    stop=stop_own_set,
+                    set_tag=os.environ.get("FEDAGENT_VERL_JOB_TAG", ""),
+                    nonce=_env(client.NONCE_ENV),
+                    max_growth_gb=max_growth_gb(),
+                )
                 print(f"fedagent: engine set stops: {why}", flush=True)
             finally:
                 tq.close()
@@ -160,9 +173,11 @@ def main() -> None:
 
         prepare_verl_config(config, "train.verl.engines: run")
         env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
-        missing = [k for k in (client.SOCKET_ENV, client.KEY_ENV, client.IDLE_ENV, client.SLOT_ENV, client.NONCE_ENV,
-                               REFIT_ENV)
-                   if k not in env_vars]
+        missing = [
+            k
+            for k in (client.SOCKET_ENV, client.KEY_ENV, client.IDLE_ENV, client.SLOT_ENV, client.NONCE_ENV, REFIT_ENV)
+            if k not in env_vars
+        ]
         if missing:
             raise ValueError(f"engine set: {missing} not in the Ray runtime env (client.set_overrides writes them)")
 
@@ -176,8 +191,13 @@ def main() -> None:
 
         # the set's own record (the starting job writes it too: a job killed right after the start still
         # leaves a set that stop_set finds)
-        client.record_set(Path(str(env_vars[client.SLOT_ENV])), os.getpid(), tag=str(env_vars.get(TAG_ENV, "")),
-                          ray_tmp=config.ray_kwargs.ray_init.get("_temp_dir", ""), key=str(env_vars[client.KEY_ENV]))
+        client.record_set(
+            Path(str(env_vars[client.SLOT_ENV])),
+            os.getpid(),
+            tag=str(env_vars.get(TAG_ENV, "")),
+            ray_tmp=config.ray_kwargs.ray_init.get("_temp_dir", ""),
+            key=str(env_vars[client.KEY_ENV]),
+        )
 
         signal.signal(signal.SIGTERM, _term)
         try:
