@@ -59,7 +59,7 @@ else:
 
     # Bookkeeping rules that need no compute node (select, partition, val_set, report: each well under a
     # second, no model) say `localrule: True`: on a cluster executor they run on the submitting host
-    # (profiles/slurm, docs/operations.md); the local executor runs every job here anyway.
+    # (profiles/slurm, docs/how-to/slurm.md); the local executor runs every job here anyway.
     # Every round's report is a target, so a smaller `rounds` finds all its targets present.
     rule all:
         localrule: True

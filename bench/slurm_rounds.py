@@ -1,4 +1,4 @@
-"""Per-round wall time and overhead of the Slurm profile on a real Slurm (docs/operations.md).
+"""Per-round wall time and overhead of the Slurm profile on a real Slurm (docs/results/slurm.md).
 
     python bench/slurm_rounds.py --variant before=/path/to/old/checkout --variant after=. \
         [--rounds 3] [--local] [--keep DIR]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway single-node Slurm on this machine (Debian's slurm-wlm + munge, no systemd), for
-# the real-Slurm test (tests/test_slurm.py) and the measurements in docs/operations.md.
+# the real-Slurm test (tests/test_slurm.py) and the measurements in docs/results/slurm.md.
 #
 #   scripts/slurm-local.sh install      apt-get install slurm-wlm munge (root; skipped if present)
 #   scripts/slurm-local.sh start DIR    write DIR/slurm.conf, link it at /etc/slurm/slurm.conf,
@@ -12,7 +12,7 @@
 # /etc/slurm/slurm.conf belongs to another cluster), with one line on stderr saying why;
 # anything else is a failure. Everything the daemons write stays in DIR, except the link
 # /etc/slurm/slurm.conf: the job step's `srun` finds the config only at the default path
-# (snakemake's job step drops SLURM_CONF, docs/operations.md), so one such cluster per machine.
+# (snakemake's job step drops SLURM_CONF, docs/how-to/slurm.md), so one such cluster per machine.
 set -euo pipefail
 
 LINK=/etc/slurm/slurm.conf

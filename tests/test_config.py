@@ -106,7 +106,7 @@ def test_missing_file_is_named(tmp_path):
         (
             {"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"},
             "config key 'train.compile_train': True with train.activation_checkpointing: the compiled, CUDA-graphed "
-            "training step with checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
+            "training step with checkpointed layers fails on its first backward on the GPU (docs/results/scale-1p7b.md); "
             "set one of them to false",
             "train-client",
         ),

@@ -240,7 +240,7 @@ def test_gpu_jobs_declare_gpu_mem_mb_in_the_plan_and_params_stay_as_they_were(tm
     assert {j["gpu_mem_mb"] for r in ("train_client", "eval") for j in cpu[r]} == {"0"}
 
 
-# Peak GPU memory measured on the H200 (2026-12-03, docs/results.md "GPU memory, calibrated"): the largest
+# Peak GPU memory measured on the H200 (2026-12-03, docs/results/gpu-memory.md): the largest
 # `gpu_peak_reserved_mib` (torch's caching allocator) of any job of that kind, and the config it ran.
 CUDA_CONTEXT_MIB = 512
 MEASURED_PEAKS = [

@@ -1,4 +1,4 @@
-"""scripts/gpu/verl-startup.py: the per-job start-up table of docs/gpu.md, from the jobs' metrics.json."""
+"""scripts/gpu/verl-startup.py: the per-job start-up table of docs/results/verl.md, from the jobs' metrics.json."""
 
 from __future__ import annotations
 

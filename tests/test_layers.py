@@ -1,6 +1,6 @@
 """The house in layers: the import-linter contracts of pyproject.toml hold, and they can fail.
 
-``[tool.importlinter]`` in pyproject.toml writes fedagent's layering (docs/architecture.md,
+``[tool.importlinter]`` in pyproject.toml writes fedagent's layering (docs/explanation/architecture.md,
 "Layers") as contracts: layers top to bottom, envs never import train, nothing imports the warm
 server but the CLI, the package never imports tests/ or bench/, no import circles. The first test
 runs ``lint-imports`` on the tree as it is; the others run it on a copy of the package with one

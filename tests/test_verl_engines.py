@@ -8,7 +8,7 @@ client): the first job of a slot starts the set, the next reuses it after a rese
 starts another, a reset from a foreign dir leaves no update, and a job killed mid-fit stops its set and
 leaves nothing, after which the rerun commits; and in real Ray workers started from a set's overrides,
 verl's colocated worker class carries our reset methods. The H200 is where a set meets real engines
-(docs/gpu.md).
+(docs/results/verl.md).
 """
 
 from __future__ import annotations
@@ -518,7 +518,7 @@ def test_only_the_starting_jobs_nonce_skips_the_reset(tmp_path, first_nonce, res
 
 
 def test_a_set_whose_memory_grows_past_its_limit_answers_the_job_then_stops(tmp_path):
-    """On the H200 each warm job left ≈ 0.5 GB per trained engine allocated (docs/gpu.md, 2026-12-05): a set
+    """On the H200 each warm job left ≈ 0.5 GB per trained engine allocated (docs/results/verl.md): a set
     compares its workers' memory after each job with that after its first, answers the job that crossed
     ``max_growth_gb`` (its update is sound) and then stops, so the next job starts a fresh set."""
     f = _Recorder(memory=[1.0, 1.5, 2.5])

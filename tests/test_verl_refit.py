@@ -7,7 +7,7 @@ trainer back where a fresh one starts, in verl's order; and a job whose trainer 
 keeps only the second fit's steps and episodes, times the warm start, and fails closed without the
 refit's or the reset's line; verl's own FSDP engines (actor, KL reference) on the CPU come back from
 the reset as fresh engines of the new dirs (tests/verl_fsdp_reset.py). The H200 is where the reset
-meets vLLM and CUDA memory (docs/gpu.md).
+meets vLLM and CUDA memory (docs/results/verl.md).
 """
 
 from __future__ import annotations

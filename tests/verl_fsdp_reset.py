@@ -246,7 +246,7 @@ def main(workdir: Path) -> None:
         step(e, 1)
         step(e, 2)
     # what a fit does to the engines besides its steps, before the next job's reset (the H200 showed ≈ 0.5 GB
-    # per trained engine still allocated after each warm job, docs/gpu.md 2026-12-05): the weight sync's
+    # per trained engine still allocated after each warm job, docs/results/verl.md 2026-12-05): the weight sync's
     # read-out, the checkpoint save, an offload round trip — none may keep the old module alive
     for e in (worker.actor.engine, critic.engine):
         params, _peft = e.get_per_tensor_param()

@@ -102,7 +102,7 @@ def _mini_batch_within_epoch(get):
 def _verl_mini_batch_is_whole_groups(get):
     # verl 0.9.1's v1 trainer updates on mini-batches of ppo_mini_batch_size × rollout.n rows and
     # wants ppo_mini_batch_size <= train_batch_size (prompts): only whole groups of one step's tasks
-    # give it the row count the local backend would use (docs/architecture.md, train.verl).
+    # give it the row count the local backend would use (docs/explanation/architecture.md, train.verl).
     if get("train.backend") != "verl":
         return None
     m, n, g = get("train.mini_batch_size"), get("train.group_size"), get("train.groups_per_epoch")
@@ -203,7 +203,7 @@ def _adaptive_server_needs_an_lr(get):
         return (
             f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
             "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
-            "fedyogi 0.01; docs/architecture.md, Server optimizers)"
+            "fedyogi 0.01; docs/explanation/rl-objective.md)"
         )
     return None
 
@@ -293,7 +293,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "{value!r} is implemented for train.backend=local only (the verl backend would ignore it; got {got!r})",
         {"train.activation_checkpointing": True, "train.backend": "verl", "train.ref_anchor": "round"},
     ),
-    # Seen on the GPU (bench/gpu_throughput.py --train-modes compiled_ckpt at 1.7B; docs/gpu.md): the
+    # Seen on the GPU (bench/gpu_throughput.py --train-modes compiled_ckpt at 1.7B; docs/results/scale-1p7b.md): the
     # CUDA-graphed forward with checkpointed layers fails on its first backward ("accessing tensor
     # output of CUDAGraphs that has been overwritten by a subsequent run"). Refused before any job.
     Requirement(
@@ -303,7 +303,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "train.activation_checkpointing",
         False,
         "{value!r} with train.activation_checkpointing: the compiled, CUDA-graphed training step with "
-        "checkpointed layers fails on its first backward on the GPU (docs/results.md, 1.7B); "
+        "checkpointed layers fails on its first backward on the GPU (docs/results/scale-1p7b.md); "
         "set one of them to false",
         {"train.compile_train": True, "train.activation_checkpointing": True, "train.device": "cuda"},
     ),
@@ -367,7 +367,7 @@ for _section, _engine in (("train", "verl"), ("eval", "vllm")):
         )(_sampler_key_unused(f"{_section}.{_key}", _engine, _default))
 
 
-# Seen on the GPU (bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B, docs/gpu.md;
+# Seen on the GPU (bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B, docs/results/scale-1p7b.md;
 # 64 rows): the CUDA-graphed training step with its rows in two micro-batches fails in the second
 # ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"; one micro-batch
 # of all 64 rows ran). Refused before any job until a fix is measured on the GPU.
@@ -386,7 +386,7 @@ def _compiled_step_takes_one_micro_batch(get):
         return (
             f"true with train.micro_batch_size={get('train.micro_batch_size')} < train.mini_batch_size="
             f"{get('train.mini_batch_size')}: the compiled, CUDA-graphed training step fails on its second "
-            "micro-batch on the GPU (docs/results.md, 1.7B); set micro_batch_size to mini_batch_size or "
+            "micro-batch on the GPU (docs/results/scale-1p7b.md); set micro_batch_size to mini_batch_size or "
             "compile_train to false"
         )
     return None

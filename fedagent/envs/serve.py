@@ -29,7 +29,7 @@ from fedagent.core.atomic import atomic_write_json
 
 TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
 
-# What an env service runs with (docs/architecture.md, "Env services never touch an accelerator"):
+# What an env service runs with (docs/explanation/architecture.md, "Env services never touch an accelerator"):
 NO_ACCELERATOR_ENV = {
     # No CUDA device visible to the CUDA runtime/driver: covers torch, TensorFlow, CuPy, numba and
     # JAX's CUDA plugin alike (read when CUDA initialises, i.e. lazily, after the fork or exec).

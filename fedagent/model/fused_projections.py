@@ -2,7 +2,7 @@
 
 At the batch sizes a rollout decodes (tens of rows), a projection's GEMM is bound by reading its
 weight, and the small ones run far below the card's bandwidth (a 2048 × 2048 projection reaches
-about half the bandwidth of a 2048 × 8192 one; ``bench/gpu_throughput.py --profile``, docs/gpu.md). vLLM loads the same weights
+about half the bandwidth of a 2048 × 8192 one; ``bench/gpu_throughput.py --profile``, docs/results/scale-1p7b.md). vLLM loads the same weights
 as merged ``qkv_proj`` / ``gate_up_proj`` matrices; :func:`fuse_projections` does that to a loaded
 transformers model in place, for inference copies only (the rollout copy and the eval's model):
 

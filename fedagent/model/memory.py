@@ -2,7 +2,7 @@
 
 :func:`job_gpu_mib` is what a ``train_client`` / ``eval`` job declares to Snakemake as its
 ``gpu_mem_mb`` resource (MiB): the profile caps the sum over the jobs running at once at the card's
-size, so a round's concurrent GPU jobs never OOM each other (docs/gpu.md, "GPU memory"). Its
+size, so a round's concurrent GPU jobs never OOM each other (docs/explanation/gpu-memory.md). Its
 estimate is a conservative model of the local backend's job, from the model's shape
 (:func:`model_shape`: a ``config.json`` dict, or :data:`SMOLLM2_135M` / :data:`TINY` for the
 built-in sources) and the job's knobs — the terms are :func:`train_terms` / :func:`eval_terms`.
@@ -30,7 +30,7 @@ GIB = 2**30
 FIXED_BYTES = int(1.5 * GIB)
 MARGIN = 1.25  # on the modelled terms: fragmentation, temporaries the model leaves out
 # The training step's activations as the card holds them, per modelled byte: calibrated against measured
-# peaks (docs/gpu.md, "GPU memory"). Two presets whose prompts reach their max_prompt_tokens had train jobs
+# peaks (docs/results/gpu-memory.md). Two presets whose prompts reach their max_prompt_tokens had train jobs
 # peaking at 31 974 MiB (gpu-textworld-quest2) and 55 860 MiB (gpu-alfworld) reserved by the caching
 # allocator, + ≈ 0.5 GiB of CUDA context, where the uncalibrated estimate declared 21 129 and 36 938:
 # covering them under MARGIN needs the activation term × 1.74 and × 1.64 (autograd's saved tensors and
@@ -336,7 +336,7 @@ def oom_message(command: str, exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     return (
         f"fedagent {command}: CUDA out of memory ({first}). Raise {declared}, or lower {smaller}; "
-        f'the cap of all GPU jobs\' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/gpu.md, "GPU memory")'
+        f"the cap of all GPU jobs' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/explanation/gpu-memory.md)"
     )
 
 

@@ -16,7 +16,7 @@ overhead and host syncs, so :class:`StaticSampler` keeps every shape fixed for t
   step recorded into one :class:`torch.cuda.CUDAGraph` (no Dynamo, no inductor: unfused
   kernels, a capture of well under a second); ``"compile_graph"``: the step through inductor (fused
   kernels) recorded the same way (one replay per token, no Dynamo guards on the host per token; the
-  fastest decode measured at 1.7B, docs/gpu.md); ``"eager"`` runs the step as it is;
+  fastest decode measured at 1.7B, docs/results/scale-1p7b.md); ``"eager"`` runs the step as it is;
 - sampling is the Gumbel-max draw ``argmax(logits / T − log E)``, ``E ~ Exp(1)`` from a CUDA
   generator seeded from the caller's (derived) seed: the one random kernel runs outside the
   graph, the pick (finite check, scaling, argmax) is fused into the compiled decode step, so a

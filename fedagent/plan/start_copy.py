@@ -4,7 +4,7 @@ A matrix's arms that would build the same round 0 (the same base model, warm sta
 eval settings and seed; only training-round settings differ: ``fedagent.plan.matrix.start_key``) start
 from one shared run's round 0, built once, instead of each building its own. On the GPU this is also
 what makes the arms' comparison paired: two warm starts from identical inputs do not give identical
-weights there (docs/gpu.md), so per-arm round-0 models would differ by chance.
+weights there (docs/results/learning.md), so per-arm round-0 models would differ by chance.
 
 The copy checks the start model directory's manifest (every file's sha256) and writes this run's
 round_000/model through :func:`fedagent.core.atomic.atomic_dir` (staging, manifest last, rename), and

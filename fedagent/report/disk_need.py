@@ -4,7 +4,7 @@ Every model directory of a round is fp32 safetensors of the whole model (4 bytes
 model, each client update, the aggregate, each global model (and with PPO the critic beside each). At
 SmolLM2-1.7B's shape one directory is 6.8 GB, and a round that keeps its client updates and aggregate
 for ``fedagent verify`` keeps ≈ 34 GB: on a 64 GiB node the second such run's merge stopped with
-"No space left on device" after 8 minutes of GPU jobs (docs/gpu.md, "One federated
+"No space left on device" after 8 minutes of GPU jobs (docs/results/scale-1p7b.md, "One federated
 round at 1.7B shape"). So the workflow's ``onstart`` handler (the Snakefile; not for ``-n``, not when
 there is nothing to do) adds up what every registered run still writes and refuses to start when a
 filesystem's free space is short, naming the ``keep`` keys that decide it.

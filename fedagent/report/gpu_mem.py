@@ -8,7 +8,7 @@ terms, the sum of ``--train-jobs`` train jobs (default ``clients.per_round``: a 
 one eval against the card (default ``profiles/local``'s cap, 138000 MiB), and, with the other knobs
 as they are, the largest ``train.micro_batch_size`` and ``env.pool_size`` (a multiple of
 ``train.group_size``) for which that sum still fits: how to size a run for a model (e.g.
-``model: random:smollm2-1.7b``, docs/gpu.md "At 1.7B") before it reaches the card. Exit 1 when the
+``model: random:smollm2-1.7b``, docs/how-to/scale.md) before it reaches the card. Exit 1 when the
 configured run does not fit.
 """
 

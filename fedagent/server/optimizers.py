@@ -11,7 +11,7 @@ Algorithm 2, without bias correction:
 
 Adaptive state starts at m = 0, v = τ² (the paper's v₋₁ ≥ τ²). All arithmetic is fp32 and
 elementwise, so a resumed run that reloads the state reproduces the same bytes. Against Flower
-(docs/architecture.md, "Server optimizers"): Flower starts v at 0 and its FedAdam scales η by a
+(docs/explanation/rl-objective.md): Flower starts v at 0 and its FedAdam scales η by a
 bias correction; here neither, for either optimizer.
 
 ``server.lr`` (η) null means :data:`DEFAULT_LR` for the optimizers that have one (FedAvg, FedAvgM:

@@ -74,7 +74,7 @@ def causal_attention_without_mask(model) -> None:
 
     transformers drops the all-ones mask of an unpadded batch only when it is not tracing; under
     torch.compile it always builds a 4-D mask, and SDPA with an explicit mask takes kernels
-    about twice as slow (measured: 416 µs vs 216 µs per backward call, docs/gpu.md). Our training
+    about twice as slow (measured: 416 µs vs 216 µs per backward call, docs/results/throughput.md). Our training
     batches are right-padded with no padding mask (a real token never sees a pad after it), so
     causal attention is exact: registered under transformers' attention and mask interfaces,
     the mask function returns None and the attention is transformers' own SDPA forward, which

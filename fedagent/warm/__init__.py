@@ -1,7 +1,7 @@
 """A node-local warm fork server ("zygote"): GPU jobs stop paying the heavy imports each.
 
 A job on the GPU node spends ≈ 12–14 s of its ≈ 25 s importing torch, transformers' model
-classes and torch._dynamo before it does any work (``docs/results.md``, cold start). The warm
+classes and torch._dynamo before it does any work (``docs/results/cold-start.md``, cold start). The warm
 server imports them once; each job is still its own process (own CUDA context, own process
 group), but forked from that pre-imported parent instead of started from scratch.
 

@@ -3,7 +3,7 @@ and chosen before any such job exists.
 
 CUDA loads kernels lazily and cuBLAS picks (and loads) its GEMM kernels per shape at first use,
 so a GPU job's first sampler call and first optimizer step pay for that on top of CUDA's own
-start (measured with ``bench/cold_start_parts.py``, docs/gpu.md: to the first sampled token 8.9–12 s
+start (measured with ``bench/cold_start_parts.py``, docs/results/cold-start.md: to the first sampled token 8.9–12 s
 in a fresh process with CUDA started beforehand and 1.4–1.6 s after this warm-up). A standby
 process of the warm server (:mod:`fedagent.warm.standby`) runs :func:`warm_up` once, before it
 is handed a job: a model of the run's own architecture with **one** decoder layer and random

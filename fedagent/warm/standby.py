@@ -1,7 +1,7 @@
 """Standby processes: job children forked before their job, which start CUDA while no job waits.
 
 A GPU job forked by the warm server still pays CUDA's start on its own clock: context creation,
-the cuBLAS handle, lazy kernel loading (``docs/results.md``). With ``fedagent warm-server
+the cuBLAS handle, lazy kernel loading (``docs/results/cold-start.md``). With ``fedagent warm-server
 --standby N`` the server keeps N children forked exactly as a job's child would be (its fds
 closed, own process group, signals blocked across the fork) that run :func:`prepare` at once and
 then wait on a private socketpair. A ``train-client`` or ``eval`` request (:data:`STANDBY_COMMANDS`)

@@ -2,7 +2,7 @@
 # Pack a run's generated task catalogue (and Snakemake's record of it) to carry to a GPU node, so the
 # node does not spend device time generating it (same seeds, same games):
 #   gpu-textworld: 384 games, 3.5 min on the H200 node's 16 cores;
-#   gpu-alfworld: 384 + 128 games solved by the PDDL planner (docs/results.md has the time; the node
+#   gpu-alfworld: 384 + 128 games solved by the PDDL planner (docs/results/cpu.md has the time; the node
 #   never finished it inside a device call).
 #   scripts/gpu/pack-games.sh CONFIGFILE OUTDIR      (here, after: snakemake results/<run>/plan/games
 #                                                     --profile profiles/local --configfile CONFIGFILE)

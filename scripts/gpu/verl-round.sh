@@ -22,9 +22,9 @@
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
 # default 560), EAGER (true: vLLM without torch.compile and CUDA graphs, in training and eval),
 # EVAL_BACKEND (local | vllm, default local), KV_GB (default 4: a fixed vLLM KV cache per engine, GiB; jobs
-# that start together on one GPU then skip vLLM's memory profiling, which raced; docs/gpu.md),
+# that start together on one GPU then skip vLLM's memory profiling, which raced; docs/results/verl.md),
 # VLLM_EXECUTOR (uni | mp: train.verl.vllm_executor, default uni: each job's vLLM worker inside its engine
-# process, one process start fewer per job; mp = verl's own choice — a start-up lever, docs/gpu.md),
+# process, one process start fewer per job; mp = verl's own choice — a start-up lever, docs/results/verl.md),
 # REWARD_WORKERS / STORAGE_UNITS (train.verl.reward_workers / storage_units, default 1 each; 8 = verl's
 # own defaults: the Ray actor pools a job starts and never or barely uses),
 # ALGO (grpo | ppo, default grpo: ppo = the reference's PPO shape at this size: n = 1, 8 tasks a step,
@@ -179,7 +179,7 @@ same)
   # early (a trap); the cold ones stay in results/$RUN/same/. scripts/gpu/verl-same.py compares them
   # (identical turn texts, seeds, the update's relative difference): OUT/same-$RUN-r<round>c<client>.md and
   # .json. COLD=2 runs the cold job twice: its second row (cold vs cold) is the GPU's own noise floor for
-  # the first. LIMIT is per cold job (default 900 s: a cold job took > 420 s on a busy node, docs/gpu.md):
+  # the first. LIMIT is per cold job (default 900 s: a cold job took > 420 s on a busy node, docs/results/verl.md):
   # run it in the background and poll, as `run`.
   node_env
   spec=${2:?usage: verl-round.sh same ROUND:CLIENT [OUT]}

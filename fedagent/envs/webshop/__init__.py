@@ -10,5 +10,5 @@
 - :mod:`.arms`     the five environment-heterogeneity arms
 - :mod:`.source`   the TaskSource the env service serves
 
-See docs/webshop.md.
+See docs/explanation/webshop.md.
 """

@@ -17,7 +17,7 @@ r_type follows ``get_type_reward``: 1, or 0.5 if neither the query, >= 2 categor
 nor > 20% of the goal title's nouns match, 0.1 below 10%, 0 at none. The reference found the
 nouns with spaCy's ``en_core_web_sm`` (a model-hub download, not available here); we use
 the title's alphabetic words that are not stop words — the same for the target product, so
-the oracle score is unaffected, and documented in docs/webshop.md.
+the oracle score is unaffected, and documented in docs/explanation/webshop.md.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class VerlSettings:
     # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     # vLLM's executor inside each rollout server: "uni" (the worker runs inside the engine process:
-    # one process start fewer, 10-20 s of a job's start, docs/gpu.md) or "mp" (verl's own
+    # one process start fewer, 10-20 s of a job's start, docs/results/verl.md) or "mp" (verl's own
     # choice: the engine process starts a worker process).
     vllm_executor: str = "uni"
     # Ray actors verl starts per job that a fedagent job never uses or barely uses (start-up levers;
@@ -163,7 +163,7 @@ class VerlSettings:
     engines_idle_s: float = 900.0  # a set with no job for this long stops
     # a set whose training workers hold this many GB more device memory after a job than after its first
     # stops after that job (the next starts a fresh set): each warm job has been seen to leave ≈ 0.5 GB per
-    # trained 135M engine allocated (docs/gpu.md)
+    # trained 135M engine allocated (docs/results/verl.md)
     engines_max_growth_gb: float = 4.0
     extra_overrides: tuple[str, ...] = ()  # appended last, e.g. from the lead's GPU script
 

@@ -1,6 +1,6 @@
 """Device memory of an engine set's training workers (``train.verl.engines: run``).
 
-On the GPU (docs/gpu.md) each warm job left ≈ 0.5 GB per trained 135M engine allocated in the
+On the GPU (docs/results/verl.md) each warm job left ≈ 0.5 GB per trained 135M engine allocated in the
 FSDP worker, although the CPU test sees the old modules and optimizers freed. Two worker methods, added to
 verl's ``ActorRolloutRefWorker`` and ``TrainingWorker`` by :func:`fedagent.train.verl.refit.arm` (ONE_TO_ALL):
 

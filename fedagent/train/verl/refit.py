@@ -1,7 +1,7 @@
 """``train.verl.warm_refit``: a job fits twice on the same live verl engines — the probe of the
-run-scoped engines (docs/architecture.md, "Run-scoped verl engines").
+run-scoped engines (docs/explanation/verl-engines.md).
 
-A verl job spends ≈ 3 minutes starting processes for seconds of work (docs/gpu.md). The run-scoped
+A verl job spends ≈ 3 minutes starting processes for seconds of work (docs/results/verl.md). The run-scoped
 design keeps the engines alive between jobs and resets them per job; what a job on warm engines
 costs, and whether the reset is complete, is what this measures inside one ordinary job:
 ``python -m fedagent.train.verl.refit`` is verl 0.9.1's ``main_ppo`` with :func:`runner_class` as its

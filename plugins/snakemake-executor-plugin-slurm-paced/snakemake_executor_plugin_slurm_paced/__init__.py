@@ -4,7 +4,7 @@ snakemake-executor-plugin-slurm (2.8) waits `init_seconds_before_status_checks` 
 check that saw a job finish, then 10 s longer after every check that saw none, up to a
 hard-coded 180 s: checks come 1, 12, 33, 64 ... s after the last finish, so a job that ends 35 s
 after it was submitted is noticed 29 s late, and a round of fedagent's graph pays that on each
-of its steps (docs/operations.md). This executor is that one, unchanged in everything else
+of its steps (docs/how-to/slurm.md, "Status checks"). This executor is that one, unchanged in everything else
 (submission, resources, squeue/sacct, cancel, logs), except that every wait is capped at
 Snakemake's own `--seconds-between-status-checks`. Used as `executor: slurm-paced` in
 profiles/slurm; its settings are the Slurm plugin's, spelled `slurm-paced-...`.

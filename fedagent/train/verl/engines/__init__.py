@@ -1,4 +1,4 @@
-"""Run-scoped verl engines (``train.verl.engines: run``; docs/architecture.md "Run-scoped verl
+"""Run-scoped verl engines (``train.verl.engines: run``; docs/explanation/verl-engines.md "Run-scoped verl
 engines"): a verl engine set — Ray, the FSDP actor/reference/critic, the vLLM replicas, the agent-loop
 workers — started by the first ``train-client`` job of a slot and kept alive for the later jobs, each of
 which resets the engines to its own start (``fedagent.train.verl.refit.reset_trainer``) instead of
