@@ -51,6 +51,7 @@ from fedagent.server.aggregate import (
     METRICS,
     WEIGHTINGS,
     AggregateError,
+    add_aggregator_arg,
     check_structure,
     client_weights,
 )
@@ -59,7 +60,9 @@ from fedagent.model.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, crit
 from fedagent.model.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.server.dropout import is_dropped
 from fedagent.server.merge import SERVER_JSON, STATE_FILE
-from fedagent.server.bounds import U32, Bound
+from fedagent.server.aggregators import DEFAULT_AGGREGATOR, Aggregator, make_aggregator
+from fedagent.server.aggregators import recorded as recorded_aggregator
+from fedagent.server.bounds import Bound
 from fedagent.server.optimizer_base import WEIGHT  # noqa: F401 - the model tensor's key among a bound's outputs
 from fedagent.server.optimizers import FedAvg, ServerOptimizer, add_server_args, hparam_flags, optimizer_from_args
 
@@ -157,11 +160,18 @@ def _client_name(d: Path | str) -> tuple[str, ...]:
 
 
 def _summary_failures(
-    summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float], agg_dir: Path
+    summary: dict,
+    weighting: str,
+    client_dirs: Sequence[Path],
+    weights: Sequence[float],
+    agg_dir: Path,
+    aggregator: Aggregator,
 ) -> list[str]:
-    """aggregate.json against this run: weighting, clients and each recomputed weight."""
+    """aggregate.json against this run: aggregator, weighting, clients and each recomputed weight."""
     out = []
     where = agg_dir / AGG_JSON
+    if recorded_aggregator(summary) != aggregator.name:
+        out.append(f"aggregate.json: aggregator {recorded_aggregator(summary)!r} != --aggregator {aggregator.name}")
     recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
     if summary.get("weighting") != weighting:
         out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")
@@ -208,6 +218,10 @@ def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
 # ---- values -------------------------------------------------------------------------------
 
 
+class _NonFinite(ValueError):
+    """A client's tensor holds NaN/Inf (aggregate refuses such an input)."""
+
+
 def _aggregate_failures(
     reader: TensorReader,
     n: str,
@@ -216,25 +230,27 @@ def _aggregate_failures(
     weights: Sequence[float],
     delta: TensorInfo,
     client_dirs: Sequence[Path],
+    aggregator: Aggregator,
 ) -> list[str]:
-    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
+    """Stored delta of tensor ``n`` against the aggregator's float64 recomputation and tolerance.
 
     A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
     """
     if not bool(torch.isfinite(p).all()):
         return [f"prev: tensor {n!r} contains NaN/Inf"]
-    exact = torch.zeros_like(p)
-    mag = torch.zeros_like(p)
-    for c, w, cdir in zip(clients, weights, client_dirs):
-        ct = reader.read(c[n]).to(torch.float64)
-        if not bool(torch.isfinite(ct).all()):
-            return [f"client {cdir}: tensor {n!r} contains NaN/Inf"]
-        d = ct - p
-        exact.add_(d, alpha=w)
-        mag.add_(d.abs(), alpha=w)
-    mag.add_(exact.abs())
+
+    def deltas():
+        for c, cdir in zip(clients, client_dirs):
+            ct = reader.read(c[n]).to(torch.float64)
+            if not bool(torch.isfinite(ct).all()):
+                raise _NonFinite(f"client {cdir}: tensor {n!r} contains NaN/Inf")
+            yield ct - p
+
+    try:
+        exact, tol = aggregator.exact(deltas(), weights)
+    except _NonFinite as exc:
+        return [str(exc)]
     diff = (reader.read(delta).to(torch.float64) - exact).abs()
-    tol = (len(clients) + 3) * U32 * mag
     return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)} in {delta.file}"]
 
 
@@ -291,14 +307,22 @@ def verify_round(
     opt: ServerOptimizer | None = None,
     prev_state_dir: Path | None = None,
     given_weights: Sequence[float] | None = None,
+    aggregator: str = DEFAULT_AGGREGATOR,
 ) -> list[str]:
     """Return a list of failures (empty = the round verifies).
+
+    ``aggregator``: the rule aggregate ran (its name must be the one aggregate.json records).
 
     With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
     ``prev_state_dir`` (None: fresh state, as in round 1). ``given_weights``: weighting
     ``weights``' per-client values, one per entry of ``client_dirs`` (as ``fedagent aggregate``).
     """
     opt = opt or FedAvg()
+    try:
+        rule = make_aggregator(aggregator)
+    except ValueError as exc:
+        return [f"usage: {exc}"]
+    aggregator = rule
     prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
     model_dir = Path(model_dir) if model_dir else None
     prev_state_dir = Path(prev_state_dir) if prev_state_dir else None
@@ -320,7 +344,9 @@ def verify_round(
         critic = critic_pairs(prev_dir, client_dirs)
     except (AggregateError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    failures = _verify_model(prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir)
+    failures = _verify_model(
+        prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir, aggregator
+    )
     if critic is not None:
         # PPO (fedagent.model.critic_dir): whose critic each is, then the critic's aggregate and server
         # step, same weights and flags.
@@ -336,6 +362,7 @@ def verify_round(
                 model_dir and critic_of(model_dir),
                 opt,
                 prev_state_dir and critic_of(prev_state_dir),
+                aggregator,
             )
         ]
     elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
@@ -407,6 +434,7 @@ def _verify_model(
     model_dir: Path | None,
     opt: ServerOptimizer,
     prev_state_dir: Path | None,
+    aggregator: Aggregator,
 ) -> list[str]:
     """One model's aggregate (and server step): the actor, or its critic (manifests checked already)."""
     try:
@@ -416,7 +444,7 @@ def _verify_model(
         server = _load_server_step(model_dir, prev_state_dir) if model_dir else None
     except (AggregateError, FormatError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir)
+    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir, aggregator)
     failures += _structure_failures(prev, delta, server, opt)
     if server is not None:
         failures += _meta_failures(server, opt)
@@ -425,7 +453,7 @@ def _verify_model(
     with TensorReader() as reader:
         for n in prev:
             p = reader.read(prev[n]).to(torch.float64)
-            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs)
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs, aggregator)
             if server is not None:
                 failures += _server_step_failures(reader, n, p, delta[n], server, opt)
     return failures
@@ -439,6 +467,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--client-weights", type=float, nargs="+", default=None, help="weighting 'weights': one per --clients entry"
     )
+    add_aggregator_arg(parser)
     parser.add_argument("--aggregate", required=True, type=Path)
     parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
     add_server_args(parser)
@@ -456,6 +485,7 @@ def run(args: argparse.Namespace) -> int:
         opt=opt,
         prev_state_dir=state,
         given_weights=args.client_weights,
+        aggregator=args.aggregator,
     )
     if failures:
         for f in failures:
