@@ -21,16 +21,14 @@ import torch
 
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.config import JobKeys
-from fedagent.model.critic_dir import CRITIC_DIR, critic_pairs
+from fedagent.server.update_format import CRITIC, StructureError, format_of
 from fedagent.server.aggregators import DEFAULT_AGGREGATOR, Aggregator, make_aggregator
 from fedagent.model.hf_dir import (
-    FLOAT_CODES,
     ITEMSIZE,
     SafetensorsWriter,
     TensorInfo,
     TensorReader,
     chunks,
-    tensor_index,
 )
 
 DELTA_FILE = "delta.safetensors"
@@ -92,29 +90,12 @@ def client_weights(client_dirs: Sequence[Path], weighting: str, given: Sequence[
 def check_structure(
     prev_dir: Path, client_dirs: Sequence[Path]
 ) -> tuple[dict[str, TensorInfo], list[dict[str, TensorInfo]]]:
-    """Tensor index of prev and of each client; refuses any name/shape/dtype disagreement."""
-    prev = tensor_index(prev_dir)
-    for name, info in prev.items():
-        if info.dtype not in FLOAT_CODES:
-            raise AggregateError(f"prev {prev_dir}: tensor {name!r} has non-float dtype {info.dtype}")
-    clients = []
-    for d in client_dirs:
-        idx = tensor_index(d)
-        missing, extra = sorted(set(prev) - set(idx)), sorted(set(idx) - set(prev))
-        if missing or extra:
-            raise AggregateError(
-                f"client {d}: tensor names disagree with prev {prev_dir}: "
-                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"extra {extra[:5]}{'...' if len(extra) > 5 else ''}"
-            )
-        for name, info in idx.items():
-            p = prev[name]
-            if info.shape != p.shape:
-                raise AggregateError(f"client {d}: tensor {name!r} shape {list(info.shape)} != prev {list(p.shape)}")
-            if info.dtype != p.dtype:
-                raise AggregateError(f"client {d}: tensor {name!r} dtype {info.dtype} != prev {p.dtype}")
-        clients.append(idx)
-    return prev, clients
+    """Tensor index of prev and of each client, read by the updates' format
+    (fedagent.server.update_format); refuses any name/shape/dtype disagreement."""
+    try:
+        return format_of(client_dirs).check_structure(prev_dir, client_dirs)
+    except StructureError as exc:
+        raise AggregateError(str(exc)) from None
 
 
 CHUNK_ELEMS = 1 << 20  # 4 MiB of fp32: prev, sum and one client chunk stay in the CPU cache
@@ -316,20 +297,20 @@ def aggregate(
         if dropped:  # only then: an undropped round's aggregate.json stays as it was
             summary["dropped"] = dropped
         # PPO (fedagent.model.critic_dir): a critic/ beside prev is aggregated the same way, same weights.
-        critic = critic_pairs(prev_dir, client_dirs)
+        critic = CRITIC.pairs(prev_dir, client_dirs)
         if critic is not None:
             critic_prev, critic_clients = check_structure(*critic)
             critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev, aggregator)
-            summary["critic"] = {"dir": CRITIC_DIR, "num_tensors": len(critic_prev)}
+            summary["critic"] = {"dir": CRITIC.subdir, "num_tensors": len(critic_prev)}
         with atomic_dir(out_dir, quarantine) as stage:
             stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs, aggregator=rule)
             (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
             if critic is not None:
-                (stage / CRITIC_DIR).mkdir()
+                (stage / CRITIC.subdir).mkdir()
                 stream_delta(
-                    stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1], aggregator=rule
+                    stage / CRITIC.subdir / DELTA_FILE, critic_prev, critic_clients, weights, critic[1], aggregator=rule
                 )
-                (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
+                (stage / CRITIC.subdir / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
             params = {"weighting": weighting, "min_clients": min_clients}
             if given is not None:  # only then: other weightings' provenance stays as it was
                 params["client_weights"] = given

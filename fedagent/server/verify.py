@@ -56,7 +56,8 @@ from fedagent.server.aggregate import (
     client_weights,
 )
 from fedagent.core.atomic import MANIFEST, ManifestError, verify_manifest
-from fedagent.model.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, critic_pairs, has_critic
+from fedagent.model.critic_dir import CRITIC_RECORD
+from fedagent.server.update_format import CRITIC
 from fedagent.model.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.server.dropout import is_dropped
 from fedagent.server.merge import SERVER_JSON, STATE_FILE
@@ -156,7 +157,7 @@ def _client_name(d: Path | str) -> tuple[str, ...]:
     """How aggregate.json's client dirs are matched with verify's: the client folder's name, and
     for a critic (every one is called ``critic``) its client folder's name too."""
     d = Path(d)
-    return (d.parent.name, d.name) if d.name == CRITIC_DIR else (d.name,)
+    return (d.parent.name, d.name) if d.name == CRITIC.subdir else (d.name,)
 
 
 def _summary_failures(
@@ -341,7 +342,7 @@ def verify_round(
         weights = client_weights(
             client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs]
         )
-        critic = critic_pairs(prev_dir, client_dirs)
+        critic = CRITIC.pairs(prev_dir, client_dirs)
     except (AggregateError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
     failures = _verify_model(
@@ -358,16 +359,16 @@ def verify_round(
                 critic[1],
                 weighting,
                 weights,
-                critic_of(agg_dir),
-                model_dir and critic_of(model_dir),
+                CRITIC.of(agg_dir),
+                model_dir and CRITIC.of(model_dir),
                 opt,
-                prev_state_dir and critic_of(prev_state_dir),
+                prev_state_dir and CRITIC.of(prev_state_dir),
                 aggregator,
             )
         ]
-    elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
+    elif CRITIC.present(agg_dir) or (model_dir is not None and CRITIC.present(model_dir)):
         failures.append(
-            f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
+            f"structure: {agg_dir if CRITIC.present(agg_dir) else model_dir} has a {CRITIC.subdir}/ "
             f"but prev {prev_dir} and the clients have none"
         )
     return failures
@@ -389,10 +390,10 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
         if not isinstance(rec, dict) or not rec:
             out.append(
                 f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
-                f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)"
+                f"{CRITIC.of(d)} is (an update written before verify checked it, or not by train-client)"
             )
             continue
-        prefix = CRITIC_DIR + "/"
+        prefix = CRITIC.subdir + "/"
         recorded[d] = rec
         found[d] = {rel[len(prefix) :]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
         who[d] = f"client {metrics.get('client')!r}, round {metrics.get('round')!r}"
@@ -407,19 +408,19 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
             else "a critic from another client or round?"
         )
         out.append(
-            f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
+            f"identity: {CRITIC.of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
             f"update ({who[d]}; {len(bad)} file(s) differ): {origin}"
         )
     try:
         actor = json.loads((agg_dir / AGG_JSON).read_text()).get("clients", [])
-        crit = json.loads((critic_of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
-        want = [str(critic_of(c.get("dir"))) for c in actor]
+        crit = json.loads((CRITIC.of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
+        want = [str(CRITIC.of(c.get("dir"))) for c in actor]
         got = [c.get("dir") for c in crit]
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         return out + [f"structure: cannot read the aggregate.json files of {agg_dir} ({exc})"]
     if got != want:
         out.append(
-            f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
+            f"identity: {CRITIC.of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC.subdir}: "
             f"{want} ({agg_dir / AGG_JSON})"
         )
     return out
@@ -495,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:
         hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
         extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
-    if has_critic(args.aggregate):  # PPO: the critic's aggregate (and server step) passed too
-        extra += f"; {CRITIC_DIR}/ likewise"
+    if CRITIC.present(args.aggregate):  # PPO: the critic's aggregate (and server step) passed too
+        extra += f"; {CRITIC.subdir}/ likewise"
     print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
     return 0
