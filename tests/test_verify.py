@@ -16,9 +16,11 @@ from fedagent.cli import main as cli_main
 from fedagent.model.hf_dir import TensorReader, read_header, save_model_dir, tensor_index, write_tensors
 from fedagent.server.merge import merge
 from fedagent.server.optimizers import OPTIMIZERS, FedAvg, make_optimizer
-from fedagent.server.optimizers import HPARAM_FLAGS as FLAGS
+from fedagent.server.optimizers import hparam_flags
 from fedagent.server.verify import WEIGHT, recompute
 from test_aggregate import make_round, random_model
+
+FLAGS = hparam_flags()  # hyper-parameter → its `fedagent verify` flag
 
 
 def run_verify(prev_dir, dirs, agg, model=None, weighting="samples"):

@@ -191,21 +191,8 @@ def _eval_n_within_the_validation_pool(get):
     return None
 
 
-# server.lr null: the η of the server optimizers that have a default (fedagent.server.optimizers);
-# fedadam and fedyogi have none.
-SERVER_DEFAULT_LR = {"fedavg": 1.0, "fedavgm": 1.0}
-
-
-@cross_rule("server.lr", ["server.optimizer", "server.lr"], violation={"server.optimizer": "fedadam"})
-def _adaptive_server_needs_an_lr(get):
-    name = get("server.optimizer")
-    if get("server.lr") is None and name not in SERVER_DEFAULT_LR:
-        return (
-            f"server.optimizer {name} needs an explicit server.lr: its step m/(sqrt(v)+tau) moves every "
-            "weight by about server.lr per round, so no default fits every model (Flower's: fedadam 0.1, "
-            "fedyogi 0.01; docs/explanation/rl-objective.md)"
-        )
-    return None
+# server.lr: the server optimizers' own rule (fedagent.server.optimizer_base, from each class's default_lr),
+# registered when the schema's server section is filled from their registry (fedagent.core.registry).
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _schema() -> dict:
-    return load_schema()
+    from fedagent.core.registry import extend_schema  # the registered classes' keys (x-registry sections)
+
+    return extend_schema(load_schema())
 
 
 def schema() -> dict:

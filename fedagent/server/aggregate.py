@@ -21,15 +21,14 @@ import torch
 
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.config import JobKeys
-from fedagent.model.critic_dir import CRITIC_DIR, critic_pairs
+from fedagent.server.update_format import CRITIC, StructureError, format_of
+from fedagent.server.aggregators import DEFAULT_AGGREGATOR, Aggregator, make_aggregator
 from fedagent.model.hf_dir import (
-    FLOAT_CODES,
     ITEMSIZE,
     SafetensorsWriter,
     TensorInfo,
     TensorReader,
     chunks,
-    tensor_index,
 )
 
 DELTA_FILE = "delta.safetensors"
@@ -91,29 +90,12 @@ def client_weights(client_dirs: Sequence[Path], weighting: str, given: Sequence[
 def check_structure(
     prev_dir: Path, client_dirs: Sequence[Path]
 ) -> tuple[dict[str, TensorInfo], list[dict[str, TensorInfo]]]:
-    """Tensor index of prev and of each client; refuses any name/shape/dtype disagreement."""
-    prev = tensor_index(prev_dir)
-    for name, info in prev.items():
-        if info.dtype not in FLOAT_CODES:
-            raise AggregateError(f"prev {prev_dir}: tensor {name!r} has non-float dtype {info.dtype}")
-    clients = []
-    for d in client_dirs:
-        idx = tensor_index(d)
-        missing, extra = sorted(set(prev) - set(idx)), sorted(set(idx) - set(prev))
-        if missing or extra:
-            raise AggregateError(
-                f"client {d}: tensor names disagree with prev {prev_dir}: "
-                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"extra {extra[:5]}{'...' if len(extra) > 5 else ''}"
-            )
-        for name, info in idx.items():
-            p = prev[name]
-            if info.shape != p.shape:
-                raise AggregateError(f"client {d}: tensor {name!r} shape {list(info.shape)} != prev {list(p.shape)}")
-            if info.dtype != p.dtype:
-                raise AggregateError(f"client {d}: tensor {name!r} dtype {info.dtype} != prev {p.dtype}")
-        clients.append(idx)
-    return prev, clients
+    """Tensor index of prev and of each client, read by the updates' format
+    (fedagent.server.update_format); refuses any name/shape/dtype disagreement."""
+    try:
+        return format_of(client_dirs).check_structure(prev_dir, client_dirs)
+    except StructureError as exc:
+        raise AggregateError(str(exc)) from None
 
 
 CHUNK_ELEMS = 1 << 20  # 4 MiB of fp32: prev, sum and one client chunk stay in the CPU cache
@@ -149,16 +131,16 @@ def _delta_chunk(
     reader: TensorReader,
     client_dirs: Sequence[Path],
     scratch: ChunkScratch,
+    aggregator: Aggregator,
 ) -> torch.Tensor:
     p = scratch.read_f32(reader, prev, begin, end, 0)
-    acc = scratch.acc[: end - begin]
-    for i, (info, w) in enumerate(zip(clients, weights)):
-        d = scratch.read_f32(reader, info, begin, end, 1)
-        d.sub_(p)  # c − p first: close values subtract exactly, so the delta keeps its precision
-        if i == 0:
-            torch.mul(d, w, out=acc)
-        else:
-            acc.add_(d, alpha=w)
+
+    def deltas():
+        for info in clients:
+            # c − p first: close values subtract exactly, so the delta keeps its precision
+            yield scratch.read_f32(reader, info, begin, end, 1).sub_(p)
+
+    acc = aggregator.reduce(deltas(), weights, scratch.acc[: end - begin])
     # A finite sum implies every element is finite (NaN/Inf propagate), and summing is ~50×
     # cheaper than torch.isfinite(...).all(); only on failure look for the culprit.
     if not math.isfinite(float(acc.sum())) and not bool(torch.isfinite(acc).all()):
@@ -194,12 +176,15 @@ def stream_delta(
     client_dirs: Sequence[Path],
     *,
     chunk: int = CHUNK_ELEMS,
+    aggregator: Aggregator | None = None,
 ) -> None:
-    """Write Σ w_i (client_i − prev) as one fp32 safetensors file, chunk by chunk.
+    """Write the aggregate of the deltas client_i − prev (default: Σ w_i (client_i − prev)) as one
+    fp32 safetensors file, chunk by chunk.
 
     Memory is a few chunks whatever M and the tensor sizes; inputs are read once.
     """
     names = list(prev)
+    aggregator = aggregator or make_aggregator()
     scratch = ChunkScratch(chunk)
     with (
         one_thread(),
@@ -212,7 +197,16 @@ def stream_delta(
                 writer.write_part(
                     n,
                     _delta_chunk(
-                        n, begin, end, prev[n], [c[n] for c in clients], weights, reader, client_dirs, scratch
+                        n,
+                        begin,
+                        end,
+                        prev[n],
+                        [c[n] for c in clients],
+                        weights,
+                        reader,
+                        client_dirs,
+                        scratch,
+                        aggregator,
                     ),
                 )
 
@@ -236,10 +230,17 @@ def survivors(client_dirs: Sequence[Path], min_clients: int | None) -> tuple[lis
 
 
 def _summary(
-    prev_dir: Path, client_dirs: Sequence[Path], weights: Sequence[float], weighting: str, prev: dict[str, TensorInfo]
+    prev_dir: Path,
+    client_dirs: Sequence[Path],
+    weights: Sequence[float],
+    weighting: str,
+    prev: dict[str, TensorInfo],
+    aggregator: str = DEFAULT_AGGREGATOR,
 ) -> dict:
     """aggregate.json's content for one model (the actor, or its critic)."""
+    rule = {} if aggregator == DEFAULT_AGGREGATOR else {"aggregator": aggregator}  # the mean: as it was
     return {
+        **rule,
         "format": "fedagent-aggregate-v1",
         "prev": str(prev_dir),
         "weighting": weighting,
@@ -260,8 +261,12 @@ def aggregate(
     check_manifests: bool = True,
     min_clients: int | None = None,
     weights: Sequence[float] | None = None,
+    aggregator: str = DEFAULT_AGGREGATOR,
 ) -> dict:
     """Write Δ̄ = Σ w_i (client_i − prev) to ``out_dir`` atomically; return aggregate.json's content.
+
+    ``aggregator``: the rule (fedagent.server.aggregators; the weighted mean by default), recorded
+    in aggregate.json and provenance.json when it is not the mean.
 
     Client directories holding a drop record are left out if at least ``min_clients`` updates
     remain (None: strict, none may be dropped); aggregate.json and provenance.json list them.
@@ -272,6 +277,7 @@ def aggregate(
 
     prev_dir, out_dir = Path(prev_dir), Path(out_dir)
     client_dirs = [Path(d) for d in client_dirs]
+    rule = make_aggregator(aggregator)
     if len(set(map(str, client_dirs))) != len(client_dirs):
         raise AggregateError(f"a client directory is listed twice: {[str(d) for d in client_dirs]}")
     # The inputs' hashes run in threads beside the reads and the arithmetic; the output is committed
@@ -287,25 +293,29 @@ def aggregate(
             client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs]
         )
         prev, clients = check_structure(prev_dir, client_dirs)
-        summary = _summary(prev_dir, client_dirs, weights, weighting, prev)
+        summary = _summary(prev_dir, client_dirs, weights, weighting, prev, aggregator)
         if dropped:  # only then: an undropped round's aggregate.json stays as it was
             summary["dropped"] = dropped
         # PPO (fedagent.model.critic_dir): a critic/ beside prev is aggregated the same way, same weights.
-        critic = critic_pairs(prev_dir, client_dirs)
+        critic = CRITIC.pairs(prev_dir, client_dirs)
         if critic is not None:
             critic_prev, critic_clients = check_structure(*critic)
-            critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev)
-            summary["critic"] = {"dir": CRITIC_DIR, "num_tensors": len(critic_prev)}
+            critic_summary = _summary(critic[0], critic[1], weights, weighting, critic_prev, aggregator)
+            summary["critic"] = {"dir": CRITIC.subdir, "num_tensors": len(critic_prev)}
         with atomic_dir(out_dir, quarantine) as stage:
-            stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs)
+            stream_delta(stage / DELTA_FILE, prev, clients, weights, client_dirs, aggregator=rule)
             (stage / AGG_JSON).write_text(json.dumps(summary, indent=2) + "\n")
             if critic is not None:
-                (stage / CRITIC_DIR).mkdir()
-                stream_delta(stage / CRITIC_DIR / DELTA_FILE, critic_prev, critic_clients, weights, critic[1])
-                (stage / CRITIC_DIR / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
+                (stage / CRITIC.subdir).mkdir()
+                stream_delta(
+                    stage / CRITIC.subdir / DELTA_FILE, critic_prev, critic_clients, weights, critic[1], aggregator=rule
+                )
+                (stage / CRITIC.subdir / AGG_JSON).write_text(json.dumps(critic_summary, indent=2) + "\n")
             params = {"weighting": weighting, "min_clients": min_clients}
             if given is not None:  # only then: other weightings' provenance stays as it was
                 params["client_weights"] = given
+            if aggregator != DEFAULT_AGGREGATOR:  # only then: a mean round's provenance stays as it was
+                params["aggregator"] = aggregator
             write_provenance(
                 stage,
                 job="aggregate",
@@ -316,11 +326,19 @@ def aggregate(
     return summary
 
 
+def add_aggregator_arg(parser: argparse.ArgumentParser) -> None:
+    """``--aggregator``, shared by ``fedagent aggregate`` and ``fedagent verify``."""
+    from fedagent.server.aggregators import AGGREGATORS
+
+    parser.add_argument("--aggregator", default=DEFAULT_AGGREGATOR, choices=sorted(AGGREGATORS), help="the rule")
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fedagent aggregate``."""
     parser.add_argument("--prev", required=True, type=Path, help="previous global model dir")
     parser.add_argument("--clients", required=True, nargs="+", type=Path, help="client update dirs")
     parser.add_argument("--weighting", default="uniform", choices=WEIGHTINGS)
+    add_aggregator_arg(parser)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quarantine", type=Path, default=None, help="where failed attempts go")
     parser.add_argument(
@@ -349,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
             quarantine=args.quarantine,
             min_clients=args.min_clients or None,
             weights=args.client_weights,
+            aggregator=args.aggregator,
         )
     except (AggregateError, ManifestError, OSError, ValueError) as exc:
         print(f"aggregate: refused: {exc}", file=sys.stderr)

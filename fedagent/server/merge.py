@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 
 from fedagent.server.aggregate import CHUNK_ELEMS, DELTA_FILE, one_thread
-from fedagent.model.critic_dir import CRITIC_DIR, critic_of, has_critic
+from fedagent.server.update_format import CRITIC
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
 from fedagent.core.provenance import write_provenance
 from fedagent.model.hf_dir import (
@@ -162,25 +162,25 @@ def merge(
     with verifying([d for d in (prev_dir, agg_dir, prev_state_dir) if d is not None]) as checked:
         step = _check_step(prev_dir, agg_dir, prev_state_dir, opt, round_)
         critic = None
-        if has_critic(prev_dir) or has_critic(agg_dir):
+        if CRITIC.present(prev_dir) or CRITIC.present(agg_dir):
             for d in (prev_dir, agg_dir, prev_state_dir):
-                if d is not None and not has_critic(d):
+                if d is not None and not CRITIC.present(d):
                     raise MergeError(
-                        f"{d}: no {CRITIC_DIR}/ (the PPO critic) while "
-                        f"{prev_dir if has_critic(prev_dir) else agg_dir} has one"
+                        f"{d}: no {CRITIC.subdir}/ (the PPO critic) while "
+                        f"{prev_dir if CRITIC.present(prev_dir) else agg_dir} has one"
                     )
             critic = _check_step(
-                critic_of(prev_dir),
-                critic_of(agg_dir),
-                critic_of(prev_state_dir) if prev_state_dir is not None else None,
+                CRITIC.of(prev_dir),
+                CRITIC.of(agg_dir),
+                CRITIC.of(prev_state_dir) if prev_state_dir is not None else None,
                 opt,
                 round_,
             )
         with atomic_dir(out_dir, quarantine) as stage, TensorReader() as reader, one_thread():
             new_meta = _write_step(stage, step, opt, round_, reader, shard_bytes)
             if critic is not None:
-                (stage / CRITIC_DIR).mkdir()
-                _write_step(stage / CRITIC_DIR, critic, opt, round_, reader, shard_bytes)
+                (stage / CRITIC.subdir).mkdir()
+                _write_step(stage / CRITIC.subdir, critic, opt, round_, reader, shard_bytes)
             write_provenance(
                 stage,
                 job="merge",

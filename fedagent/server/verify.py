@@ -17,7 +17,7 @@ keeps it sound when client deltas cancel, and it is far tighter than a fixed 1e-
 tampering larger than a few fp32 ulps of the terms is caught. bf16/fp16 → fp32 is exact,
 so stored dtype adds nothing.
 
-Server step (``--model``), for all four server optimizers. The flags are the truth (what the
+Server step (``--model``), for every registered server optimizer. The flags are the truth (what the
 run's config asked for; same flags and defaults as ``fedagent merge``): the merged dir's
 server.json must name the same optimizer and hyper-parameters, else verify fails (so a merge
 run with other values is caught, and a server.json edited to match is still caught by the
@@ -26,33 +26,10 @@ values, which are recomputed from the flags); its step must be the previous stat
 previous ``server_state.safetensors`` must hold exactly the F32 tensors ``<slot>/<tensor>``
 with the model's shapes.
 
-The merge consumed the *stored* fp32 delta d (checked against the exact one above), the prev
-weights p (exact in fp32) and the stored fp32 state m₀, v₀ (round 1: ``init_state``, m₀ = 0,
-v₀ = fl(τ²)), so those are exact inputs here and the only error is the fp32 rounding of this
-one step. Each fp32 operation, rounding a hyper-parameter to fp32 included, errs by at most u
-times its result; an input already off by e carries e (times the factor it is multiplied by).
-The bounds are first order with every coefficient raised by one: the spare u·(magnitudes)
-exceeds all O(u²) terms (≤ k²u² times the same magnitudes, k ≤ 8) and float64's own 2⁻⁵³.
-Each bound also gets TINY = 2⁻¹⁴⁶ (8 subnormal ulps), where relative bounds fail.
-
-- FedAvg   w = p + ηd             e_w = 2u|p| + 4u|ηd|           (η→fp32, ×, +)
-- FedAvgM  m = βm₀ + d            e_m = 4u(|βm₀| + |d|)          (β→fp32, ×, +)
-           w = p + ηm             e_w = 2u|p| + 4u|ηm| + |η|e_m
-- FedAdam  m = β₁m₀ + (1−β₁)d     e_m = 4u(|β₁m₀| + |(1−β₁)d|)
-           v = β₂v₀ + (1−β₂)d²    e_v = 4uβ₂v₀ + 5u(1−β₂)d²      (fl(d²) adds one)
-- FedYogi  m as FedAdam;  v = v₀ − (1−β₂)d²·s, s = sign(v₀ − d²):  e_v = 2uv₀ + 5u(1−β₂)d²
-- Adam/Yogi w = p + q, q = ηm/(√v + τ), through √ (1 rounding), +τ (2), η·m̂ (2), ÷ (1), +p (1):
-    e_√   = min(e_v / (√v + √(v − e_v)), √e_v)     (|√a − √b| = |a − b|/(√a + √b) ≤ √|a − b|)
-    e_den = e_√ + 3u(√v + τ);   e_num = |η|e_m + 3u|ηm|
-    e_q   = (e_num + |q|·e_den) / (√v + τ − e_den) + 2u|q|   (|a'/b' − a/b| ≤ (|a'−a| + |a/b||b'−b|)/|b'|)
-    e_w   = 2u(|p| + |q|) + e_q
-  i.e. ≈ 14u relative on the quotient when m does not cancel (e_√ ≈ 2.5u√v, e_den ≲ 5.5u·den).
-
-Yogi's sign: fp32 takes sign(v₀ − fl(d²)), which differs from the exact sign (or is 0) only
-where |v₀ − d²| ≤ u·d². At elements with |v₀ − d²| ≤ 2u·d² + TINY all of s ∈ {−1, 0, 1} are
-honest; the branch nearest the stored v is used for v *and* w, so both must agree on one branch
-(another branch is a (1−β₂)·d² change, far outside tolerance). A 1e-4 relative change of any
-weight or state element is ~100× these tolerances, unless m itself cancels there.
+The merged weights and state are recomputed in float64 by the optimizer's own
+:meth:`~fedagent.server.optimizer_base.ServerOptimizer.bound` (the error analysis of the built-ins'
+bounds is in fedagent.server.bounds), and the aggregate by the aggregator's
+(fedagent.server.aggregators): the same classes ``fedagent merge`` and ``fedagent aggregate`` ran.
 """
 
 from __future__ import annotations
@@ -63,7 +40,6 @@ import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -75,19 +51,21 @@ from fedagent.server.aggregate import (
     METRICS,
     WEIGHTINGS,
     AggregateError,
+    add_aggregator_arg,
     check_structure,
     client_weights,
 )
 from fedagent.core.atomic import MANIFEST, ManifestError, verify_manifest
-from fedagent.model.critic_dir import CRITIC_DIR, CRITIC_RECORD, critic_of, critic_pairs, has_critic
+from fedagent.model.critic_dir import CRITIC_RECORD
+from fedagent.server.update_format import CRITIC
 from fedagent.model.hf_dir import FormatError, TensorInfo, TensorReader, read_header, tensor_index
 from fedagent.server.dropout import is_dropped
 from fedagent.server.merge import SERVER_JSON, STATE_FILE
-from fedagent.server.optimizers import HPARAM_FLAGS, FedAvg, ServerOptimizer, add_server_args, optimizer_from_args
-
-U32 = 2.0**-24
-TINY = 2.0**-146
-WEIGHT = "weight"  # key of the model tensor among the recomputed slots ("m", "v")
+from fedagent.server.aggregators import DEFAULT_AGGREGATOR, Aggregator, make_aggregator
+from fedagent.server.aggregators import recorded as recorded_aggregator
+from fedagent.server.bounds import Bound
+from fedagent.server.optimizer_base import WEIGHT  # noqa: F401 - the model tensor's key among a bound's outputs
+from fedagent.server.optimizers import FedAvg, ServerOptimizer, add_server_args, hparam_flags, optimizer_from_args
 
 
 def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
@@ -102,80 +80,6 @@ def _worst(name: str, diff: torch.Tensor, tol: torch.Tensor) -> str:
 
 # ---- the server step in float64: (value, error bound of fp32's result) per output --------
 
-Bound = tuple[torch.Tensor, torch.Tensor]
-
-
-def _axpy(p: torch.Tensor, eta: float, x: torch.Tensor, e_x: torch.Tensor | float) -> Bound:
-    """p + η·x as ``p.add_(x̂, alpha=η)`` gives it, x̂ being off by at most e_x."""
-    y = eta * x
-    return p + y, 2 * U32 * p.abs() + 4 * U32 * y.abs() + abs(eta) * e_x + TINY
-
-
-def _lin(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> Bound:
-    """a·x + b·y as ``x.mul_(a).add_(y, alpha=b)`` gives it (momentum / first moment)."""
-    ax, by = a * x, b * y
-    return ax + by, 4 * U32 * (ax.abs() + by.abs()) + TINY
-
-
-def _adam_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float) -> Bound:
-    """FedAdam's second moment β₂v₀ + (1−β₂)d²."""
-    a, b = beta2 * v0, (1 - beta2) * d2
-    return a + b, 4 * U32 * a + 5 * U32 * b + TINY
-
-
-def _yogi_v(v0: torch.Tensor, d2: torch.Tensor, beta2: float, got_v: torch.Tensor) -> Bound:
-    """FedYogi's v₀ − (1−β₂)d²·sign(v₀ − d²), the sign taken from the stored v where rounding may flip it."""
-    c = 1 - beta2
-    s = torch.sign(v0 - d2)  # exact: d2 is exact in float64, and a subtraction keeps its sign
-    near = (v0 - d2).abs() <= 2 * U32 * d2 + TINY
-    if bool(near.any()):
-        vb, cd, gb = v0[near], c * d2[near], got_v[near]
-        branches = torch.stack([vb + cd, vb, vb - cd])  # s = −1, 0, +1
-        s[near] = (gb - branches).abs().argmin(0).to(s.dtype) - 1
-    return v0 - c * d2 * s, 2 * U32 * v0 + 5 * U32 * c * d2 + TINY
-
-
-def _adaptive_w(p: torch.Tensor, eta: float, m: Bound, v: Bound, tau: float) -> Bound:
-    """p + η·m/(√v + τ) as ``addcdiv_`` gives it from m̂ and v̂ (see the module docstring)."""
-    (m, e_m), (v, e_v) = m, v
-    r = v.sqrt()
-    e_r = torch.minimum(e_v / (r + (v - e_v).clamp_min(0).sqrt()), e_v.sqrt())
-    den = r + tau
-    e_den = e_r + 3 * U32 * den + TINY
-    num = eta * m
-    e_num = abs(eta) * e_m + 3 * U32 * num.abs() + TINY
-    q = num / den
-    # den − e_den ≤ 0 would mean no bound: the division gives inf there (e_num > 0).
-    e_q = (e_num + q.abs() * e_den) / (den - e_den).clamp_min(0) + 2 * U32 * q.abs() + TINY
-    return p + q, 2 * U32 * (p.abs() + q.abs()) + e_q + TINY
-
-
-def _fedavg(p, d, old, hp, got) -> dict[str, Bound]:
-    """w = p + ηd."""
-    return {WEIGHT: _axpy(p, hp["lr"], d, 0.0)}
-
-
-def _fedavgm(p, d, old, hp, got) -> dict[str, Bound]:
-    """m = βm₀ + d; w = p + ηm."""
-    m = _lin(hp["momentum"], old["m"], 1.0, d)
-    return {WEIGHT: _axpy(p, hp["lr"], *m), "m": m}
-
-
-def _adaptive(p, d, old, hp, got, *, yogi: bool) -> dict[str, Bound]:
-    """FedAdam / FedYogi: m, v, then w = p + ηm/(√v + τ)."""
-    m = _lin(hp["beta1"], old["m"], 1 - hp["beta1"], d)
-    d2 = d * d  # exact: 24-bit significands, fp32 exponents
-    v = _yogi_v(old["v"], d2, hp["beta2"], got["v"]) if yogi else _adam_v(old["v"], d2, hp["beta2"])
-    return {WEIGHT: _adaptive_w(p, hp["lr"], m, v, hp["tau"]), "m": m, "v": v}
-
-
-STEPS = {
-    "fedavg": _fedavg,
-    "fedavgm": _fedavgm,
-    "fedadam": partial(_adaptive, yogi=False),
-    "fedyogi": partial(_adaptive, yogi=True),
-}
-
 
 def recompute(
     opt: ServerOptimizer, p: torch.Tensor, d: torch.Tensor, old: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
@@ -185,7 +89,7 @@ def recompute(
     All tensors float64; ``old`` is the previous state, ``got`` the stored new state (Yogi's
     sign is resolved against it where rounding can flip it).
     """
-    return STEPS[opt.name](p, d, old, opt.hparams(), got)
+    return opt.bound(p, d, old, got)
 
 
 # ---- inputs and their structure -----------------------------------------------------------
@@ -253,15 +157,22 @@ def _client_name(d: Path | str) -> tuple[str, ...]:
     """How aggregate.json's client dirs are matched with verify's: the client folder's name, and
     for a critic (every one is called ``critic``) its client folder's name too."""
     d = Path(d)
-    return (d.parent.name, d.name) if d.name == CRITIC_DIR else (d.name,)
+    return (d.parent.name, d.name) if d.name == CRITIC.subdir else (d.name,)
 
 
 def _summary_failures(
-    summary: dict, weighting: str, client_dirs: Sequence[Path], weights: Sequence[float], agg_dir: Path
+    summary: dict,
+    weighting: str,
+    client_dirs: Sequence[Path],
+    weights: Sequence[float],
+    agg_dir: Path,
+    aggregator: Aggregator,
 ) -> list[str]:
-    """aggregate.json against this run: weighting, clients and each recomputed weight."""
+    """aggregate.json against this run: aggregator, weighting, clients and each recomputed weight."""
     out = []
     where = agg_dir / AGG_JSON
+    if recorded_aggregator(summary) != aggregator.name:
+        out.append(f"aggregate.json: aggregator {recorded_aggregator(summary)!r} != --aggregator {aggregator.name}")
     recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
     if summary.get("weighting") != weighting:
         out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")
@@ -282,8 +193,9 @@ def _config_failures(label: str, meta: dict, opt: ServerOptimizer) -> list[str]:
         return [f"{label}: optimizer {meta.get('optimizer')!r} != --server-opt {opt.name}"]
     rec, want = meta.get("hparams"), opt.hparams()
     rec = rec if isinstance(rec, dict) else {}
+    flags = hparam_flags()
     return [
-        f"{label}: hparams {k}={rec.get(k)!r} != {HPARAM_FLAGS.get(k, k)} {want.get(k)!r}"
+        f"{label}: hparams {k}={rec.get(k)!r} != {flags.get(k, k)} {want.get(k)!r}"
         for k in sorted(set(rec) | set(want))
         if rec.get(k) != want.get(k)
     ]
@@ -307,6 +219,10 @@ def _meta_failures(server: ServerStep, opt: ServerOptimizer) -> list[str]:
 # ---- values -------------------------------------------------------------------------------
 
 
+class _NonFinite(ValueError):
+    """A client's tensor holds NaN/Inf (aggregate refuses such an input)."""
+
+
 def _aggregate_failures(
     reader: TensorReader,
     n: str,
@@ -315,25 +231,27 @@ def _aggregate_failures(
     weights: Sequence[float],
     delta: TensorInfo,
     client_dirs: Sequence[Path],
+    aggregator: Aggregator,
 ) -> list[str]:
-    """Stored delta of tensor ``n`` against the float64 weighted mean (module docstring).
+    """Stored delta of tensor ``n`` against the aggregator's float64 recomputation and tolerance.
 
     A NaN/Inf in prev or in a client update is named as such (aggregate refuses those inputs).
     """
     if not bool(torch.isfinite(p).all()):
         return [f"prev: tensor {n!r} contains NaN/Inf"]
-    exact = torch.zeros_like(p)
-    mag = torch.zeros_like(p)
-    for c, w, cdir in zip(clients, weights, client_dirs):
-        ct = reader.read(c[n]).to(torch.float64)
-        if not bool(torch.isfinite(ct).all()):
-            return [f"client {cdir}: tensor {n!r} contains NaN/Inf"]
-        d = ct - p
-        exact.add_(d, alpha=w)
-        mag.add_(d.abs(), alpha=w)
-    mag.add_(exact.abs())
+
+    def deltas():
+        for c, cdir in zip(clients, client_dirs):
+            ct = reader.read(c[n]).to(torch.float64)
+            if not bool(torch.isfinite(ct).all()):
+                raise _NonFinite(f"client {cdir}: tensor {n!r} contains NaN/Inf")
+            yield ct - p
+
+    try:
+        exact, tol = aggregator.exact(deltas(), weights)
+    except _NonFinite as exc:
+        return [str(exc)]
     diff = (reader.read(delta).to(torch.float64) - exact).abs()
-    tol = (len(clients) + 3) * U32 * mag
     return [] if bool((diff <= tol).all()) else [f"aggregate: {_worst(n, diff, tol)} in {delta.file}"]
 
 
@@ -390,14 +308,22 @@ def verify_round(
     opt: ServerOptimizer | None = None,
     prev_state_dir: Path | None = None,
     given_weights: Sequence[float] | None = None,
+    aggregator: str = DEFAULT_AGGREGATOR,
 ) -> list[str]:
     """Return a list of failures (empty = the round verifies).
+
+    ``aggregator``: the rule aggregate ran (its name must be the one aggregate.json records).
 
     With ``model_dir``, also the server step ``opt`` (default FedAvg, lr 1) from
     ``prev_state_dir`` (None: fresh state, as in round 1). ``given_weights``: weighting
     ``weights``' per-client values, one per entry of ``client_dirs`` (as ``fedagent aggregate``).
     """
     opt = opt or FedAvg()
+    try:
+        rule = make_aggregator(aggregator)
+    except ValueError as exc:
+        return [f"usage: {exc}"]
+    aggregator = rule
     prev_dir, agg_dir = Path(prev_dir), Path(agg_dir)
     model_dir = Path(model_dir) if model_dir else None
     prev_state_dir = Path(prev_state_dir) if prev_state_dir else None
@@ -416,10 +342,12 @@ def verify_round(
         weights = client_weights(
             client_dirs, weighting, None if given is None else [given[str(d)] for d in client_dirs]
         )
-        critic = critic_pairs(prev_dir, client_dirs)
+        critic = CRITIC.pairs(prev_dir, client_dirs)
     except (AggregateError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    failures = _verify_model(prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir)
+    failures = _verify_model(
+        prev_dir, client_dirs, weighting, weights, agg_dir, model_dir, opt, prev_state_dir, aggregator
+    )
     if critic is not None:
         # PPO (fedagent.model.critic_dir): whose critic each is, then the critic's aggregate and server
         # step, same weights and flags.
@@ -431,15 +359,16 @@ def verify_round(
                 critic[1],
                 weighting,
                 weights,
-                critic_of(agg_dir),
-                model_dir and critic_of(model_dir),
+                CRITIC.of(agg_dir),
+                model_dir and CRITIC.of(model_dir),
                 opt,
-                prev_state_dir and critic_of(prev_state_dir),
+                prev_state_dir and CRITIC.of(prev_state_dir),
+                aggregator,
             )
         ]
-    elif has_critic(agg_dir) or (model_dir is not None and has_critic(model_dir)):
+    elif CRITIC.present(agg_dir) or (model_dir is not None and CRITIC.present(model_dir)):
         failures.append(
-            f"structure: {agg_dir if has_critic(agg_dir) else model_dir} has a {CRITIC_DIR}/ "
+            f"structure: {agg_dir if CRITIC.present(agg_dir) else model_dir} has a {CRITIC.subdir}/ "
             f"but prev {prev_dir} and the clients have none"
         )
     return failures
@@ -461,10 +390,10 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
         if not isinstance(rec, dict) or not rec:
             out.append(
                 f"identity: {mpath} records no {CRITIC_RECORD}, so nothing says whose critic "
-                f"{critic_of(d)} is (an update written before verify checked it, or not by train-client)"
+                f"{CRITIC.of(d)} is (an update written before verify checked it, or not by train-client)"
             )
             continue
-        prefix = CRITIC_DIR + "/"
+        prefix = CRITIC.subdir + "/"
         recorded[d] = rec
         found[d] = {rel[len(prefix) :]: e.get("sha256") for rel, e in files.items() if rel.startswith(prefix)}
         who[d] = f"client {metrics.get('client')!r}, round {metrics.get('round')!r}"
@@ -479,19 +408,19 @@ def _critic_identity_failures(client_dirs: Sequence[Path], agg_dir: Path) -> lis
             else "a critic from another client or round?"
         )
         out.append(
-            f"identity: {critic_of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
+            f"identity: {CRITIC.of(d) / bad[0]} is not the critic that {d / METRICS} records for its "
             f"update ({who[d]}; {len(bad)} file(s) differ): {origin}"
         )
     try:
         actor = json.loads((agg_dir / AGG_JSON).read_text()).get("clients", [])
-        crit = json.loads((critic_of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
-        want = [str(critic_of(c.get("dir"))) for c in actor]
+        crit = json.loads((CRITIC.of(agg_dir) / AGG_JSON).read_text()).get("clients", [])
+        want = [str(CRITIC.of(c.get("dir"))) for c in actor]
         got = [c.get("dir") for c in crit]
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         return out + [f"structure: cannot read the aggregate.json files of {agg_dir} ({exc})"]
     if got != want:
         out.append(
-            f"identity: {critic_of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC_DIR}: "
+            f"identity: {CRITIC.of(agg_dir) / AGG_JSON} lists clients {got}, not the actor's with /{CRITIC.subdir}: "
             f"{want} ({agg_dir / AGG_JSON})"
         )
     return out
@@ -506,6 +435,7 @@ def _verify_model(
     model_dir: Path | None,
     opt: ServerOptimizer,
     prev_state_dir: Path | None,
+    aggregator: Aggregator,
 ) -> list[str]:
     """One model's aggregate (and server step): the actor, or its critic (manifests checked already)."""
     try:
@@ -515,7 +445,7 @@ def _verify_model(
         server = _load_server_step(model_dir, prev_state_dir) if model_dir else None
     except (AggregateError, FormatError, OSError, ValueError, KeyError) as exc:
         return [f"structure: {exc}"]
-    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir)
+    failures = _summary_failures(summary, weighting, client_dirs, weights, agg_dir, aggregator)
     failures += _structure_failures(prev, delta, server, opt)
     if server is not None:
         failures += _meta_failures(server, opt)
@@ -524,7 +454,7 @@ def _verify_model(
     with TensorReader() as reader:
         for n in prev:
             p = reader.read(prev[n]).to(torch.float64)
-            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs)
+            failures += _aggregate_failures(reader, n, p, clients, weights, delta[n], client_dirs, aggregator)
             if server is not None:
                 failures += _server_step_failures(reader, n, p, delta[n], server, opt)
     return failures
@@ -538,6 +468,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--client-weights", type=float, nargs="+", default=None, help="weighting 'weights': one per --clients entry"
     )
+    add_aggregator_arg(parser)
     parser.add_argument("--aggregate", required=True, type=Path)
     parser.add_argument("--model", type=Path, default=None, help="merged model dir: recompute the server step too")
     add_server_args(parser)
@@ -555,6 +486,7 @@ def run(args: argparse.Namespace) -> int:
         opt=opt,
         prev_state_dir=state,
         given_weights=args.client_weights,
+        aggregator=args.aggregator,
     )
     if failures:
         for f in failures:
@@ -564,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:
         hp = " ".join(f"{k}={v}" for k, v in opt.hparams().items())
         extra = f"; model {args.model}: {opt.name} {hp}, {'state from ' + str(state) if state else 'fresh state'}"
-    if has_critic(args.aggregate):  # PPO: the critic's aggregate (and server step) passed too
-        extra += f"; {CRITIC_DIR}/ likewise"
+    if CRITIC.present(args.aggregate):  # PPO: the critic's aggregate (and server step) passed too
+        extra += f"; {CRITIC.subdir}/ likewise"
     print(f"verify: OK {args.aggregate} ({len(args.clients)} clients, weighting {args.weighting}){extra}")
     return 0

@@ -1,0 +1,150 @@
+"""Registries of extension classes, and the config keys they declare.
+
+A :class:`Registry` maps names to classes. Built-in classes register themselves with the
+:meth:`Registry.register` decorator when the registry's *home* module is imported; third-party
+(and test) classes through an entry point of the registry's *group* (``importlib.metadata``:
+``<name> = "package.module:Class"`` in a distribution's ``entry_points.txt``), one line each.
+Both are loaded on first use. Core sits below the modules that hold the classes, so it names the
+home module by string only and imports it then (never statically).
+
+A section of the config schema marked ``x-registry: {group: ..., key: ...}`` takes its choices from
+the registry of that group (:func:`extend_schema`): ``<section>.<key>`` is checked against the
+registered names, and every :class:`Hparam` a class declares becomes a key of the section, with its
+type, range and default. So a new class needs no schema edit, and its keys are checked like every
+other key: at plan time, in the jobs (``JobKeys``), and when ``--config`` strings are coerced.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Iterator, Mapping
+
+
+@dataclass(frozen=True)
+class Hparam:
+    """A hyper-parameter a registered class takes: config key ``<section>.<name>``, CLI flag ``flag``
+    (default ``--<name>`` with ``-`` for ``_``), a number with ``default`` and JSON-schema bounds."""
+
+    name: str
+    default: float
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: float | None = None
+    flag: str | None = None
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def schema(self) -> dict:
+        """The entry of this key in the config schema."""
+        out: dict[str, Any] = {"type": "number"}
+        for kw, value in (
+            ("minimum", self.minimum),
+            ("maximum", self.maximum),
+            ("exclusiveMinimum", self.exclusive_minimum),
+        ):
+            if value is not None:
+                out[kw] = value
+        out["default"] = self.default
+        if self.help:
+            out["description"] = self.help
+        return out
+
+
+class RegistryError(ValueError):
+    """A registration conflicts with another, or an entry point does not load."""
+
+
+class Registry(Mapping):
+    """name → class; a read-only mapping, loaded (home module, then entry points) on first read."""
+
+    def __init__(self, what: str, group: str, home: str) -> None:
+        self.what, self.group, self.home = what, group, home
+        self._classes: dict[str, type] = {}
+        self._loaded = False
+        REGISTRIES[group] = self
+
+    def register(self, cls: type) -> type:
+        """Class decorator: register ``cls`` under ``cls.name`` (its one registration line)."""
+        name = getattr(cls, "name", "")
+        if not name:
+            raise RegistryError(f"{self.what} {cls.__qualname__} has no name")
+        other = self._classes.get(name)
+        if other is not None and other is not cls:
+            raise RegistryError(
+                f"{self.what} {name!r}: {cls.__module__}.{cls.__qualname__} and {other.__module__}.{other.__qualname__}"
+            )
+        self._classes[name] = cls
+        return cls
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        importlib.import_module(self.home)  # its decorators register the built-ins
+        for ep in sorted(entry_points(group=self.group), key=lambda e: e.name):
+            try:
+                cls = ep.load()
+            except Exception as exc:  # an entry point that does not import names itself, not a traceback
+                raise RegistryError(
+                    f"{self.what} entry point {ep.name} = {ep.value!r} ({self.group}): {exc!r}"
+                ) from exc
+            if getattr(cls, "name", None) != ep.name:
+                raise RegistryError(
+                    f"{self.what} entry point {ep.name} = {ep.value!r}: its class's name is {getattr(cls, 'name', None)!r}"
+                )
+            self.register(cls)
+
+    def __getitem__(self, name: str) -> type:
+        self._load()
+        try:
+            return self._classes[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.what} {name!r} (known: {sorted(self._classes)})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return iter(list(self._classes))
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._classes)
+
+    def hparams(self) -> dict[str, Hparam]:
+        """Every hyper-parameter some registered class declares (one spec per name, checked)."""
+        out: dict[str, Hparam] = {}
+        for name, cls in self.items():
+            for h in getattr(cls, "HPARAMS", ()):
+                if h.name in out and out[h.name] != h:
+                    raise RegistryError(f"{self.what} {name!r} declares {h.name} as {h}, another as {out[h.name]}")
+                out.setdefault(h.name, h)
+        return out
+
+
+REGISTRIES: dict[str, Registry] = {}
+
+# The server step's optimizers: built-ins in fedagent.server.builtin_optimizers; more by entry point.
+SERVER_OPTIMIZERS = Registry("server optimizer", "fedagent.server_optimizers", "fedagent.server.builtin_optimizers")
+
+
+def extend_schema(schema: dict) -> dict:
+    """The schema with each ``x-registry`` section filled from its registry (see the module docstring)."""
+    schema = copy.deepcopy(schema)
+    for section in schema.get("properties", {}).values():
+        spec = section.get("x-registry") if isinstance(section, dict) else None
+        if not spec:
+            continue
+        registry = REGISTRIES[spec["group"]]
+        props = section["properties"]
+        props[spec["key"]]["enum"] = list(registry)
+        for name, h in registry.hparams().items():
+            if name in props:
+                raise RegistryError(f"{registry.what} hyper-parameter {name!r} is also a fixed key of the schema")
+            props[name] = h.schema()
+        section["additionalProperties"] = False
+    return schema
