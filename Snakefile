@@ -50,7 +50,6 @@ else:
     include: "rules/plan.smk"
     include: "rules/warm_start.smk"
     include: "rules/start.smk"
-    include: "rules/webshop.smk"
     include: "rules/train.smk"
     include: "rules/aggregate.smk"
     include: "rules/merge.smk"

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     import torch
 
     from fedagent.envs.lifecycle import env_service
-    from fedagent.envs.textworld_games import TextWorldTaskSource
+    from fedagent.envs.textworld.games import TextWorldTaskSource
     from fedagent.model.policy import load_policy
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.core.seeds import torch_generator

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fedagent.envs.lifecycle import env_service
 from fedagent.envs.service import task_for_seed
-from fedagent.envs.textworld_games import TextWorldTaskSource, generate_games
+from fedagent.envs.textworld.games import TextWorldTaskSource, generate_games
 
 ACTIONS = ["look", "inventory", "go north", "go south", "go east", "go west", "examine room"]
 

@@ -17,10 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("fedagent.report.config_show", "config show: the effective config as YAML, with each value's source"),
     "base-model": ("fedagent.model.base_model", "build the round-0 model directory (GGUF → fp32 HF dir)"),
     "tiny-model": ("fedagent.model.base_model_tiny", "build a tiny randomly initialised model (tests)"),
-    "games": ("fedagent.envs.textworld_games", "generate the TextWorld train/val game pools"),
-    "webshop-catalog": ("fedagent.envs.webshop.build", "build the WebShop task directory (standard data or synthetic)"),
-    "alfworld-games": ("fedagent.envs.alfworld.generate", "generate solvable ALFWorld games offline"),
-    "alfworld-pool": ("fedagent.envs.alfworld.catalogue", "the ALFWorld task catalogue of a run (plan/games)"),
+    "catalogue": ("fedagent.envs.catalogue", "a run's task catalogue (plan/games) through the env registry"),
     "labels": ("fedagent.evaluate.labels", "hardness labels: a reference policy plays every train task once"),
     "demo-pool": ("fedagent.plan.demo_pool", "set aside the warm start's demo tasks (train tasks no client owns)"),
     "warm-start": ("fedagent.train.warm_start", "fine-tune the base model on expert demonstrations (round 0's model)"),
@@ -48,6 +45,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warm-server": ("fedagent.warm.cli", "node-local warm fork server: jobs skip the heavy imports"),
 }
 
+
+def commands() -> dict[str, tuple[str, str]]:
+    """:data:`COMMANDS` and every registered environment's own (:attr:`fedagent.core.envs.EnvSpec.commands`)."""
+    from fedagent.core import envs
+
+    table = dict(COMMANDS)
+    for spec in envs.specs():
+        table.update({name: tuple(entry) for name, entry in spec.commands.items() if name not in COMMANDS})
+    return table
+
+
 # The commands worth forking from pre-imported modules (seconds of torch/transformers imports each).
 WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge")
 
@@ -58,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedagent", description="The ``fedagent`` command line: what Snakemake rules call."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_module, help_text) in COMMANDS.items():
+    for name, (_module, help_text) in commands().items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
@@ -66,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 def dispatch(argv: list[str]) -> int:
     """Run ``fedagent <command> ...`` in this process (also what a warm server's forked job calls)."""
     argv = list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    table = COMMANDS if argv and argv[0] in COMMANDS else commands()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in table:
         parser = build_parser()
         if argv and argv[0] not in ("-h", "--help"):
             parser.error(f"unknown command {argv[0]!r}")
@@ -76,8 +85,8 @@ def dispatch(argv: list[str]) -> int:
     from fedagent.core import timing
 
     timing.mark_command_start()
-    module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"fedagent {name}", description=COMMANDS[name][1])
+    module = importlib.import_module(table[name][0])
+    parser = argparse.ArgumentParser(prog=f"fedagent {name}", description=table[name][1])
     module.add_args(parser)
     args = parser.parse_args(rest)
     return int(module.run(args) or 0)

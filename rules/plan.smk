@@ -1,27 +1,24 @@
 # Plan: the task catalogue, the partition, the validation set, the base model, the selections.
 
 
-# The task catalogue: generated TextWorld games, or ALFWorld (generated games or real data).
+# The task catalogue, one rule for every env kind: `fedagent catalogue` hands the kind's flags
+# (its spec's catalogue_args, fedagent.core.envs) to the kind's own builder.
 # Everything under plan/ depends on data_seed, never on seed.
-# WebShop builds plan/games with rules/webshop.smk's webshop_catalog instead (one rule per kind, no
-# ruleorder: a matrix's modules import the catalogue rule alone).
-if config["env"]["kind"] != "webshop":
-
-    rule games:
-        output:
-            directory(GAMES),
-        params:
-            seed=DATA_SEED,
-            command=GAMES_COMMAND,
-            quarantine=QUARANTINE,
-        threads: 8   # tw-make processes; Snakemake caps it at --cores (2 on a laptop run)
-        conda:
-            "../envs/fedagent.yaml"
-        log:
-            f"{RUN}/logs/games.log",
-        shell:
-            "fedagent {params.command} --out {output} --seed {params.seed} --jobs {threads}"
-            " --quarantine {params.quarantine} > {log} 2>&1"
+rule games:
+    output:
+        directory(GAMES),
+    params:
+        kind=config["env"]["kind"],
+        command=CATALOGUE_COMMAND,
+        quarantine=QUARANTINE,
+    threads: CATALOGUE_THREADS   # builder processes (tw-make, the planner); Snakemake caps it at --cores
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{RUN}/logs/games.log",
+    shell:
+        "fedagent catalogue --kind {params.kind} --out {output} --jobs {threads}"
+        " --quarantine {params.quarantine} -- {params.command} > {log} 2>&1"
 
 
 rule partition:

@@ -24,7 +24,7 @@ _GAMES_LOCK = threading.Lock()
 
 def tw_games_dir(n_train: int = 2, n_val: int = 1, seed: int = 7) -> Path:
     """A generated TextWorld games directory (generated once per process per arguments)."""
-    from fedagent.envs.textworld_games import generate_games
+    from fedagent.envs.textworld.games import generate_games
 
     key = (n_train, n_val, seed)
     with _GAMES_LOCK:

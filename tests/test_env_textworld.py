@@ -10,8 +10,8 @@ import pytest
 
 from env_fixtures import tw_games_dir
 from fedagent.core.atomic import ManifestError
-from fedagent.envs.textworld_env import clean_observation
-from fedagent.envs.textworld_games import (
+from fedagent.envs.textworld.env import clean_observation
+from fedagent.envs.textworld.games import (
     VAL_INDEX_OFFSET,
     TextWorldTaskSource,
     fix_serial,
@@ -154,8 +154,8 @@ def test_any_text_reaches_the_engine_without_ending_it():
     import random
 
     from env_fixtures import tw_games_dir
-    from fedagent.envs.textworld_env import engine_text
-    from fedagent.envs.textworld_games import TextWorldTaskSource
+    from fedagent.envs.textworld.env import engine_text
+    from fedagent.envs.textworld.games import TextWorldTaskSource
 
     assert engine_text("\\q a\x00b\x10") == " q a b "
     src = TextWorldTaskSource(tw_games_dir())

@@ -94,7 +94,7 @@ def _labels_in_two_processes(tmp_path, args: list[str]) -> list:
 
 @pytest.mark.slow
 def test_random_reference_policy_is_seeded_and_wins_some(tmp_path):
-    from fedagent.envs.textworld_games import generate_games
+    from fedagent.envs.textworld.games import generate_games
 
     # The -small presets' games (quest length 1), the first 3 of their pool: games are made (and
     # deduplicated) in index order, so these are the pool's first 3, and the walker wins 1 of them

@@ -30,7 +30,7 @@ from fedagent.core import config as fc
 from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env
 
 REPO = Path(__file__).resolve().parent.parent
-for _module in fc.JOB_MODULES:
+for _module in fc.job_modules():
     importlib.import_module(_module)
 
 CONSTRAINT_KEYWORDS = (
@@ -227,7 +227,9 @@ ENTRY_POINTS = {
     "warm-start": lambda v, tmp: importlib.import_module("fedagent.train.warm_start").WarmStartParams.from_dict(v),
     "demo-pool": lambda v, tmp: importlib.import_module("fedagent.plan.demo_pool").check_job_keys(v),
     "val-set": lambda v, tmp: importlib.import_module("fedagent.plan.val_set").build_val_set(
-        [f"v{i}" for i in range(v["webshop_pool" if v["kind"] == "webshop" else "pool"])], v["n"], kind=v["kind"]
+        [f"v{i}" for i in range(v[importlib.import_module("fedagent.plan.val_set").pool_param(v["kind"])])],
+        v["n"],
+        kind=v["kind"],
     ),
     "select": lambda v, tmp: importlib.import_module("fedagent.plan.selection").select_clients(
         v["base_seed"], 1, v["total"], v["per_round"]
@@ -235,7 +237,7 @@ ENTRY_POINTS = {
     "partition": lambda v, tmp: importlib.import_module("fedagent.partition").partition_tasks(
         [f"t{i}" for i in range(v["n_tasks"])], v["n_clients"], v["strategy"], v["min_tasks"]
     ),
-    "games": lambda v, tmp: importlib.import_module("fedagent.envs.textworld_games").run(_games_args(v, tmp)),
+    "games": lambda v, tmp: importlib.import_module("fedagent.envs.textworld.games").run(_games_args(v, tmp)),
     "merge": lambda v, tmp: importlib.import_module("fedagent.server.optimizers").make_optimizer(v.pop("name"), **v),
     "aggregate": lambda v, tmp: importlib.import_module("fedagent.server.aggregate").client_weights(
         [tmp / "c0"], v["weighting"]

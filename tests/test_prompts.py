@@ -203,7 +203,9 @@ def test_webshop_prompt_over_13000_characters_falls_back_to_no_history():
     for extra, kept in ((13000 - len(full), True), (13001 - len(full), False)):
         p = prompts.windowed_prompt(WS_TASK, "z" * extra, WS_ACTIONS, history, template="webshop")
         assert ("already taken 2 step(s)" in p) is kept
-    assert prompts.WEBSHOP_MAX_PROMPT_CHARS == 13000
+    from fedagent.envs.webshop.prompt import WEBSHOP_MAX_PROMPT_CHARS
+
+    assert WEBSHOP_MAX_PROMPT_CHARS == 13000
 
 
 def test_webshop_action_format_swaps_only_the_instruction():

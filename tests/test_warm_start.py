@@ -249,7 +249,7 @@ def test_warm_started_run_through_snakemake(tmp_path):
 
 def test_textworld_walkthrough_expert_wins(tmp_path):
     """TextWorld's expert (policy_commands from every state) wins generated games."""
-    from fedagent.envs.textworld_games import TextWorldTaskSource
+    from fedagent.envs.textworld.games import TextWorldTaskSource
 
     games = tmp_path / "games"
     r = _fedagent(

@@ -2,7 +2,7 @@
 
 Each game costs ~5 s of ``tw-make`` and most workflow tests generate the same three tiny games
 (the test config's data seed and knobs). The first call with a given argument list runs the real
-``tw-make`` (the one next to this interpreter, as fedagent.envs.textworld_games picks it) and
+``tw-make`` (the one next to this interpreter, as fedagent.envs.textworld.games picks it) and
 keeps its output files under ``$FEDAGENT_TEST_TW_CACHE``; a later call with the same arguments
 (and the same output file name) copies them. The cache lives in a temporary directory of the
 session, so every session generates each game once for real. Tests that check ``tw-make`` itself

@@ -13,6 +13,7 @@ from snakemake.utils import validate
 
 from fedagent.core.architectures import is_random_source
 from fedagent.core.config import ConfigError, prepare_config
+from fedagent.core.envs import spec as env_spec
 from fedagent.core.provenance import config_sha256, register_run
 from fedagent.partition import KNOBS as PARTITION_KNOB_NAMES
 from fedagent.plan.selection import run_mode, select_clients
@@ -272,23 +273,10 @@ def base_model_command():
 BASE_MODEL_COMMAND = base_model_command()
 
 
-def games_command():
-    """`fedagent <command> <flags>` of the games rule: only what changes the catalogue."""
-    env = config["env"]
-    if env["kind"] == "alfworld":
-        alf = env["alfworld"]
-        cmd = (f"alfworld-pool --n-train {env['train_games']} --n-val {env['val_games']}"
-               f" --val-split {alf['val_split']}")
-        if alf["data"]:
-            cmd += f" --data {alf['data']}"
-        if alf["manifests"]:
-            cmd += f" --manifests {alf['manifests']}"
-        return cmd
-    return (f"games --n-train {env['train_games']} --n-val {env['val_games']} --world-size {env['world_size']}"
-            f" --nb-objects {env['nb_objects']} --quest-length {env['quest_length']}")
-
-
-GAMES_COMMAND = games_command()
+# The task catalogue's builder flags (only what changes it) and processes: the env kind's spec.
+ENV_SPEC = env_spec(config["env"]["kind"])
+CATALOGUE_COMMAND = ENV_SPEC.catalogue_args(config)
+CATALOGUE_THREADS = 8 if ENV_SPEC.catalogue_jobs else 1
 
 # The chosen partition strategy's own knobs only: another strategy's knob re-runs nothing.
 PARTITION_KNOBS = as_json({k: config["partition"][k] for k in PARTITION_KNOB_NAMES[config["partition"]["strategy"]]})
@@ -301,12 +289,9 @@ def labels_input(wildcards=None):
     return config["partition"]["labels"] or LABELS
 
 
-# A training client's env knobs (WebShop: its environment arm); validation never gets any.
-CLIENT_ENV_PARAMS = as_json({
-    **{k: config["env"]["webshop"][k]
-       for k in ("arm", "search_return_n", "variant_n", "variant", "env_div", "keep_ratio")},
-    "seed": DATA_SEED,
-}) if config["env"]["kind"] == "webshop" else "{}"
+# A training client's env knobs (the kind's spec: WebShop's arm); validation never gets any.
+_CLIENT_ENV_PARAMS = ENV_SPEC.client_env_params(config)
+CLIENT_ENV_PARAMS = "{}" if _CLIENT_ENV_PARAMS is None else as_json(_CLIENT_ENV_PARAMS)
 # Client dropout (clients.min_per_round): a train_client job's last attempt may leave a drop
 # record (0: strict, never); aggregate needs at least MIN_CLIENTS updates (0: all of them).
 _MIN = config["clients"].get("min_per_round")
@@ -319,19 +304,8 @@ SERVER_FLAGS = cli_flags(config["server"]["optimizer"],
                          **{k: v for k, v in config["server"].items() if k != "optimizer"})
 
 
-# ---- helpers of rules/webshop.smk and rules/report.smk, kept here so that `snakemake --lint` finds
+# ---- helpers of rules/report.smk, kept here so that `snakemake --lint` finds
 # no file mixing functions with rules (tests/test_workflow_lint.py)
-def webshop_source_flags():
-    """--data/--data-manifest/--goals/--max-products flags of the configured data source."""
-    ws = config["env"]["webshop"]
-    flags = f"--goals {ws['goals']}"
-    if ws["data"] is not None:
-        flags += f" --data {ws['data']}"
-    if ws["data_manifest"] is not None:
-        flags += f" --data-manifest {ws['data_manifest']}"
-    if ws["max_products"] is not None:
-        flags += f" --max-products {ws['max_products']}"
-    return flags
 
 
 # eval.clients: the per-client table is a declared output too (header only in round 0).

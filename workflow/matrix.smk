@@ -22,21 +22,13 @@ except ConfigError as exc:
 
 for _cat_key, _cat_config in MATRIX.catalogues.items():
     _module = f"catalogue_{_cat_key.replace('-', '_')}__"
-    # the rule that builds a catalogue of this env kind (rules/webshop.smk's for WebShop)
-    _rule = "webshop_catalog" if _cat_config["env"]["kind"] == "webshop" else "games"
 
     module:
         name: _module
         snakefile: "../Snakefile"
         config: _cat_config
 
-    if _rule == "games":
-
-        use rule games from _module as _module*
-
-    else:
-
-        use rule webshop_catalog from _module as _module*
+    use rule games from _module as _module*
 
 
 # One shared round 0 per start key (same seed and round-0 settings): a run of its own under _start/<key>/
@@ -50,7 +42,7 @@ for _start_key, _start_config in MATRIX.starts.items():
         snakefile: "../Snakefile"
         config: _start_config
 
-    use rule * from _module exclude games, webshop_catalog, all as _module*
+    use rule * from _module exclude games, all as _module*
 
 
 for _run in MATRIX.runs:
@@ -61,7 +53,7 @@ for _run in MATRIX.runs:
         snakefile: "../Snakefile"
         config: _run.config
 
-    use rule * from _module exclude games, webshop_catalog, all as _module*
+    use rule * from _module exclude games, all as _module*
 
 
 MATRIX_RUNS = json.dumps([{"arm": r.arm, "seed": r.seed, "summary": MATRIX.last_round_summary(r)} for r in MATRIX.runs],

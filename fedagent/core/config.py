@@ -95,6 +95,13 @@ def integral_floats_to_int(config: dict, schema: dict | None = None) -> dict:  #
     return config
 
 
+def job_modules() -> tuple[str, ...]:
+    """:data:`JOB_MODULES` and each registered env's catalogue module (its own JobKeys, if any)."""
+    from fedagent.core import envs
+
+    return JOB_MODULES + tuple(spec.catalogue for spec in envs.specs())
+
+
 def prepare_config(config: dict, cli: Mapping | None = None) -> dict:
     """The plan-time check, in place: command-line strings coerced, schema (defaults filled), cross rules."""
     if cli:
@@ -109,7 +116,6 @@ JOB_KEYS: dict[str, "JobKeys"] = {}
 # The modules that define a JobKeys (importing them fills JOB_KEYS; the tests do).
 JOB_MODULES = (
     "fedagent.model.critic",
-    "fedagent.envs.textworld_games",
     "fedagent.partition",
     "fedagent.plan.val_set",
     "fedagent.plan.selection",

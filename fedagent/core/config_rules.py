@@ -2,48 +2,21 @@
 :class:`Requirement`), and the experiment-level checks the schema cannot express.
 
 Part of :mod:`fedagent.core.config` (which re-exports these names); each message names its key.
+The GPU path's rules are in :mod:`fedagent.core.gpu_rules`, each environment's in its spec
+(:attr:`fedagent.core.envs.EnvSpec.cross_rules`, appended here, applied when ``env.kind`` is its own).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
+from fedagent.core import envs
+from fedagent.core import gpu_rules  # noqa: F401 - registers the GPU path's rules
 from fedagent.core.architectures import is_random_source, random_source_problem
-from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path, subschema
+from fedagent.core.rules import CROSS_RULES, PLAN_ONLY_RULES, CrossRule, Requirement, cross_rule  # noqa: F401 - re-exported
+from fedagent.core.schema import MODEL_KEYWORDS, ConfigError, get_path
 from fedagent.core.weights import NO_HEAD_HINT, has_value_head  # no torch: safetensors headers only
-
-
-@dataclass(frozen=True)
-class CrossRule:
-    """A constraint over several keys: ``check(get)`` returns what is wrong, or None.
-
-    ``key`` is the key the message names; ``needs`` every key ``check`` reads (``key``
-    included); ``violation`` a set of overrides (dotted keys) of the default config that breaks
-    the rule and nothing else (the tests derive their bad configs from it).
-    """
-
-    key: str
-    needs: tuple[str, ...]
-    check: Callable[[Callable[[str], Any]], str | None]
-    violation: Mapping[str, Any]
-
-
-CROSS_RULES: list[CrossRule] = []
-# Rules over keys no job carries (only planning reads them: the base model's source, the GPU jobs'
-# Snakemake resources), so planning alone applies them.
-PLAN_ONLY_RULES: set[str] = {"model"}
-
-
-def cross_rule(key: str, needs: Iterable[str], violation: Mapping[str, Any]):
-    """Register a :class:`CrossRule` (decorator over its ``check``)."""
-
-    def register(check):
-        CROSS_RULES.append(CrossRule(key, tuple(needs), check, dict(violation)))
-        return check
-
-    return register
 
 
 @cross_rule(
@@ -52,21 +25,6 @@ def cross_rule(key: str, needs: Iterable[str], violation: Mapping[str, Any]):
 def _per_round_within_total(get):
     if get("clients.per_round") > get("clients.total"):
         return f"{get('clients.per_round')} exceeds clients.total={get('clients.total')}"
-    return None
-
-
-@cross_rule(
-    "partition.min_tasks_per_client",
-    ["partition.min_tasks_per_client", "env.train_games", "env.kind"],
-    violation={"env.train_games": 4, "partition.min_tasks_per_client": 5},
-)
-def _min_tasks_within_catalogue(get):
-    # TextWorld only: env.train_games is its catalogue size (WebShop's is built from its own keys).
-    if get("env.kind") == "textworld" and get("partition.min_tasks_per_client") > get("env.train_games"):
-        return (
-            f"{get('partition.min_tasks_per_client')} exceeds the {get('env.train_games')} train tasks "
-            "(env.train_games)"
-        )
     return None
 
 
@@ -173,11 +131,16 @@ def _grpo_needs_a_group(get):
 
 
 def val_pool_key(kind: str) -> str:
-    """The config key that sizes the validation pool of an env kind."""
-    return "env.webshop.val_goals" if kind == "webshop" else "env.val_games"
+    """The config key that sizes the validation pool of an env kind (its spec's)."""
+    return envs.spec(kind).val_pool_key
 
 
-@cross_rule("eval.n", ["eval.n", "env.kind", "env.val_games", "env.webshop.val_goals"], violation={"eval.n": 3})
+def val_pool_keys() -> list[str]:
+    """Every registered env's validation pool key, sorted (the keys the eval.n rule may read)."""
+    return sorted({s.val_pool_key for s in envs.specs()})
+
+
+@cross_rule("eval.n", ["eval.n", "env.kind", *val_pool_keys()], violation={"eval.n": 3})
 def _eval_n_within_the_validation_pool(get):
     # Index mode plays tasks[seed % pool]: past the pool, seeds replay tasks, and the report's
     # interval would treat the repeats as independent draws.
@@ -193,29 +156,6 @@ def _eval_n_within_the_validation_pool(get):
 
 # server.lr: the server optimizers' own rule (fedagent.server.optimizer_base, from each class's default_lr),
 # registered when the schema's server section is filled from their registry (fedagent.core.registry).
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """A feature needs a setting: when ``when_key``'s value passes ``when``, ``need_key`` must be ``need``.
-
-    ``key`` is the key the message names; ``message`` is formatted with ``value`` (``key``'s value)
-    and ``got`` (``need_key``'s value); ``violation`` as in :class:`CrossRule`.
-    """
-
-    key: str
-    when_key: str
-    when: Callable[[Any], bool]
-    need_key: str
-    need: Any
-    message: str
-    violation: Mapping[str, Any]
-
-    def check(self, get: Callable[[str], Any]) -> str | None:
-        """The message when the feature is on and the setting is not what it needs, else None."""
-        if self.when(get(self.when_key)) and get(self.need_key) != self.need:
-            return self.message.format(value=get(self.key), got=get(self.need_key))
-        return None
 
 
 # Features implemented for one backend / rollout mode only (one cross rule each).
@@ -317,68 +257,6 @@ for _req in REQUIREMENTS:
     cross_rule(_req.key, dict.fromkeys((_req.key, _req.when_key, _req.need_key)), _req.violation)(_req.check)
 
 
-def _sampler_key_unused(key: str, engine: str, default):
-    def check(get):
-        section = key.split(".")[0]
-        if get(f"{section}.backend") == engine and get(key) != default:
-            return (
-                f"{get(key)!r} sets the local GPU path's static-cache sampler, which {section}.backend {engine} "
-                f"does not use ({engine} runs its own engine): leave it at {default!r} or use {section}.backend local"
-            )
-        return None
-
-    return check
-
-
-# The static-cache sampler's keys with a backend that runs its own engine (verl's vLLM for training,
-# vLLM for the eval) would be silently unused: refused at plan time (no job carries {section}.backend).
-for _section, _engine in (("train", "verl"), ("eval", "vllm")):
-    for _key, _bad in (
-        ("sampler", "graph"),
-        ("sampler_widths", [64]),
-        ("sampler_fused", True),
-        ("sampler_compile_prefill", True),
-    ):
-        _default = subschema(f"{_section}.{_key}")["default"]  # the schema's, never restated here
-        PLAN_ONLY_RULES.add(f"{_section}.{_key}")  # this rule: plan time only
-        cross_rule(
-            f"{_section}.{_key}",
-            [f"{_section}.{_key}", f"{_section}.backend"],
-            violation={
-                f"{_section}.{_key}": _bad,
-                f"{_section}.device": "cuda",
-                f"{_section}.backend": _engine,
-                f"{_section}.max_prompt_tokens": 512,
-                **({"train.ref_anchor": "round"} if _section == "train" else {}),
-            },
-        )(_sampler_key_unused(f"{_section}.{_key}", _engine, _default))
-
-
-# Seen on the GPU (bench/gpu_throughput.py --train-modes compiled --train-micro 32 at 1.7B, docs/results/scale-1p7b.md;
-# 64 rows): the CUDA-graphed training step with its rows in two micro-batches fails in the second
-# ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"; one micro-batch
-# of all 64 rows ran). Refused before any job until a fix is measured on the GPU.
-@cross_rule(
-    "train.compile_train",
-    ["train.compile_train", "train.micro_batch_size", "train.mini_batch_size"],
-    violation={
-        "train.compile_train": True,
-        "train.device": "cuda",
-        "train.micro_batch_size": 2,
-        "train.mini_batch_size": 4,
-    },
-)
-def _compiled_step_takes_one_micro_batch(get):
-    if get("train.compile_train") and get("train.micro_batch_size") < get("train.mini_batch_size"):
-        return (
-            f"true with train.micro_batch_size={get('train.micro_batch_size')} < train.mini_batch_size="
-            f"{get('train.mini_batch_size')}: the compiled, CUDA-graphed training step fails on its second "
-            "micro-batch on the GPU (docs/results/scale-1p7b.md); set micro_batch_size to mini_batch_size or "
-            "compile_train to false"
-        )
-    return None
-
-
 @cross_rule(
     "warm_start.demos",
     [
@@ -392,10 +270,10 @@ def _compiled_step_takes_one_micro_batch(get):
     violation={"warm_start.enabled": True, "warm_start.demos": 4},
 )
 def _demos_leave_the_clients_their_tasks(get):
-    # TextWorld / ALFWorld catalogues have env.train_games train tasks (WebShop's goal count is the
-    # catalogue's: the demo-pool job checks against that, passing it as env.train_games); the demo
-    # pool is taken out before the partition.
-    if not get("warm_start.enabled") or get("env.kind") == "webshop":
+    # Catalogues sized by env.train_games (an env whose catalogue decides its own count, as WebShop's
+    # goals, has train_games_sized false: the demo-pool job checks against the built catalogue, passing
+    # its size as env.train_games); the demo pool is taken out before the partition.
+    if not get("warm_start.enabled") or not envs.spec(get("env.kind")).train_games_sized:
         return None
     need = get("clients.total") * get("partition.min_tasks_per_client")
     if get("warm_start.demos") + need > get("env.train_games"):
@@ -405,85 +283,6 @@ def _demos_leave_the_clients_their_tasks(get):
             f"partition.min_tasks_per_client={get('partition.min_tasks_per_client')}"
         )
     return None
-
-
-def _gpu_mem_on_cpu(section: str, gpu_backend: str):
-    def check(get):
-        if (
-            get(f"{section}.gpu_mem_gb") is not None
-            and get(f"{section}.device") == "cpu"
-            and get(f"{section}.backend") != gpu_backend
-        ):
-            return (
-                f"{get(f'{section}.gpu_mem_gb')} GiB for a job on the CPU ({section}.device cpu, "
-                f"{section}.backend {get(f'{section}.backend')}): set {section}.device cuda, or leave it null"
-            )
-        return None
-
-    return check
-
-
-# GPU memory is declared by GPU jobs only (fedagent.model.memory.job_gpu_mib).
-for _section, _gpu_backend in (("train", "verl"), ("eval", "vllm")):
-    PLAN_ONLY_RULES.add(f"{_section}.gpu_mem_gb")
-    cross_rule(
-        f"{_section}.gpu_mem_gb",
-        [f"{_section}.gpu_mem_gb", f"{_section}.device", f"{_section}.backend"],
-        violation={f"{_section}.gpu_mem_gb": 8},
-    )(_gpu_mem_on_cpu(_section, _gpu_backend))
-
-
-def _sampler_widths(section: str):
-    def check(get):
-        widths = get(f"{section}.sampler_widths")
-        if not widths:
-            return None
-        if get(f"{section}.device") != "cuda":
-            return (
-                f"{widths} is for the GPU path's static-cache sampler ({section}.device cuda; "
-                f"got {get(f'{section}.device')!r})"
-            )
-        top = get(f"{section}.max_prompt_tokens")
-        over = [w for w in widths if w >= top]
-        if over:
-            return f"{over}: each width must be below {section}.max_prompt_tokens={top} (the widest width)"
-        return None
-
-    return check
-
-
-# Width buckets of the static-cache sampler (fedagent.model.static_sampler): the GPU path (like
-# {train,eval}.sampler, not read by the verl / vLLM backends, which run their own engines).
-for _section in ("train", "eval"):
-    cross_rule(
-        f"{_section}.sampler_widths",
-        [f"{_section}.sampler_widths", f"{_section}.device", f"{_section}.max_prompt_tokens"],
-        violation={f"{_section}.sampler_widths": [64]},
-    )(_sampler_widths(_section))
-
-
-def _gpu_sampler_switch(key: str):
-    def check(get):
-        section = key.split(".")[0]
-        if get(key) and get(f"{section}.device") != "cuda":
-            return (
-                f"true is for the GPU path's static-cache sampler ({section}.device cuda; "
-                f"got {get(f'{section}.device')!r})"
-            )
-        return None
-
-    return check
-
-
-# Merged projections (fedagent.model.fused_projections) and the compiled prefill of the static-cache
-# sampler: the GPU path only, never silently unused on the CPU.
-for _section in ("train", "eval"):
-    for _switch in ("sampler_fused", "sampler_compile_prefill"):
-        cross_rule(
-            f"{_section}.{_switch}",
-            [f"{_section}.{_switch}", f"{_section}.device"],
-            violation={f"{_section}.{_switch}": True},
-        )(_gpu_sampler_switch(f"{_section}.{_switch}"))
 
 
 @cross_rule(
@@ -520,8 +319,9 @@ def check_cross_fields(config: dict) -> dict:
         raise ConfigError(
             f"config key 'clients.min_per_round': {min_per_round} exceeds clients.per_round={config['clients']['per_round']}"
         )
-    if get_path(config, "env.kind", None) == "webshop":
-        _check_webshop(config["env"]["webshop"])
+    for spec in envs.specs():  # each env's own checks (they know whether env.kind is theirs)
+        if spec.check is not None:
+            spec.check(config)
     _check_aggregate_weights(config)
     check_experiment_fields(config)
     return config
@@ -549,7 +349,7 @@ def check_experiment_fields(config: dict) -> dict:
         strategy == "hardness"
         and not part.get("labels")
         and part.get("labels_model") == "expert"
-        and env["kind"] != "alfworld"
+        and not envs.spec(env["kind"]).labels_expert
     ):
         raise ConfigError(
             "config key 'partition.labels_model': 'expert' plays the ALFWorld PDDL planner "
@@ -557,12 +357,12 @@ def check_experiment_fields(config: dict) -> dict:
         )
     if part.get("labels") and not Path(part["labels"]).is_file():
         raise ConfigError(f"config key 'partition.labels': {part['labels']} is not a file")
-    if strategy == "env_disjoint" and env["kind"] != "alfworld":
+    if strategy == "env_disjoint" and not envs.spec(env["kind"]).scene_ids:
         raise ConfigError(
             "config key 'partition.strategy': env_disjoint partitions ALFWorld scenes "
             f"(env.kind alfworld), not {env['kind']}"
         )
-    if strategy == "preference" and env["kind"] == "textworld":
+    if strategy == "preference" and envs.spec(env["kind"]).single_task_type:
         raise ConfigError(
             "config key 'partition.strategy': preference mixes task types, and TextWorld "
             "games have one type (use env.kind alfworld)"
@@ -572,11 +372,6 @@ def check_experiment_fields(config: dict) -> dict:
             f"config key 'env.train_games': task_disjoint needs at least one task per client "
             f"({clients['total']}), got {env['train_games']}"
         )
-    alf = env.get("alfworld") or {}
-    if alf.get("data") and env["kind"] != "alfworld":
-        raise ConfigError("config key 'env.alfworld.data': set, but env.kind is not alfworld")
-    if alf.get("data") and not Path(alf["data"]).is_dir():
-        raise ConfigError(f"config key 'env.alfworld.data': {alf['data']} is not a directory")
     return config
 
 
@@ -613,19 +408,16 @@ def _check_aggregate_weights(config: dict) -> None:
         )
 
 
-def _check_webshop(ws: dict) -> None:
-    """Cross-field checks of ``env.webshop`` (the arm pools' sizes live in envs.webshop.arms)."""
-    if ws["goals"] == "human" and ws["data"] is None:
-        raise ConfigError("config key 'env.webshop.goals': human goals need the standard files (env.webshop.data)")
-    if ws["arm"] == "lookalike" and (ws["goals"] == "human" or ws["max_products"] is not None):
-        raise ConfigError("config key 'env.webshop.arm': lookalike cannot be combined with human goals or max_products")
-    if ws["data"] is None and ws["n_products"] * ws["goals_per_product"] <= ws["val_goals"]:
-        raise ConfigError(
-            f"config key 'env.webshop.val_goals': {ws['val_goals']} leaves no training goal out of at most "
-            f"{ws['n_products'] * ws['goals_per_product']} (n_products × goals_per_product)"
-        )
-    pools = {"bm25_field_subset": 8, "bm25_reweight": 8, "lookalike": 4, "rank_wrapper": 4}
-    if ws["arm"] in pools and ws["variant_n"] > pools[ws["arm"]]:
-        raise ConfigError(f"config key 'env.webshop.variant_n': {ws['arm']} has {pools[ws['arm']]} variants")
-    if ws["variant"] is not None and ws["variant"] >= ws["variant_n"]:
-        raise ConfigError(f"config key 'env.webshop.variant': must be below variant_n={ws['variant_n']}")
+def env_cross_rule(kind: str, rule: CrossRule) -> CrossRule:
+    """An env's rule as a registered one: applied only when ``env.kind`` is ``kind``."""
+
+    def check(get):
+        return rule.check(get) if get("env.kind") == kind else None
+
+    return CrossRule(rule.key, tuple(dict.fromkeys((*rule.needs, "env.kind"))), check, dict(rule.violation))
+
+
+# The environments' own rules (fedagent.core.envs.EnvSpec.cross_rules), after the core's.
+for _spec in envs.specs():
+    for _rule in _spec.cross_rules:
+        CROSS_RULES.append(env_cross_rule(_spec.kind, _rule))

@@ -14,14 +14,13 @@ from typing import Any, Mapping
 
 import yaml
 
+from fedagent.core import envs
+from fedagent.core.errors import ConfigError
+
 _PKG_SCHEMA = Path(__file__).resolve().parent / "config.schema.yaml"  # symlink into workflow/ (package data)
 _REPO_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 SCHEMA_PATH = _PKG_SCHEMA if _PKG_SCHEMA.is_file() else _REPO_SCHEMA
 MODEL_KEYWORDS = ("smollm2", "tiny")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the key."""
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
@@ -29,15 +28,32 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+def with_env_fragments(base: dict) -> dict:
+    """``base`` with every registered environment's keys under ``env`` and ``env.kind`` limited to the known kinds.
+
+    The file's ``env`` section holds the keys every environment shares; each env package adds its
+    own (:attr:`fedagent.core.envs.EnvSpec.schema`), so a new env edits no file outside its package."""
+    merged = copy.deepcopy(base)
+    env = merged["properties"]["env"]
+    for spec in envs.specs():
+        clash = set(spec.schema) & set(env["properties"])
+        if clash:
+            raise ConfigError(f"config key 'env.{sorted(clash)[0]}': declared twice (env {spec.kind!r})")
+        env["properties"].update(copy.deepcopy(dict(spec.schema)))
+    env["properties"]["kind"]["enum"] = list(envs.kinds())
+    env["additionalProperties"] = False
+    return merged
+
+
 @functools.lru_cache(maxsize=None)
 def _schema() -> dict:
     from fedagent.core.registry import extend_schema  # the registered classes' keys (x-registry sections)
 
-    return extend_schema(load_schema())
+    return extend_schema(with_env_fragments(load_schema()))
 
 
 def schema() -> dict:
-    """The workflow's schema, parsed once per process (do not modify it)."""
+    """The workflow's schema with the environments' keys, built once per process (do not modify it)."""
     return _schema()
 
 

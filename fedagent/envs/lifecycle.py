@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from fedagent.core import tempdirs
+from fedagent.core import envs, tempdirs
 from fedagent.core.atomic import atomic_write_json, atomic_write_text
 from fedagent.envs.client import EnvClient
 from fedagent.envs.serve import NO_ACCELERATOR_ENV, TOKEN_ENV
@@ -61,8 +61,8 @@ def games_source(games_dir: Path) -> str:
     index = Path(games_dir) / "games.json"
     if index.is_file():
         data = json.loads(index.read_text())
-        return str(data.get("source") or data.get("kind") or "textworld")
-    return "textworld"
+        return str(data.get("source") or data.get("kind") or envs.UNNAMED_CATALOGUE_KIND)
+    return envs.UNNAMED_CATALOGUE_KIND
 
 
 @contextlib.contextmanager

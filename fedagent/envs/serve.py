@@ -25,7 +25,9 @@ import socket
 import sys
 from pathlib import Path
 
+from fedagent.core import envs
 from fedagent.core.atomic import atomic_write_json
+from fedagent.core.errors import ConfigError
 
 TOKEN_ENV = "FEDAGENT_ENV_TOKEN"
 
@@ -73,7 +75,7 @@ def hide_accelerators() -> dict[str, str]:
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedagent serve-env``."""
     parser.add_argument("--games", required=True, type=Path, help="games directory (TextWorld or ALFWorld root)")
-    parser.add_argument("--source", choices=["textworld", "alfworld", "webshop"], default="textworld")
+    parser.add_argument("--source", choices=envs.kinds(), default=envs.UNNAMED_CATALOGUE_KIND, help="env kind")
     parser.add_argument(
         "--env-params",
         default=None,
@@ -200,29 +202,22 @@ async def _serve(server, sock, ready_file: Path | None, where: dict) -> None:
 def make_source(
     kind: str, games: Path, split: str, *, tasks=None, env_params: dict | None = None, client_id: str | None = None
 ):
-    """The task source of a service: a TextWorld games dir, an ALFWorld root (one split) or a
-    WebShop task directory (its view built for ``client_id``'s arm over the served ``tasks``)."""
-    if kind != "webshop" and env_params:
-        raise ValueError(f"--env-params is only understood by the webshop source, not {kind!r}")
-    if kind == "webshop":
-        from fedagent.envs.webshop.source import WebShopTaskSource
+    """The task source of a service, from the kind's spec (:attr:`fedagent.core.envs.EnvSpec.source`)."""
+    return open_source(kind, games, split, tasks=tasks, env_params=env_params, client_id=client_id)[0]
 
-        return WebShopTaskSource(
-            games, env_params=env_params, served=tasks, client_id=int(client_id) if client_id is not None else None
-        )
-    if kind == "textworld":
-        from fedagent.envs.textworld_games import TextWorldTaskSource
 
-        return TextWorldTaskSource(games, served=tasks)
-    if kind == "alfworld":
-        from fedagent.envs.alfworld import AlfworldTaskSource
-
-        if (Path(games) / "games.json").is_file():  # a run's catalogue (plan/games)
-            from fedagent.envs.alfworld.catalogue import source_from_catalogue
-
-            return source_from_catalogue(games, split)[0]
-        return AlfworldTaskSource(games, splits=[split])
-    raise ValueError(f"unknown env source {kind!r}")
+def open_source(
+    kind: str, games: Path, split: str, *, tasks=None, env_params: dict | None = None, client_id: str | None = None
+):
+    """(task source, the split name its tasks carry there) of ``kind`` over ``games``; env params only
+    for a kind that takes them (:attr:`fedagent.core.envs.EnvSpec.client_env_params`)."""
+    try:
+        spec = envs.spec(kind)
+    except ConfigError as exc:
+        raise ValueError(f"unknown env source {kind!r} (known: {list(envs.kinds())})") from exc
+    if env_params and not envs.takes_env_params(spec):
+        raise ValueError(f"--env-params is only understood by a source with client env knobs, not {kind!r}")
+    return envs.resolve(spec.source)(games, split, tasks=tasks, env_params=env_params, client_id=client_id)
 
 
 def _exit_on_signal(signum, _frame):
@@ -243,15 +238,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     listed = None if args.all else load_task_list(args.tasks_file)
     env_params = json.loads(args.env_params) if args.env_params else None
-    source = make_source(
+    source, split = open_source(
         args.source, args.games, args.split, tasks=listed, env_params=env_params, client_id=args.client_id
     )
     if args.all:
-        split = args.split
-        if args.source == "alfworld" and (Path(args.games) / "games.json").is_file():
-            from fedagent.envs.alfworld.catalogue import source_from_catalogue
-
-            split = source_from_catalogue(args.games, args.split)[1]
         tasks = source.task_ids(split)
     else:
         tasks = listed

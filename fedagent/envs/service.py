@@ -74,7 +74,7 @@ from fedagent.envs.protocol import (  # noqa: F401 - MAX_TEXT_CHARS re-exported
     ExpertResponse,
 )
 from fedagent.rollout.parsing import fallback_chars, parse_action
-from fedagent.rollout.prompts import PROMPT_TEMPLATES
+from fedagent.rollout.prompts import prompt_templates
 
 
 def task_for_seed(tasks: Sequence[str], seed: int, mode: str) -> str:
@@ -134,10 +134,10 @@ def build_app(
         raise ValueError(f"unknown answer_format {answer_format!r} (think_action or action)")
     require_think = answer_format == "think_action"
     prompt_template = getattr(task_source, "prompt_template", None)
-    if prompt_template not in PROMPT_TEMPLATES:
+    if prompt_template not in prompt_templates():
         raise ValueError(
             f"task source {type(task_source).__name__} names no known prompt_template "
-            f"(one of {PROMPT_TEMPLATES}), got {prompt_template!r}"
+            f"(one of {prompt_templates()}), got {prompt_template!r}"
         )
     tail = fallback_chars(prompt_template, projection)  # also refuses an unknown projection
     execute_invalid = projection == "reference"

@@ -133,19 +133,18 @@ def run(args: argparse.Namespace) -> int:
     if (args.expert_p is not None) != (args.policy == "expert"):
         raise SystemExit("fedagent labels: --expert-p goes with --policy expert (and only with it)")
     if args.policy == "expert":
-        from fedagent.envs.alfworld.catalogue import source_from_catalogue
-        from fedagent.envs.alfworld.expert import noisy_expert_labels
+        from fedagent.core import envs
         from fedagent.envs.lifecycle import games_source
 
-        if games_source(args.games) != "alfworld":
+        expert = envs.spec(games_source(args.games)).labels_expert
+        if expert is None:
             raise SystemExit(
-                f"fedagent labels: --policy expert needs ALFWorld games, {args.games} holds "
-                f"{games_source(args.games)!r}"
+                f"fedagent labels: --policy expert needs games of an env with a labels expert (ALFWorld), "
+                f"{args.games} holds {games_source(args.games)!r}"
             )
         if not 0.0 <= args.expert_p <= 1.0:
             raise SystemExit(f"fedagent labels: --expert-p must be in [0, 1], got {args.expert_p}")
-        source, _ = source_from_catalogue(args.games, "train")
-        samples = noisy_expert_labels(source, train, params.base_seed, args.expert_p, params.max_turns)
+        samples = envs.resolve(expert)(args.games, train, params.base_seed, args.expert_p, params.max_turns)
         result = {"samples": samples, "params": dataclasses.asdict(params)}
         extra = {
             "expert_p": args.expert_p,

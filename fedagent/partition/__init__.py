@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from fedagent.core import envs
 from fedagent.core.atomic import atomic_write_json
 from fedagent.core.config import JobKeys
 from fedagent.partition.context import PartitionContext
@@ -44,8 +45,10 @@ def assignment_sha256(clients: dict[str, list[str]]) -> str:
     return hashlib.sha256(json.dumps(clients, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def compute(ctx: PartitionContext, strategy: str, kind: str = "textworld") -> tuple[dict[str, list[str]], dict]:
-    """(clients, stats) of ``strategy`` over ``ctx`` (``kind``: the env's; the catalogue size rule is TextWorld's)."""
+def compute(
+    ctx: PartitionContext, strategy: str, kind: str = envs.UNNAMED_CATALOGUE_KIND
+) -> tuple[dict[str, list[str]], dict]:
+    """(clients, stats) of ``strategy`` over ``ctx`` (``kind``: the env's, for its own rules on the catalogue size)."""
     PARTITION_KEYS.check(
         {
             "n_clients": ctx.n_clients,
@@ -71,7 +74,7 @@ def partition_tasks(
     knobs: dict | None = None,
     task_types: dict | None = None,
     labels: dict | None = None,
-    kind: str = "textworld",
+    kind: str = envs.UNNAMED_CATALOGUE_KIND,
 ) -> dict[str, list[str]]:
     """Assign the canonical train task list to ``n_clients`` clients."""
     ctx = PartitionContext(list(task_ids), n_clients, min_tasks, data_seed, knobs or {}, task_types or {}, labels)

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from fedagent.core import envs
 from fedagent.core.atomic import atomic_write_json
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import python_rng
@@ -48,7 +49,7 @@ def draw_demo_pool(
         {
             "n": n,
             "enabled": True,
-            "kind": "textworld",
+            "kind": envs.UNNAMED_CATALOGUE_KIND,  # a kind sized by env.train_games: the real count stands for it
             "n_train": len(train_tasks),
             "clients": clients,
             "min_tasks": min_tasks,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from fedagent.core import envs
 from fedagent.core.config import ConfigError, load_file, merge_into, prepare_config
 
 MATRIX_DIR = Path("config") / "matrices"
@@ -58,12 +59,7 @@ TRAINING_ONLY = (
     "clients.pinned",
     "partition",
     "train",
-    "env.webshop.arm",
-    "env.webshop.variant_n",
-    "env.webshop.variant",
-    "env.webshop.env_div",
-    "env.webshop.keep_ratio",
-)
+)  # and each env's training_only_keys (fedagent.core.envs.EnvSpec: WebShop's arm knobs)
 # ... read by round 0 all the same: the demo pool (clients.total is kept whole; the shards' minimum),
 # the warm start (train's budgets, micro-batch and device), PPO's round-0 critic (algorithm, ppo).
 ROUND0_READS = (
@@ -122,32 +118,10 @@ def matrix_path(name: str, root: Path | str = ".") -> Path:
 
 
 def catalogue_settings(config: Mapping) -> dict:
-    """The config keys that make a run's task catalogue (its games / webshop_catalog rule), as a nested dict."""
+    """The config keys that make a run's task catalogue (its games rule; the kind's spec says which), as a nested dict."""
     env = config["env"]
     kind = env["kind"]
-    if kind == "webshop":
-        made_of = {
-            "webshop": {
-                k: env["webshop"][k]
-                for k in (
-                    "n_products",
-                    "goals_per_product",
-                    "val_goals",
-                    "data",
-                    "data_manifest",
-                    "goals",
-                    "max_products",
-                )
-            }
-        }
-    elif kind == "alfworld":
-        made_of = {
-            "train_games": env["train_games"],
-            "val_games": env["val_games"],
-            "alfworld": copy.deepcopy(env["alfworld"]),
-        }
-    else:
-        made_of = {k: env[k] for k in ("train_games", "val_games", "world_size", "nb_objects", "quest_length")}
+    made_of = envs.spec(kind).catalogue_keys(env)
     return {"data_seed": config["data_seed"], "env": {"kind": kind, **made_of}}
 
 
@@ -167,11 +141,16 @@ def _get(config: Mapping, dotted: str):
     return node
 
 
+def training_only() -> tuple[str, ...]:
+    """:data:`TRAINING_ONLY` and every registered env's keys only training reads."""
+    return TRAINING_ONLY + tuple(k for spec in envs.specs() for k in spec.training_only_keys)
+
+
 def start_settings(config: Mapping) -> dict:
     """The run's config without what only the training rounds read (:data:`TRAINING_ONLY`, less
     :data:`ROUND0_READS`) and without its name and place: what its round 0 is made of."""
     settings = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("run", "results_dir", "start")}
-    for dotted in TRAINING_ONLY:
+    for dotted in training_only():
         *parents, leaf = dotted.split(".")
         node = settings
         for part in parents:

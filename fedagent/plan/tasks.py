@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedagent.core import envs
 from fedagent.core.atomic import verify_manifest
 
 GAMES_INDEX = "games.json"
@@ -27,4 +28,4 @@ def load_games_index(games_dir: Path, check_hashes: bool = False) -> dict:
 def games_kind(games_dir: Path) -> str:
     """The env source a task directory serves: its games.json ``kind`` (TextWorld dirs have none)."""
     index = json.loads((Path(games_dir) / GAMES_INDEX).read_text())
-    return str(index.get("kind") or index.get("source") or "textworld")
+    return str(index.get("kind") or index.get("source") or envs.UNNAMED_CATALOGUE_KIND)

@@ -17,21 +17,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fedagent.rollout.prompts import template_object
+
 _ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 FALLBACK_CHARS = 30
 # rollout.projection: what the env does with an invalid answer (see the module docstring).
 PROJECTIONS = ("reference", "noop")
-# The reference's tail length of an answer without action tags, per prompt family (env).
-FALLBACK_CHARS_OF = {"webshop": 20, "alfworld": 30, "textworld": 30}
 
 
 def fallback_chars(template: str | None, projection: str) -> int:
     """The tail length of a tagless answer: the reference's per env (``reference``), else 30."""
     if projection not in PROJECTIONS:
         raise ValueError(f"rollout.projection must be one of {PROJECTIONS}, got {projection!r}")
-    return FALLBACK_CHARS_OF.get(str(template), FALLBACK_CHARS) if projection == "reference" else FALLBACK_CHARS
+    if projection != "reference" or template is None:
+        return FALLBACK_CHARS
+    # the reference's tail length of an answer without action tags: the prompt family's (its env's)
+    try:
+        return getattr(template_object(str(template)), "fallback_chars", FALLBACK_CHARS)
+    except ValueError:  # no such family: the default
+        return FALLBACK_CHARS
 
 
 @dataclass(frozen=True)

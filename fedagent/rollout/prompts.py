@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from fedagent.core import envs
+
 HISTORY_LENGTH = 2
 
 _HEAD = "You are an expert agent playing a text-based game."
@@ -95,173 +97,20 @@ def _window(history: Sequence[tuple[str, str]], history_length: int) -> tuple[in
     return k, len(window), entries
 
 
-# ---------------------------------------------------------------- TextWorld (ours)
-class _TextWorld:
-    """The generic text-game prompt (TextWorld games); unchanged since the first rollout."""
-
-    instructions = _INSTRUCTIONS
-
-    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
-        instruction = self.instructions[answer_format]
-        task_line = f" Your task is to: {task}" if task else ""
-        actions = format_actions(admissible)
-        if not history:
-            return (
-                f"{_HEAD}{task_line}\n"
-                f"Your current observation is: {observation}\n"
-                f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-                f"{instruction}"
-            )
-        k, n, entries = _window(history, history_length)
-        return (
-            f"{_HEAD}{task_line}\n"
-            f"Prior to this step, you have already taken {k} step(s). Below are the most recent "
-            f"{n} observations and the corresponding actions you took:\n{entries}\n"
-            f"You are now at step {k + 1} and your current observation is: {observation}\n"
-            f"Your admissible actions of the current situation are: [\n{actions}\n].\n\n"
-            f"{instruction}"
-        )
-
-    def concat_turn(self, observation, admissible, step, answer_format) -> str:
-        return (
-            f"You are now at step {step} and your current observation is: {observation}\n"
-            f"Your admissible actions of the current situation are: [\n{format_actions(admissible)}\n].\n\n"
-            f"{self.instructions[answer_format]}"
-        )
+def prompt_templates() -> tuple[str, ...]:
+    """Every prompt family the registered environments declare (:attr:`fedagent.core.envs.EnvSpec.prompt_templates`)."""
+    return envs.prompt_template_names()
 
 
-# ---------------------------------------------------------------- WebShop (the reference's)
-# Wording: verl-agent/GiGPO WEBSHOP_TEMPLATE_NO_HIS / WEBSHOP_TEMPLATE
-# (langfengQ/verl-agent agent_system/environments/prompts/webshop.py), as the reference
-# FedAgent stack renders it (sunblaze-ucb/FedAgent fedagent/envs/legacy_prompts.py,
-# build_webshop_obs). "\u2011" (non-breaking hyphen) and the trailing spaces are in the source.
-WEBSHOP_MAX_PROMPT_CHARS = 13000
-_WS_HEAD = "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment."
-_WS_ACTIONS_LINE = "Your admissible actions of the current situation are: \n"
-_WS_INSTRUCTIONS = {
-    "think_action": (
-        "Now it's your turn to take one action for the current step.\n"
-        "You should first reason step-by-step about the current situation, then think carefully which "
-        "admissible action best advances the shopping goal. This reasoning process MUST be enclosed within "
-        "<think> </think> tags. \n"
-        "Once you've finished your reasoning, you should choose an admissible action for current step and "
-        "present it within <action> </action> tags."
-    ),
-    "action": (  # ours: the reference has no action-only format
-        "Now it's your turn to take one action for the current step.\n"
-        "Answer with exactly one of the admissible actions above within <action> </action> tags, copied as "
-        "written (in search[<your query>], write your search words in place of <your query>)."
-    ),
-}
+def template_object(name: str):
+    """The template object of the prompt family ``name`` (its env's); ValueError naming the choices if none."""
+    return envs.prompt_template(name)
 
 
-def webshop_actions(admissible: Sequence[str]) -> str:
-    """WebShop: every action quoted and comma-terminated, one per line (the reference drops nothing)."""
-    return "\n".join(f"'{a}'," for a in admissible)
-
-
-class _WebShop:
-    instructions = _WS_INSTRUCTIONS
-
-    def no_history(self, task, observation, admissible, answer_format) -> str:
-        return (
-            f"\n{_WS_HEAD} \n"
-            f"Your task is to: {task}.\n"
-            f"Your current observation is: {observation}.\n"
-            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
-            f"{self.instructions[answer_format]}\n"
-        )
-
-    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
-        if not history or history_length <= 0:
-            return self.no_history(task, observation, admissible, answer_format)
-        k, n, entries = _window(history, history_length)
-        prompt = (
-            f"\n{_WS_HEAD}\n"
-            f"Your task is to: {task}.\n"
-            f"Prior to this step, you have already taken {k} step(s). Below are the most recent {n} "
-            f"observations and the corresponding actions you took: {entries}\n"
-            f"You are now at step {k + 1} and your current observation is: {observation}.\n"
-            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
-            f"{self.instructions[answer_format]}\n"
-        )
-        if len(prompt) > WEBSHOP_MAX_PROMPT_CHARS:  # the reference's guard: drop the history
-            return self.no_history(task, observation, admissible, answer_format)
-        return prompt
-
-    def concat_turn(self, observation, admissible, step, answer_format) -> str:
-        # ours (the reference's concat mode is a different recipe): the template's current-step
-        # lines; no outer newlines, so chat templates that trim messages keep it intact.
-        return (
-            f"You are now at step {step} and your current observation is: {observation}.\n"
-            f"{_WS_ACTIONS_LINE}[\n{webshop_actions(admissible)}\n].\n\n"
-            f"{self.instructions[answer_format]}"
-        )
-
-
-# ---------------------------------------------------------------- ALFWorld (the reference's)
-# Wording: verl-agent/GiGPO ALFWORLD_TEMPLATE_NO_HIS / ALFWORLD_TEMPLATE
-# (langfengQ/verl-agent agent_system/environments/prompts/alfworld.py; "observaitons" is in the
-# source), rendered as the reference FedAgent stack does (legacy_prompts.build_alfworld_obs):
-# actions "\n ".join-ed inside one bracket, no task line without history.
-_ALF_HEAD = "You are an expert agent operating in the ALFRED Embodied Environment."
-_ALF_INSTRUCTIONS = {
-    "think_action": (
-        "Now it's your turn to take an action.\n"
-        "You should first reason step-by-step about the current situation. This reasoning process MUST be "
-        "enclosed within <think> </think> tags. \n"
-        "Once you've finished your reasoning, you should choose an admissible action for current step and "
-        "present it within <action> </action> tags."
-    ),
-    "action": _ACTION_INSTRUCTION,  # ours: the reference has no action-only format
-}
-
-
-def alfworld_actions(admissible: Sequence[str]) -> str:
-    """ALFWorld: every command quoted, joined by a newline and a space, ``help`` dropped."""
-    return "\n ".join(f"'{a}'" for a in admissible if a != "help")
-
-
-class _Alfworld:
-    instructions = _ALF_INSTRUCTIONS
-
-    def windowed(self, task, observation, admissible, history, history_length, answer_format) -> str:
-        instruction = self.instructions[answer_format]
-        actions = alfworld_actions(admissible)
-        if not history or history_length <= 0:
-            return (
-                f"\n{_ALF_HEAD}\n"
-                f"Your current observation is: {observation}\n"
-                f"Your admissible actions of the current situation are: [{actions}].\n\n"
-                f"{instruction}\n"
-            )
-        k, n, entries = _window(history, history_length)
-        return (
-            f"\n{_ALF_HEAD} Your task is to: {task}\n"
-            f"Prior to this step, you have already taken {k} step(s). Below are the most recent {n} "
-            f"observaitons and the corresponding actions you took: {entries}\n"
-            f"You are now at step {k + 1} and your current observation is: {observation}\n"
-            f"Your admissible actions of the current situation are: [{actions}].\n\n"
-            f"{instruction}\n"
-        )
-
-    def concat_turn(self, observation, admissible, step, answer_format) -> str:
-        return (
-            f"You are now at step {step} and your current observation is: {observation}\n"
-            f"Your admissible actions of the current situation are: [{alfworld_actions(admissible)}].\n\n"
-            f"{self.instructions[answer_format]}"
-        )
-
-
-_TEMPLATES = {"textworld": _TextWorld(), "webshop": _WebShop(), "alfworld": _Alfworld()}
-PROMPT_TEMPLATES = tuple(_TEMPLATES)
-
-
-def check_template(template: str) -> str:
-    """``template`` if it names a prompt family, else a ValueError naming the choices."""
-    if template not in _TEMPLATES:
-        raise ValueError(f"prompt_template must be one of {PROMPT_TEMPLATES}, got {template!r}")
-    return template
+def check_template(template_name: str) -> str:
+    """``template_name`` if it names a prompt family, else a ValueError naming the choices."""
+    template_object(template_name)
+    return template_name
 
 
 def template_of(reset_answer: dict) -> str:
@@ -290,9 +139,7 @@ def windowed_prompt(
     ``template`` is the env's ``prompt_template`` (:func:`template_of`).
     """
     _check_format(answer_format)
-    return _TEMPLATES[check_template(template)].windowed(
-        task, observation, admissible, history, history_length, answer_format
-    )
+    return template_object(template).windowed(task, observation, admissible, history, history_length, answer_format)
 
 
 def concat_turn_prompt(
@@ -303,7 +150,7 @@ def concat_turn_prompt(
     ``step`` is the 1-based number of the step about to be taken.
     """
     _check_format(answer_format)
-    return _TEMPLATES[check_template(template)].concat_turn(observation, admissible, step, answer_format)
+    return template_object(template).concat_turn(observation, admissible, step, answer_format)
 
 
 def render_chat(tokenizer, messages: Sequence[dict], answer_format: str = "think_action") -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from fedagent.core.config_rules import cross_rule
+from fedagent.core.rules import cross_rule
 from fedagent.core.registry import SERVER_OPTIMIZERS, Hparam
 
 if TYPE_CHECKING:  # torch is imported where tensors are touched: the workflow plans with this module

@@ -20,6 +20,7 @@ import threading
 import time
 
 import fedagent
+from fedagent.core import envs
 from fedagent.warm import threads
 
 _TORCH = (
@@ -46,14 +47,13 @@ _JOB = (
 PRELOADS: dict[str, tuple[str, ...]] = {
     "train": ("fedagent.train.cli", *_TORCH, "fedagent.train.local", "fedagent.train.grpo", *_JOB),
     "eval": ("fedagent.evaluate.validation", *_TORCH, *_JOB),
-    # `fedagent serve-env` for a TextWorld service (fedagent.envs.serve.run): app, uvicorn's loop and protocols.
+    # `fedagent serve-env` (fedagent.envs.serve.run): app, uvicorn's loop and protocols, and the default
+    # env kind's modules (its spec's preload).
     "env": (
         "fedagent.envs.serve",
         "fedagent.envs.service",
         "fedagent.envs.client",
-        "fedagent.envs.textworld_games",
-        "fedagent.envs.textworld_env",
-        "textworld",
+        *envs.spec(envs.UNNAMED_CATALOGUE_KIND).preload,
         "fastapi",
         "pydantic.v1",
         "uvicorn",

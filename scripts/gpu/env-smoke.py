@@ -36,7 +36,7 @@ def _missing(env: str) -> str | None:
 
 def textworld(tmp: Path) -> str:
     from fedagent.envs.serve import make_source
-    from fedagent.envs.textworld_games import generate_games
+    from fedagent.envs.textworld.games import generate_games
 
     generate_games(tmp / "tw", base_seed=1, n_train=1, n_val=0)
     source = make_source("textworld", tmp / "tw", "train")

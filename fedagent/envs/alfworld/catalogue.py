@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fedagent.core.atomic import atomic_dir
 from fedagent.envs.alfworld import data
-from fedagent.envs.textworld_games import GAMES_JSON, id_list_sha256
+from fedagent.envs.textworld.games import GAMES_JSON, id_list_sha256
 
 FORMAT = "fedagent-alfworld-games-v1"
 GENERATED_ROOT = "alfworld"

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from fedagent.envs.alfworld import assets
 from fedagent.envs.base import ResetResult, StepResult
-from fedagent.envs.textworld_env import engine_text  # the same Z-machine/TextWorld engine underneath
+from fedagent.envs.textworld.env import engine_text  # the same Z-machine/TextWorld engine underneath
 
 WIN_REWARD = 10.0
 DEFAULT_MAX_TURNS = 50

@@ -57,3 +57,11 @@ def noisy_expert_labels(source, task_ids: Sequence[str], base_seed: int, p: floa
         ]
     finally:
         env.close()
+
+
+def catalogue_labels(games_dir, task_ids: Sequence[str], base_seed: int, p: float, max_turns: int) -> list[dict]:
+    """:func:`noisy_expert_labels` over the train split of a run's catalogue (``fedagent labels --policy expert``)."""
+    from fedagent.envs.alfworld.catalogue import source_from_catalogue
+
+    source, _ = source_from_catalogue(games_dir, "train")
+    return noisy_expert_labels(source, task_ids, base_seed, p, max_turns)

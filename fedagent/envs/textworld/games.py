@@ -233,7 +233,7 @@ class TextWorldTaskSource:
     def make_env(self, max_turns: int, *, policy_commands: bool = False):
         """A fresh :class:`TextWorldEnv` able to play every game of this directory (``policy_commands``:
         with the walkthrough expert, :meth:`TextWorldEnv.expert_action`)."""
-        from fedagent.envs.textworld_env import TextWorldEnv
+        from fedagent.envs.textworld.env import TextWorldEnv
 
         paths = {gid: self.games_dir / rel for gid, rel in self.games["files"].items()}
         return TextWorldEnv(paths, max_turns=max_turns, policy_commands=policy_commands)
