@@ -160,9 +160,9 @@ class _LogArm:
 
 
 def verl_settings(text: str):
-    """``--verl`` JSON → :class:`fedagent.train.verl.launch.VerlSettings` (unknown keys are an error)."""
+    """``--verl`` JSON → :class:`fedagent.train.verl.settings.VerlSettings` (unknown keys are an error)."""
     from fedagent.core.config import dataclass_from_dict
-    from fedagent.train.verl.launch import VerlSettings
+    from fedagent.train.verl.settings import VerlSettings
 
     d = dict(json.loads(text))
     for key in ("extra_overrides", "cudagraph_capture_sizes"):

@@ -22,7 +22,9 @@ from pathlib import Path
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import derive_seed
 from fedagent.train.epilogue import ModelUpdate, require_start_critic, seconds, write_client_update
-from fedagent.train.verl import launch, refit, steplog
+from fedagent.train.verl import job_files, launch, refit, steplog
+from fedagent.train.verl.overrides import build_overrides
+from fedagent.train.verl.settings import VerlSettings
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
@@ -109,7 +111,7 @@ def train_client_verl(
     round: int,
     client: int,
     params,
-    settings: launch.VerlSettings,
+    settings: VerlSettings,
     out_dir: Path,
     quarantine: Path | None = None,
 ) -> dict:
@@ -147,11 +149,11 @@ def train_client_verl(
     inputs_to_check = [Path(model_dir)] + ([Path(ref_model_dir)] if ref_dir is not None else [])
     engines = settings.engines == "run"
     with verifying(inputs_to_check) as inputs, launch.isolated_job(workdir, round=round, client=client) as job:
-        rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
+        rows = job_files.write_rows(job.workdir / "rows.parquet", job_files.task_rows(p, round, client))
         # named by the attempt's tag, as its checkpoint dir: a dying process of an earlier attempt (a killed
         # job's engine set, a stale trainer) cannot write into this attempt's files
         record = job.workdir / f"episodes-{job.tag}.jsonl"
-        yaml_path = launch.write_agent_loop_yaml(
+        yaml_path = job_files.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml",
             env_uds=env_address.get("uds"),
             env_url=env_address.get("base_url"),
@@ -164,7 +166,7 @@ def train_client_verl(
             job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None,
             model_dir=Path(model_dir).resolve(),
         )
-        overrides = launch.build_overrides(
+        overrides = build_overrides(
             p,
             settings,
             job=job,
