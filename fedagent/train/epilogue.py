@@ -24,7 +24,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    from fedagent.core.atomic import Verifying
+    from fedagent.core.timing import PhaseClock
 
 METRICS_JSON = "metrics.json"
 SAMPLES_JSONL = "samples.jsonl"
@@ -76,10 +80,10 @@ def write_client_update(
     *,
     metrics: Callable[[dict], dict],
     samples: Iterable[dict],
-    clock,
+    clock: PhaseClock,
     provenance: dict | None = None,
     quarantine: Path | None = None,
-    inputs=None,
+    inputs: Verifying | None = None,
 ) -> dict:
     """Write one client update dir atomically (see the module docstring); return its metrics.
 
@@ -102,7 +106,12 @@ def write_client_update(
 
 
 def write_job_records(
-    staging: Path, metrics: dict, clock, records: Iterable[dict], records_name: str, provenance: dict | None = None
+    staging: Path,
+    metrics: dict,
+    clock: PhaseClock,
+    records: Iterable[dict],
+    records_name: str,
+    provenance: dict | None = None,
 ) -> None:
     """A job's records beside its model files in ``staging``: ``metrics.json`` with the clock's
     ``timings`` (marked ``saved``: the model files are written), one JSON line per record in
