@@ -21,7 +21,9 @@ from verl_helpers import compose_ppo  # noqa: E402
 
 from fedagent.rollout.prompts import RESPONSE_PREFIX, encode_prompt, windowed_prompt  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
-from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
+from fedagent.train.verl.launch import VerlJob  # noqa: E402
+from fedagent.train.verl.overrides import build_overrides  # noqa: E402
+from fedagent.train.verl.settings import VerlSettings  # noqa: E402
 
 
 class FakeServer:
@@ -44,7 +46,7 @@ class FakeServer:
 
 
 def row(seed, **coords):
-    """A row's extra_info as launch.task_rows writes it (task seed + the job's seed coordinates)."""
+    """A row's extra_info as job_files.task_rows writes it (task seed + the job's seed coordinates)."""
     return {"seed": seed, "epoch": 0, "group": 0, "round": 1, "client": 0, "base_seed": 0, **coords}
 
 

@@ -36,7 +36,9 @@ from fedagent.train.verl import refit  # noqa: E402
 from fedagent.core import procs  # noqa: E402
 from fedagent.train.verl import leftovers, memory  # noqa: E402
 from fedagent.train.verl.engines import client, keys, serve  # noqa: E402
-from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
+from fedagent.train.verl.launch import VerlJob  # noqa: E402
+from fedagent.train.verl.overrides import build_overrides  # noqa: E402
+from fedagent.train.verl.settings import VerlSettings  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 P = dict(groups_per_epoch=2, group_size=2, max_turns=1, pool_size=4, mini_batch_size=2)

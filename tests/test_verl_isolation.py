@@ -25,7 +25,7 @@ from fedagent.envs.service import build_app
 from fedagent.train.local import TrainParams
 from fedagent.train.verl.backend import train_client_verl
 from fedagent.core.procs import alive as _alive  # one /proc reading for the verl tests and the sets
-from fedagent.train.verl.launch import VerlSettings
+from fedagent.train.verl.settings import VerlSettings
 from fedagent.train.verl.leftovers import IPC_SOCKET_GLOB
 
 TESTS = Path(__file__).resolve().parent
@@ -247,7 +247,8 @@ def test_two_real_ray_clusters_from_our_launch_are_apart(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from fedagent.train.verl.launch import build_overrides, isolated_job, job_environ
+    from fedagent.train.verl.launch import isolated_job, job_environ
+    from fedagent.train.verl.overrides import build_overrides
 
     pytest.importorskip("ray")
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")

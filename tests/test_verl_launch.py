@@ -1,6 +1,6 @@
 """Every verl launch we generate composes against verl 0.9.1's own Hydra config.
 
-The overrides come from the launcher itself (fedagent.train.verl.launch.build_overrides) for
+The overrides come from the launcher itself (fedagent.train.verl.overrides.build_overrides) for
 the train params the workflow derives from real configs (the default run, the workflow-test
 config, a multi-epoch GRPO, KL off, a caller's extra override), and are composed with
 verl's ``ppo_trainer`` config as ``verl.trainer.main_ppo`` composes them: a key that verl
@@ -22,12 +22,10 @@ from verl_helpers import compose_ppo  # noqa: E402
 
 from fedagent.core.config import load_config  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
-from fedagent.train.verl.launch import (
-    VerlJob,
-    VerlSettings,
-    build_overrides,  # noqa: E402
-    write_agent_loop_yaml,
-)
+from fedagent.train.verl.job_files import write_agent_loop_yaml  # noqa: E402
+from fedagent.train.verl.launch import VerlJob  # noqa: E402
+from fedagent.train.verl.overrides import build_overrides  # noqa: E402
+from fedagent.train.verl.settings import VerlSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -192,7 +190,7 @@ def test_the_verl_job_plays_rollout_history(tmp_path, monkeypatch):
         seen["history_length"] = kw["history_length"]
         raise Stop
 
-    monkeypatch.setattr(backend.launch, "write_agent_loop_yaml", capture)
+    monkeypatch.setattr(backend.job_files, "write_agent_loop_yaml", capture)
     model = build_tiny_model(tmp_path / "m")
     with pytest.raises(Stop):
         backend.train_client_verl(

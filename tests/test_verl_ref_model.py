@@ -28,7 +28,9 @@ from verl_helpers import compose_ppo  # noqa: E402
 from fedagent.core.config import ConfigError, JOB_KEYS, load_config  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl import ref_model  # noqa: E402
-from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides  # noqa: E402
+from fedagent.train.verl.launch import VerlJob  # noqa: E402
+from fedagent.train.verl.overrides import build_overrides  # noqa: E402
+from fedagent.train.verl.settings import VerlSettings  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

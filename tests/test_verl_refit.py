@@ -29,7 +29,9 @@ from test_verl_launch import REPO, workflow_train_params  # noqa: E402
 from fake_env import build_tiny_model  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
 from fedagent.train.verl import refit  # noqa: E402
-from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides, trainer_command  # noqa: E402
+from fedagent.train.verl.launch import VerlJob, trainer_command  # noqa: E402
+from fedagent.train.verl.overrides import build_overrides  # noqa: E402
+from fedagent.train.verl.settings import VerlSettings  # noqa: E402
 
 
 def _overrides(tmp_path, **settings):
@@ -342,7 +344,7 @@ def test_the_agent_loop_job_file_carries_the_env_address_and_nothing_else_does(t
     import yaml
 
     from fedagent.train.verl.agent_loop import read_job_file
-    from fedagent.train.verl.launch import write_agent_loop_yaml
+    from fedagent.train.verl.job_files import write_agent_loop_yaml
 
     p = TrainParams(max_turns=2)
     path = write_agent_loop_yaml(

@@ -141,7 +141,9 @@ def main(workdir: Path) -> None:
 
     from fedagent.train.local import TrainParams
     from fedagent.train.verl import refit
-    from fedagent.train.verl.launch import VerlJob, VerlSettings, build_overrides
+    from fedagent.train.verl.launch import VerlJob
+    from fedagent.train.verl.overrides import build_overrides
+    from fedagent.train.verl.settings import VerlSettings
 
     transformer_impl.load_fsdp_model_to_gpu = lambda module: None  # the module never leaves the CPU
     torch.Tensor.pin_memory = lambda self, *a, **k: self  # FSDP's CPU offload (the reference) pins for a GPU

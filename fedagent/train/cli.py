@@ -62,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The train-client job itself."""
-    from fedagent.envs.lifecycle import job_env_service
-    from fedagent.plan.tasks import games_kind
     from fedagent.train.local import TrainParams, train_client
 
     raw = json.loads(args.params)
@@ -99,21 +97,8 @@ def _run(args: argparse.Namespace) -> int:
             }
         )
         return _run_verl(args, params, shard, out, verl_json, env_params)
-    with job_env_service(
-        args.games,
-        "train",
-        shard,
-        out,
-        mode="draw",
-        pool_size=params.pool_size,
-        max_turns=params.max_turns,
-        client_id=str(args.client),
-        answer_format=params.answer_format,
-        projection=params.projection,
-        source=games_kind(args.games),
-        env_params=env_params or None,
-        env_procs=params.env_procs,
-        wait=False,
+    with client_env_service(
+        args, params, shard, out, env_params, pool_size=params.pool_size, env_procs=params.env_procs, wait=False
     ) as pending:
         # The service starts while train_client loads the model; it health-gates it after.
         metrics = train_client(
@@ -154,15 +139,41 @@ class _LogArm:
         self.pending = pending
 
     def ready(self):
-        env = self.pending.ready()
-        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)  # the job log shows the arm
-        return env
+        return log_env_info(self.pending.ready())
+
+
+def client_env_service(args: argparse.Namespace, params, shard: list[str], out: Path, env_params: dict, **kwargs):
+    """The job's env service over the client's shard in draw mode, beside ``out`` (either backend);
+    ``kwargs``: what the backends start differently (pool size, worker processes, waiting)."""
+    from fedagent.envs.lifecycle import job_env_service
+    from fedagent.plan.tasks import games_kind
+
+    return job_env_service(
+        args.games,
+        "train",
+        shard,
+        out,
+        mode="draw",
+        max_turns=params.max_turns,
+        client_id=str(args.client),
+        answer_format=params.answer_format,
+        projection=params.projection,
+        source=games_kind(args.games),
+        env_params=env_params or None,
+        **kwargs,
+    )
+
+
+def log_env_info(env):
+    """Print the env's arm into the job log; return ``env``."""
+    print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
+    return env
 
 
 def verl_settings(text: str):
-    """``--verl`` JSON → :class:`fedagent.train.verl.launch.VerlSettings` (unknown keys are an error)."""
+    """``--verl`` JSON → :class:`fedagent.train.verl.settings.VerlSettings` (unknown keys are an error)."""
     from fedagent.core.config import dataclass_from_dict
-    from fedagent.train.verl.launch import VerlSettings
+    from fedagent.train.verl.settings import VerlSettings
 
     d = dict(json.loads(text))
     for key in ("extra_overrides", "cudagraph_capture_sizes"):
@@ -191,28 +202,13 @@ def verl_settings(text: str):
 
 def _run_verl(args: argparse.Namespace, params, shard: list[str], out: Path, verl_json: str, env_params: dict) -> int:
     """The verl backend: same env service, then one verl job (fedagent.train.verl.backend)."""
-    from fedagent.envs.lifecycle import job_env_service
-    from fedagent.plan.tasks import games_kind
     from fedagent.train.verl.backend import train_client_verl
 
     settings = verl_settings(verl_json)
     # verl plays every rollout of a step at once: one env session each.
     pool = max(params.pool_size, params.groups_per_epoch * params.group_size)
-    with job_env_service(
-        args.games,
-        "train",
-        shard,
-        out,
-        mode="draw",
-        pool_size=pool,
-        max_turns=params.max_turns,
-        client_id=str(args.client),
-        answer_format=params.answer_format,
-        projection=params.projection,
-        source=games_kind(args.games),
-        env_params=env_params or None,
-    ) as env:
-        print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)  # the job log shows the arm
+    with client_env_service(args, params, shard, out, env_params, pool_size=pool) as env:
+        log_env_info(env)
         metrics = train_client_verl(
             args.model,
             args.ref_model,

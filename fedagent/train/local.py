@@ -29,6 +29,7 @@ from fedagent.core.config import JobKeys, dataclass_from_dict
 from fedagent.core.seeds import derive_seed, python_rng, torch_generator
 from fedagent.train import fedprox, grpo
 from fedagent.train.actor import bf16_reference, checkpoint_activations, compile_for_training, grpo_epoch
+from fedagent.train.epilogue import ModelUpdate, require_start_critic, seconds, write_client_update
 
 
 @dataclass(frozen=True)
@@ -166,14 +167,13 @@ def train_client(
 ) -> dict:
     """Run one client's local GRPO round against ``env``; write the update dir atomically.
 
-    Output (via :func:`fedagent.core.atomic.atomic_dir`): fp32 HF dir + ``metrics.json`` +
-    ``samples.jsonl``. Returns the metrics dict. ``ref_model_dir`` None (or kl_coef 0)
+    Output (via the job epilogue, :func:`fedagent.train.epilogue.write_client_update`): fp32 HF dir
+    (+ PPO's ``critic/``) + ``metrics.json`` + ``samples.jsonl`` + ``provenance.json``. Returns the
+    metrics dict. ``ref_model_dir`` None (or kl_coef 0)
     disables the KL term. On ``device: cuda`` the fp32 master weights train under bf16
     autocast and rollouts come from a bf16 copy (synced before every epoch) through the
     compiled static-cache sampler; the update written is the fp32 master.
     """
-    from fedagent.core.atomic import atomic_dir
-    from fedagent.core.provenance import write_provenance
     from fedagent.model.policy import load_policy, save_policy
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.core.timing import PhaseClock
@@ -234,12 +234,9 @@ def train_client(
     prox_anchor = fedprox.snapshot(model) if p.fedprox_mu else None
     critic = critic_optimizer = None
     if p.algorithm == "ppo":  # the value model starts from the critic/ beside the start model
-        from fedagent.model.critic_dir import critic_of
-        from fedagent.model.critic import load_critic
+        from fedagent.model.critic import load_critic, save_critic
 
-        if not critic_of(model_dir).is_dir():
-            raise ValueError(f"train.algorithm ppo: the start model {model_dir} has no critic/ (value model)")
-        critic = load_critic(critic_of(model_dir), device=p.device)
+        critic = load_critic(require_start_critic(model_dir), device=p.device)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
     clock.mark("model_loaded")
     if sampler is not None and p.sampler != "eager":
@@ -382,7 +379,7 @@ def train_client(
         "params": p.recorded(),
         "threads": threads,
         "device": p.device,
-        "wall_time_s": round_(time.time() - t0),
+        "wall_time_s": seconds(time.time() - t0),
     }
     if p.device == "cuda":
         # The job's peak GPU memory (recorded per job, beside its declared gpu_mem_mb).
@@ -399,30 +396,24 @@ def train_client(
         # reward (the turn's penalized episode return) is non-zero, out of num_samples; with none,
         # the advantages only chase the critic's own values.
         metrics.update(ppo=ppo_stats, samples_nonzero_reward=samples_rewarded)
-    with atomic_dir(Path(out_dir), quarantine) as staging:
-        save_policy(model, tok, staging)
-        if critic is not None:
-            from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests, critic_of
-            from fedagent.model.critic import save_critic
-
-            save_critic(critic, critic_of(staging))
-            # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
-            metrics[CRITIC_RECORD] = critic_digests(staging)
-        clock.mark("saved")
-        metrics["timings"] = clock.summary()
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
-        with open(staging / "samples.jsonl", "w") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        write_provenance(
-            staging,
-            job="train_client",
-            params={**p.recorded(), "threads": threads},
-            seeds={"base_seed": p.base_seed, "round": round, "client": client, "task_seeds": seeds_used},
-            backend="local",
+    return write_client_update(
+        out_dir,
+        ModelUpdate(
+            write_policy=lambda d: save_policy(model, tok, d),
+            write_critic=None if critic is None else lambda d: save_critic(critic, d),
+        ),
+        metrics=lambda _: metrics,
+        samples=records,
+        clock=clock,
+        provenance={
+            "job": "train_client",
+            "params": {**p.recorded(), "threads": threads},
+            "seeds": {"base_seed": p.base_seed, "round": round, "client": client, "task_seeds": seeds_used},
+            "backend": "local",
             **({"extra": {"start_critic": str(Path(model_dir) / "critic")}} if critic is not None else {}),
-        )
-    return metrics
+        },
+        quarantine=quarantine,
+    )
 
 
 def _read_tensors_async(model_dir: Path, verify: bool):
@@ -473,8 +464,3 @@ def _invalid_rate(records: list[dict]) -> float:
     """Share of turns whose answer broke the format (a no-op turn for the env)."""
     turns = [t for r in records for t in r["turns"]]
     return (sum(1 for t in turns if not t["valid"]) / len(turns)) if turns else 0.0
-
-
-def round_(x: float) -> float:
-    """Seconds to 3 decimals (wall time is informational only)."""
-    return float(f"{x:.3f}")

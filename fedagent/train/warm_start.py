@@ -165,11 +165,11 @@ def warm_start(
     import torch
 
     from fedagent.core.atomic import atomic_dir
-    from fedagent.core.provenance import write_provenance
     from fedagent.core.timing import PhaseClock
     from fedagent.model.critic_dir import critic_of
     from fedagent.model.policy import load_policy, save_policy
     from fedagent.train import grpo
+    from fedagent.train.epilogue import write_job_records
 
     p = params
     clock = PhaseClock()
@@ -219,19 +219,19 @@ def warm_start(
         save_policy(model, tok, staging)
         if critic_of(base_dir).is_dir():  # PPO: round 1's critic, as the base model built it
             shutil.copytree(critic_of(base_dir), critic_of(staging))
-        clock.mark("saved")
-        metrics["timings"] = clock.summary()
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
-        with open(staging / "demos.jsonl", "w") as fh:
-            for t in trajs:
-                fh.write(json.dumps(t.summary(), sort_keys=True) + "\n")
-        write_provenance(
+        write_job_records(
             staging,
-            job="warm_start",
-            params={**dataclasses.asdict(p), "threads": threads},
-            seeds={"base_seed": p.base_seed},
-            backend="local",
-            extra={"base_model": str(base_dir), "demos": len(trajs)},
+            metrics,
+            clock,
+            (t.summary() for t in trajs),
+            "demos.jsonl",
+            provenance={
+                "job": "warm_start",
+                "params": {**dataclasses.asdict(p), "threads": threads},
+                "seeds": {"base_seed": p.base_seed},
+                "backend": "local",
+                "extra": {"base_model": str(base_dir), "demos": len(trajs)},
+            },
         )
     return metrics
 

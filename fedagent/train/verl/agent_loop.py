@@ -2,7 +2,7 @@
 
 verl instantiates :class:`WindowedAgentLoop` from the job's agent-loop YAML
 (``actor_rollout_ref.rollout.agent.agent_loop_config_path``, written by
-:func:`fedagent.train.verl.launch.write_agent_loop_yaml`) once per rollout, i.e. per
+:func:`fedagent.train.verl.job_files.write_agent_loop_yaml`) once per rollout, i.e. per
 (dataset row, session) with ``rollout.n`` sessions per row. ``run`` plays the row's task
 seed: every turn builds the same windowed prompt as the local backend
 (:func:`fedagent.rollout.prompts.windowed_prompt` in the prompt family the env's reset names
@@ -158,7 +158,7 @@ class WindowedAgentLoop(AgentLoopBase):
         if missing:
             raise ValueError(
                 f"agent loop: the row's extra_info lacks {missing}: the per-request sampling seeds "
-                "need the job's coordinates (fedagent.train.verl.launch.task_rows)"
+                "need the job's coordinates (fedagent.train.verl.job_files.task_rows)"
             )
         coords = {k: int(info[k]) for k in ("round", "client", "epoch", "group")}
         sid = f"{uid}-s{session}"

@@ -21,7 +21,10 @@ from pathlib import Path
 
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import derive_seed
-from fedagent.train.verl import launch, refit, steplog
+from fedagent.train.epilogue import ModelUpdate, require_start_critic, seconds, write_client_update
+from fedagent.train.verl import job_files, launch, refit, steplog
+from fedagent.train.verl.overrides import build_overrides
+from fedagent.train.verl.settings import VerlSettings
 
 
 # The verl job's own config keys (beyond TrainParams): checked by the job as planning checked them.
@@ -42,6 +45,10 @@ VERL_KEYS = JobKeys(
         "activation_checkpointing": "train.activation_checkpointing",
     },
 )
+
+
+# What metrics.json records of the engine set a job ran on (train.verl.engines: run).
+ENGINE_SET_KEYS = ("set", "warm", "jobs_before", "fit_s", "slot_wait_s", "memory_gb", "memory_growth_gb")
 
 
 def check_job_keys(values: dict) -> None:
@@ -104,25 +111,23 @@ def train_client_verl(
     round: int,
     client: int,
     params,
-    settings: launch.VerlSettings,
+    settings: VerlSettings,
     out_dir: Path,
     quarantine: Path | None = None,
 ) -> dict:
     """Run one verl job for this client and round; write the update dir; return the metrics."""
-    from fedagent.core.atomic import atomic_dir, verifying
-    from fedagent.train.local import epoch_task_seeds, same_weights
+    from fedagent.core.atomic import verifying
     from fedagent.core.timing import PhaseClock
-    from fedagent.train.verl.convert import write_update
+    from fedagent.model.critic_dir import critic_of
+    from fedagent.train.local import epoch_task_seeds, same_weights
+    from fedagent.train.verl.convert import write_critic_update, write_update
 
     clock = PhaseClock()  # process start → …: the same timings block as the local backend
     t0 = time.time()
     p = params
     ppo = p.algorithm == "ppo"
     if ppo:
-        from fedagent.model.critic_dir import critic_of
-
-        if not critic_of(model_dir).is_dir():
-            raise ValueError(f"train.algorithm ppo: the start model {model_dir} has no critic/ (value model)")
+        require_start_critic(model_dir)
     ref_dir = None
     if ref_model_dir is not None and p.kl_coef and not same_weights(model_dir, ref_model_dir):
         # Another reference than the start model (train.ref_anchor: base, rounds >= 2): verl builds it
@@ -144,11 +149,11 @@ def train_client_verl(
     inputs_to_check = [Path(model_dir)] + ([Path(ref_model_dir)] if ref_dir is not None else [])
     engines = settings.engines == "run"
     with verifying(inputs_to_check) as inputs, launch.isolated_job(workdir, round=round, client=client) as job:
-        rows = launch.write_rows(job.workdir / "rows.parquet", launch.task_rows(p, round, client))
+        rows = job_files.write_rows(job.workdir / "rows.parquet", job_files.task_rows(p, round, client))
         # named by the attempt's tag, as its checkpoint dir: a dying process of an earlier attempt (a killed
         # job's engine set, a stale trainer) cannot write into this attempt's files
         record = job.workdir / f"episodes-{job.tag}.jsonl"
-        yaml_path = launch.write_agent_loop_yaml(
+        yaml_path = job_files.write_agent_loop_yaml(
             job.workdir / "agent_loop.yaml",
             env_uds=env_address.get("uds"),
             env_url=env_address.get("base_url"),
@@ -161,7 +166,7 @@ def train_client_verl(
             job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None,
             model_dir=Path(model_dir).resolve(),
         )
-        overrides = launch.build_overrides(
+        overrides = build_overrides(
             p,
             settings,
             job=job,
@@ -243,14 +248,14 @@ def train_client_verl(
         firsts = [e.pop("t_first_generation", None) for e in episodes]
         firsts = [t for t in firsts if t is not None]
         if firsts and t_refit is not None:  # a job on warm engines: its reset → its first token
-            warm_start["refit_to_first_generation"] = round_(min(firsts) - t_refit)
+            warm_start["refit_to_first_generation"] = seconds(min(firsts) - t_refit)
             if settings.warm_refit:  # the probe's launch → first token: its first fit's
                 firsts = [t_cold] if t_cold is not None else []
         if firsts:
-            marks["first_generation"] = round_(min(firsts) - t_launch)
+            marks["first_generation"] = seconds(min(firsts) - t_launch)
             clock.mark("first_token", min(firsts))
         if t_refit is not None:
-            marks["refit"] = round_(t_refit - t_launch)
+            marks["refit"] = seconds(t_refit - t_launch)
         for name, secs in marks.items():
             if name != "first_generation":  # = first_token
                 clock.mark(name, t_launch + secs)
@@ -277,17 +282,9 @@ def train_client_verl(
             else engine_check
         )
         t1 = time.time()
-        with atomic_dir(out_dir, quarantine) as staging:
-            inputs.wait()  # nothing derived from an unverified start model reaches the final path
-            conv = write_update(actor, model_dir, staging)
-            critic_record = {}
-            if ppo:
-                from fedagent.model.critic_dir import CRITIC_RECORD, critic_digests, critic_of
-                from fedagent.train.verl.convert import write_critic_update
 
-                write_critic_update(critic_ckpt, critic_of(model_dir), critic_of(staging))
-                # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
-                critic_record = {CRITIC_RECORD: critic_digests(staging)}
+        def job_metrics(conv: dict) -> dict:
+            # the conversion's seconds: the update's model files, written once the inputs verified
             convert_s = time.time() - t1
             metrics = {
                 "round": round,
@@ -307,46 +304,31 @@ def train_client_verl(
                     "world_size": conv["world_size"],
                     # None: verl's KL reference was the start model
                     "ref_model": None if ref_dir is None else str(ref_dir),
-                    **(
-                        {
-                            "engine_set": {
-                                k: reply[k]
-                                for k in (
-                                    "set",
-                                    "warm",
-                                    "jobs_before",
-                                    "fit_s",
-                                    "slot_wait_s",
-                                    "memory_gb",
-                                    "memory_growth_gb",
-                                )
-                            }
-                        }
-                        if reply is not None
-                        else {}
-                    ),
+                    **({"engine_set": {k: reply[k] for k in ENGINE_SET_KEYS}} if reply is not None else {}),
                 },
                 "timings_s": {
-                    "trainer": round_(trainer_s),
-                    "convert": round_(convert_s),
+                    "trainer": seconds(trainer_s),
+                    "convert": seconds(convert_s),
                     **{f"launch_to_{k}": v for k, v in sorted(marks.items())},
                     **warm_start,
                 },
                 "trainer_attempts": attempts,
                 **refit_check,
                 "verl_steps": steps,
-                "wall_time_s": round_(time.time() - t0),
-                **critic_record,
+                "wall_time_s": seconds(time.time() - t0),
             }
             if ppo:  # verl's critic values per step (vf_loss, …) are in steps / verl_steps
                 metrics["vf_loss"] = steplog.mean_of(records, "vf_loss")
-            clock.mark("saved")
-            metrics["timings"] = clock.summary()
-            (staging / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
-            with open(staging / "samples.jsonl", "w") as fh:
-                for rec in episodes:
-                    fh.write(json.dumps(rec, sort_keys=True) + "\n")
-    return metrics
+            return metrics
+
+        update = ModelUpdate(
+            write_policy=lambda d: write_update(actor, model_dir, d),
+            write_critic=(lambda d: write_critic_update(critic_ckpt, critic_of(model_dir), d)) if ppo else None,
+        )
+        # verl's updates record no provenance.json (the local backend's do)
+        return write_client_update(
+            out_dir, update, metrics=job_metrics, samples=episodes, clock=clock, quarantine=quarantine, inputs=inputs
+        )
 
 
 def engines_dir(out_dir: Path) -> Path:
@@ -396,7 +378,7 @@ def _on_engines(job, overrides, yaml_path, settings, out_dir, client, clock):
         _echo(job.log)  # into the rule's log (stdout), before the work dir goes
     # the job's launch is its request (sent once it had its slot: the wait for a busy slot is not start-up)
     clock.set("trainer_launch", reply["t_request"])
-    reply["slot_wait_s"] = round_(reply["t_slot"] - t_asked)
+    reply["slot_wait_s"] = seconds(reply["t_slot"] - t_asked)
     return reply, time.time() - reply["t_request"], reply["t_request"]
 
 
@@ -437,7 +419,3 @@ def _echo(log: Path) -> None:
     if Path(log).is_file():
         sys.stdout.write(Path(log).read_text(errors="replace"))
         sys.stdout.flush()
-
-
-def round_(x: float) -> float:
-    return float(f"{x:.3f}")

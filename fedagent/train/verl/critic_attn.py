@@ -4,7 +4,7 @@ verl 0.9.1's FSDP engine loads the critic (``model_type == "value_model"``) thro
 ``verl.utils.model.load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code)``
 (imported inside ``FSDPEngine._build_module``, so replacing the module attribute is enough), which
 passes ``attn_implementation="flash_attention_2"`` to ``from_pretrained`` regardless of the config —
-overriding ``+critic.model.override_config.attn_implementation`` (``launch.ppo_overrides``). Without
+overriding ``+critic.model.override_config.attn_implementation`` (``overrides.ppo_overrides``). Without
 flash-attn the critic does not load (seen on the GPU: "FlashAttention2 has been toggled
 on", then verl's "is not a value head model, please install trl").
 
