@@ -7,13 +7,56 @@
 configfile: "config/config.yaml"
 
 
-# Before the first job (not for -n, not when there is nothing to do): do the run's model dirs fit the disk?
-onstart:
-    import sys
+import sys
 
+from fedagent.core import placement as _placement
+
+# The GPUs of this machine (fedagent.core.placement: nvidia-smi, or FEDAGENT_GPUS=index:MiB,... by hand,
+# through CUDA_VISIBLE_DEVICES) give the scheduler's totals: `gpu` (cards) and `gpu_mem_mb` (their memory
+# less placement.RESERVE_MIB each, for the driver and processes outside the run), unless the command line
+# or a profile names them (`--resources gpu_mem_mb=N gpu=N` wins). No card: nothing registered (a CPU run
+# needs none). Only where this Snakemake runs the jobs itself: not a cluster executor's submitting host.
+GPU_CARDS = []
+if workflow.is_main_process and workflow.local_exec:
+    try:
+        GPU_CARDS = _placement.node_cards()
+    except _placement.PlacementError as _err:
+        print(f"fedagent: {_err}", file=sys.stderr)
+        sys.exit(1)
+    if GPU_CARDS:
+        for _name, _value in _placement.capacity(GPU_CARDS).items():
+            if workflow.global_resources.get(_name).value is None:
+                workflow.register_resource(_name, _value)
+
+
+def gpu_problems():
+    """Why the run's GPU jobs cannot run on this machine's cards (checked before the first job): no card
+    at all, more GPUs per job than cards, a job's declared memory larger than the largest card."""
+    if "TRAIN_GPU_MEM_MIB" not in globals() or not (workflow.is_main_process and workflow.local_exec):
+        return None  # a matrix (each run its own config) or a cluster executor: the jobs' own hosts decide
+    train, ev = config["train"], config["eval"]
+    asks = []
+    if train["backend"] == "verl" or train["device"] == "cuda":
+        gpus = train["verl"]["gpus"] if train["backend"] == "verl" else 1
+        asks.append(("train_client", gpus, TRAIN_GPU_MEM_MIB))
+    if ev["backend"] == "vllm" or ev["device"] == "cuda":
+        asks.append(("eval", 1, EVAL_GPU_MEM_MIB))
+    for job, gpus, mib in asks:
+        why = _placement.fit_problem(GPU_CARDS, f"rule {job}", gpus, mib)
+        if why is not None:
+            return (
+                f"{why} (cards from {_placement.source()}); a GPU run needs its cards visible here: "
+                f"nvidia-smi, or {_placement.GPUS_ENV}=index:MiB,... (docs/how-to/gpus.md)"
+            )
+    return None
+
+
+# Before the first job (not for -n, not when there is nothing to do): do the run's model dirs fit the disk?
+# And do its GPU jobs fit this machine's cards (gpu_problems)?
+onstart:
     from fedagent.report import disk_need
 
-    _short = disk_need.check_registered()
+    _short = gpu_problems() or disk_need.check_registered()
     if _short:
         print(f"fedagent: {_short}", file=sys.stderr)
         sys.exit(1)

@@ -184,7 +184,8 @@ def _jobs(out: str) -> dict[str, list[dict]]:
 @pytest.mark.slow
 def test_gpu_jobs_declare_gpu_mem_mb_in_the_plan_and_params_stay_as_they_were(tmp_path):
     work = make_workdir(tmp_path / "w")
-    assert yaml.safe_load((work / "profiles/local/config.yaml").read_text())["resources"] == {"gpu_mem_mb": 138000}
+    # no constant card size: the Snakefile registers the machine's cards (none here)
+    assert "resources" not in yaml.safe_load((work / "profiles/local/config.yaml").read_text())
     gpu = (
         "--config",
         "model=smollm2",

@@ -26,7 +26,7 @@ from fedagent.train.local import TrainParams, train_client
 
 REPO = Path(__file__).resolve().parents[1]
 SCALE_PRESETS = sorted((REPO / "config" / "experiments").glob("gpu-scale-*.yaml"))
-CARD_MIB = 138000  # profiles/local's gpu_mem_mb: an H200 less ≈ 5.6 GiB
+CARD_MIB = 138000  # an H200 (143771 MiB) less fedagent.core.placement.RESERVE_MIB
 
 
 def tiny_architecture(path: Path, *, model_type: str = "llama", tied: bool = True) -> Path:
@@ -494,6 +494,10 @@ def test_gpu_mem_prints_the_terms_and_what_fits(monkeypatch, capsys):
     from fedagent.report import gpu_mem
 
     monkeypatch.chdir(REPO)
+    # the card from the machine (fedagent.core.placement): an H200 (143771 MiB) set by hand, less the
+    # driver's reserve = the 138000 MiB the preset was sized for
+    monkeypatch.setenv("FEDAGENT_GPUS", "0:143771")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     parser = argparse.ArgumentParser()
     gpu_mem.add_args(parser)
     preset = "config/experiments/gpu-scale-webshop.yaml"

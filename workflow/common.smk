@@ -225,16 +225,20 @@ WARM_START_PARAMS = as_json({
 })
 
 # GPU memory (MiB) a train_client / eval job declares as its `gpu_mem_mb` resource: train.gpu_mem_gb /
-# eval.gpu_mem_gb, else fedagent.model.memory's estimate; 0 on the CPU. The profile caps the sum of
-# the running jobs' at the card (--resources gpu_mem_mb=N), which is also the card size a vLLM
-# engine's gpu_memory_utilization share is taken of. A resource, not a param: it re-runs nothing.
+# eval.gpu_mem_gb, else fedagent.model.memory's estimate; 0 on the CPU. The scheduler caps the sum of
+# the running jobs' at the cards' (the Snakefile registers them; --resources gpu_mem_mb=N); one card is
+# what a vLLM engine's gpu_memory_utilization share is taken of. A resource, not a param: it re-runs nothing.
 def gpu_mem_mib(job):
     from fedagent.model.memory import job_gpu_mib
 
     cap = workflow.global_resources.get("gpu_mem_mb")
-    cap = cap.value if cap is not None and cap.value is not None else None
+    cap = int(cap.value) if cap is not None and cap.value else None
+    # A vLLM engine's share is of its one card: with several cards the cap is their sum, so the
+    # largest card's usable memory (the Snakefile's GPU_CARDS) bounds it.
+    card = max((c.usable_mib() for c in globals().get("GPU_CARDS", [])), default=None)
+    card_mib = min(x for x in (cap, card) if x) if (cap or card) else None
     try:
-        return job_gpu_mib(config, job, card_mib=int(cap) if cap else None)
+        return job_gpu_mib(config, job, card_mib=card_mib)
     except ValueError as exc:
         print(f"fedagent: invalid config: {exc}", file=sys.stderr)
         sys.exit(1)

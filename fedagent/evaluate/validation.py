@@ -22,6 +22,7 @@ from typing import Any, Sequence
 # sleep. A value set by the caller wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from fedagent.core import placement  # noqa: E402 - stdlib only
 from fedagent.core.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
 
 
@@ -306,6 +307,7 @@ def _run(args: argparse.Namespace) -> int:
                 "device": params.device,
                 **clock.summary(),
                 **peak,
+                **placement.recorded(),  # the card it was placed on, if any
                 **({"sampler": stats()} if stats is not None else {}),
             },
         )

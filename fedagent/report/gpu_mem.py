@@ -1,11 +1,13 @@
 """``fedagent gpu-mem``: what a run's GPU jobs declare as ``gpu_mem_mb``, term by term, and what fits.
 
-    fedagent gpu-mem [--configfile F ...] [--set KEY=VALUE ...] [--card-mib 138000] [--train-jobs N]
+    fedagent gpu-mem [--configfile F ...] [--set KEY=VALUE ...] [--card-mib MIB] [--train-jobs N]
 
 The config is layered as ``fedagent config show`` (and Snakemake) layers it; the estimate is the
 one the workflow declares (:func:`fedagent.model.memory.job_gpu_mib`). It prints each GPU job's
 terms, the sum of ``--train-jobs`` train jobs (default ``clients.per_round``: a round's clients) and
-one eval against the card (default ``profiles/local``'s cap, 138000 MiB), and, with the other knobs
+one eval against this machine's cards (:func:`fedagent.core.placement.node_cards`: nvidia-smi or
+``FEDAGENT_GPUS``, their usable memory summed, each job also within the largest card; or
+``--card-mib``, which it asks for when no card is found), and, with the other knobs
 as they are, the largest ``train.micro_batch_size`` and ``env.pool_size`` (a multiple of
 ``train.group_size``) for which that sum still fits: how to size a run for a model (e.g.
 ``model: random:smollm2-1.7b``, docs/how-to/scale.md) before it reaches the card. Exit 1 when the
@@ -19,10 +21,9 @@ import copy
 import sys
 from pathlib import Path
 
+from fedagent.core import placement
 from fedagent.core.config import ConfigError
 from fedagent.model import memory
-
-CARD_MIB = 138000  # profiles/local's gpu_mem_mb (a 141 GB card less ≈ 5.6 GiB)
 
 
 def round_mib(config: dict, train_jobs: int) -> tuple[int, int, int]:
@@ -44,8 +45,9 @@ def largest_fitting(config: dict, key: str, candidates, card_mib: int, train_job
     return best
 
 
-def report(config: dict, card_mib: int = CARD_MIB, train_jobs: int | None = None) -> tuple[str, bool]:
-    """The text ``fedagent gpu-mem`` prints, and whether the configured run fits."""
+def report(config: dict, card_mib: int, train_jobs: int | None = None, cards=None) -> tuple[str, bool]:
+    """The text ``fedagent gpu-mem`` prints, and whether the configured run fits (``card_mib`` in all;
+    ``cards``: this machine's, on which the round's jobs must also be placed at once)."""
     train_jobs = config["clients"]["per_round"] if train_jobs is None else int(train_jobs)
     t, e, total = round_mib(config, train_jobs)
     shape = memory.shape_of_source(config["model"]) if (t or e) else None
@@ -77,6 +79,12 @@ def report(config: dict, card_mib: int = CARD_MIB, train_jobs: int | None = None
     else:
         lines.append(f"eval         {e:>7} MiB" + ("" if e else " (CPU)"))
     fits = total <= card_mib
+    if fits and cards and len(cards) > 1 and not placement.packs(cards, [t] * train_jobs + [e]):
+        fits = False
+        lines.append(f"the sum fits but {train_jobs} train + 1 eval cannot be placed on the cards at once:")
+    elif cards and max(t, e) > max(c.usable_mib() for c in cards):
+        fits = False
+        lines.append(f"a job of {max(t, e)} MiB is larger than the largest card:")
     lines.append(f"{train_jobs} train + 1 eval = {total} MiB of {card_mib}: " + ("fits" if fits else "DOES NOT FIT"))
     if t and tr["backend"] == "local" and tr.get("gpu_mem_gb") is None:
         micro = largest_fitting(
@@ -121,8 +129,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--card-mib",
         type=int,
-        default=CARD_MIB,
-        help=f"the cap of all GPU jobs' gpu_mem_mb (default {CARD_MIB}, profiles/local's)",
+        default=None,
+        help="the cap of all GPU jobs' gpu_mem_mb, MiB (default: the usable memory of this machine's "
+        "cards, from nvidia-smi or FEDAGENT_GPUS=index:MiB,..., as the Snakefile registers it)",
     )
     parser.add_argument(
         "--train-jobs", type=int, default=None, help="train jobs running beside one eval (default: clients.per_round)"
@@ -133,9 +142,26 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``fedagent gpu-mem``."""
     from fedagent.report.config_show import effective_config, resolve_base
 
+    cards, head = None, ""
+    if args.card_mib is None:
+        try:
+            cards = placement.node_cards()
+        except placement.PlacementError as err:
+            print(f"fedagent: {err}", file=sys.stderr)
+            return 2
+        if not cards:
+            print(
+                f"fedagent: no GPU found ({placement.source()}): give the card's memory with --card-mib MIB "
+                f"(e.g. 138000 for a 141 GB card less the driver's share) or {placement.GPUS_ENV}=index:MiB,...",
+                file=sys.stderr,
+            )
+            return 2
+        args.card_mib = placement.capacity(cards)["gpu_mem_mb"]
+        head = "cards: " + ", ".join(c.describe() for c in cards) + "\n"
     try:
         config, _source = effective_config(resolve_base(args.base), args.configfile, args.set)
-        text, fits = report(config, args.card_mib, args.train_jobs)
+        text, fits = report(config, args.card_mib, args.train_jobs, cards)
+        text = head + text
     except (ConfigError, ValueError) as exc:
         print(f"fedagent: invalid config: {exc}", file=sys.stderr)
         return 2

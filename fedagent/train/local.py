@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fedagent.core import placement
 from fedagent.core.config import JobKeys, dataclass_from_dict
 from fedagent.core.seeds import derive_seed, python_rng, torch_generator
 from fedagent.train import fedprox, grpo
@@ -381,6 +382,8 @@ def train_client(
         "device": p.device,
         "wall_time_s": seconds(time.time() - t0),
     }
+    # The card the job was placed on (fedagent.core.placement; nothing when none was placed).
+    metrics.update(placement.recorded())
     if p.device == "cuda":
         # The job's peak GPU memory (recorded per job, beside its declared gpu_mem_mb).
         from fedagent.model.memory import gpu_peak_mib

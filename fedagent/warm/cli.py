@@ -45,7 +45,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="keep N standby processes that start CUDA before a job asks: train-client and eval "
-        "jobs run in one (the CUDA start off their clock); 0 (default): none",
+        "jobs run in one (the CUDA start off their clock); N per card when the node's cards are "
+        "known (nvidia-smi or FEDAGENT_GPUS, through CUDA_VISIBLE_DEVICES), each started on its card, "
+        "and a job placed on a card runs in a standby of that card; 0 (default): none",
     )
     parser.add_argument(
         "--standby-config",
@@ -203,6 +205,16 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         why = standby.probe(args.standby_kind, () if notify_fd is None else (notify_fd,))
         if why is not None:
             return _fail(f"--standby {args.standby}: {why}: start the warm server without --standby")
+    standby_cards: list[str | None] = [None]
+    if args.standby:
+        # One set of standbys per card (fedagent.core.placement): a standby's CUDA starts on one card
+        # and a job placed on another must not run in it. No cards known: one set, the server's devices.
+        from fedagent.core import placement
+
+        try:
+            standby_cards = [c.name for c in placement.node_cards()] or [None]
+        except placement.PlacementError as err:
+            return _fail(f"--standby {args.standby}: {err}")
     listener = _bind(path)
     guard = Guard(path, import_env, [os.path.abspath(p) for p in args.watch_extra])
     info = {
@@ -218,6 +230,7 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
         "executable": sys.executable,
         "standby": args.standby,
         "standby_kind": args.standby_kind,
+        "standby_cards": [c for c in standby_cards if c is not None],
         "standby_commands": args.standby_commands,
         "standby_warmup": None if args.standby_warmup is None else args.standby_warmup.describe(),
     }
@@ -248,6 +261,7 @@ def _serve(args: argparse.Namespace, path: str, notify_fd: int | None = None) ->
             args.standby_commands,
             args.standby_warmup,
             args.standby_refill_delay,
+            standby_cards,
         ).serve()
     finally:
         listener.close()

@@ -217,14 +217,19 @@ class Guard:
                 )
         return threads.refusal(env, dict(os.environ))
 
-    def standby_mismatch(self, request_env: dict[str, str]) -> str | None:
+    def standby_mismatch(self, request_env: dict[str, str], card: str | None = None) -> str | None:
         """Why a job with this environment must not run in a standby (whose CUDA started under the
-        server's environment), or None. Thread counts are applied in the job, as in a fresh fork."""
+        server's environment; a standby of one card, ``card``, with ``CUDA_VISIBLE_DEVICES`` set to it),
+        or None. Thread counts are applied in the job, as in a fresh fork."""
         env = self.job_env(request_env)
-        for key in sorted(set(env) | set(os.environ)):
-            if key not in threads.KEYS and read_at_cuda_start(key) and env.get(key) != os.environ.get(key):
+        standby_env = dict(os.environ)
+        if card is not None:
+            standby_env["CUDA_VISIBLE_DEVICES"] = card
+        for key in sorted(set(env) | set(standby_env)):
+            if key not in threads.KEYS and read_at_cuda_start(key) and env.get(key) != standby_env.get(key):
+                whose = "the warm server" if card is None else f"the standbys of GPU {card}"
                 return (
                     f"environment variable {key} is {env.get(key)!r} for this job but "
-                    f"{os.environ.get(key)!r} in the warm server, whose standbys started CUDA with it"
+                    f"{standby_env.get(key)!r} in {whose}, whose standbys started CUDA with it"
                 )
         return None

@@ -10,12 +10,14 @@ Never threads: the server forks, and a fork copies other threads' locks mid-use.
   before the job exited (the client was killed): SIGKILL to the job's process group at once;
 - a job's pidfd (``os.pidfd_open``): the job exited; it is reaped and ``{"exit": code}`` sent;
 - a wake-up socket written by SIGTERM/SIGINT/SIGHUP: stop, as ``--stop`` does;
-- with ``--standby N`` (:mod:`fedagent.warm.standby`), per standby: its socketpair (``{"ready"}``,
+- with ``--standby N`` (:mod:`fedagent.warm.standby`; N per card when the node's cards are known,
+  each standby started with its card's ``CUDA_VISIBLE_DEVICES``), per standby: its socketpair (``{"ready"}``,
   or end of stream), its stdout/stderr pipe (logged line by line, prefixed ``standby[pid]``) and
   its pidfd (died before a job: reaped; replaced if it was ready, else no more standbys).
 
-A ``run`` request for a standby command with a ready standby and the server's CUDA environment
-goes to that standby (the request, the job's environment and the client's fds over its
+A ``run`` request for a standby command with a ready standby whose CUDA environment is the job's
+(the server's, with ``CUDA_VISIBLE_DEVICES`` set to the standby's card: a job placed on card 1 by
+:mod:`fedagent.core.placement` goes to a standby of card 1 only) goes to that standby (the request, the job's environment and the client's fds over its
 socketpair); it becomes the job (its pid = its process group, as a fork's) and a replacement is
 forked at once. Anything else is forked plainly, as without standbys (one line says why when a
 standby was there but not used).
@@ -82,8 +84,9 @@ class Standby:
     """One standby child: pid (= its process group), pidfd, the server's end of its socketpair and
     the read end of its output pipe (None once closed)."""
 
-    def __init__(self, pid: int, pidfd: int, sock: socket.socket, out: int):
+    def __init__(self, pid: int, pidfd: int, sock: socket.socket, out: int, card: str | None = None):
         self.pid, self.pidfd, self.sock, self.out = pid, pidfd, sock, out
+        self.card = card  # its CUDA_VISIBLE_DEVICES (None: the server's)
         self.state = "preparing"
         self.reader = protocol.Reader()
         self.partial = b""
@@ -114,6 +117,7 @@ class WarmServer:
         standby_commands=standby.STANDBY_COMMANDS,
         standby_warmup=None,
         standby_refill_delay: float = 0.0,
+        standby_cards=(None,),
     ):
         self.listener, self.guard, self.info = listener, guard, info
         self.sel = selectors.DefaultSelector()
@@ -122,6 +126,8 @@ class WarmServer:
         self.standby_n, self.standby_kind = int(standbys), standby_kind
         self.standby_warmup = standby_warmup  # fedagent.warm.gpu_warmup.Shapes, or None
         self.standby_commands = frozenset(standby_commands)
+        # N standbys per card (None: one set under the server's own CUDA_VISIBLE_DEVICES)
+        self.standby_cards = list(standby_cards) or [None]
         self.standbys: list[Standby] = []
         self.handed_off: list[Standby] = []  # standbys now jobs whose output pipe is still open
         self.stop_waiters: list[Conn] = []
@@ -268,7 +274,10 @@ class WarmServer:
                     **self.info,
                     "jobs": sorted(self.jobs),
                     "standby": self.standby_n,
-                    "standbys": [{"pid": sb.pid, "state": sb.state} for sb in self.standbys],
+                    "standbys": [
+                        {"pid": sb.pid, "state": sb.state, **({} if sb.card is None else {"card": sb.card})}
+                        for sb in self.standbys
+                    ],
                 },
             )
             self._close(conn)
@@ -359,17 +368,20 @@ class WarmServer:
 
     # ------------------------------------------------------------------ standbys
     def _top_up(self) -> None:
-        """Fork standbys until there are ``standby_n`` (none while stopping)."""
-        while not self.stopping and len(self.standbys) < self.standby_n:
-            self._spawn_standby()
+        """Fork standbys until each card has ``standby_n`` (none while stopping)."""
+        for card in self.standby_cards:
+            while not self.stopping and sum(sb.card == card for sb in self.standbys) < self.standby_n:
+                self._spawn_standby(card)
 
-    def _spawn_standby(self) -> None:
+    def _spawn_standby(self, card: str | None = None) -> None:
         ours, theirs = socket.socketpair()
         r, w = os.pipe()
 
         def become():
             ours.close()
             os.close(r)
+            if card is not None:  # before its CUDA starts: the standby sees its card only
+                os.environ["CUDA_VISIBLE_DEVICES"] = card
             standby.live(self.standby_kind, theirs, w, self.standby_warmup)
 
         pid = self._fork_child(become)
@@ -377,12 +389,13 @@ class WarmServer:
         os.close(w)
         ours.setblocking(False)
         os.set_blocking(r, False)
-        sb = Standby(pid, os.pidfd_open(pid), ours, r)
+        sb = Standby(pid, os.pidfd_open(pid), ours, r, card)
         self.standbys.append(sb)
         self.sel.register(ours, selectors.EVENT_READ, lambda _s, b=sb: self._on_standby_message(b))
         self.sel.register(r, selectors.EVENT_READ, lambda _fd, b=sb: self._on_standby_output(b))
         self.sel.register(sb.pidfd, selectors.EVENT_READ, lambda _fd, b=sb: self._on_standby_exit(b))
-        log(f"standby pid {pid} (process group {pid}) forked: preparing ({self.standby_kind})")
+        on = "" if card is None else f", GPU {card}"
+        log(f"standby pid {pid} (process group {pid}) forked: preparing ({self.standby_kind}{on})")
 
     def _pick_standby(self, msg: dict) -> tuple[Standby | None, str | None]:
         """The standby to run this request, or (None, why not) — why is None when none is kept."""
@@ -391,13 +404,15 @@ class WarmServer:
         command = msg["argv"][0]
         if command not in self.standby_commands:
             return None, f"{command} is not a standby command ({', '.join(sorted(self.standby_commands))})"
-        why = self.guard.standby_mismatch(msg.get("env") or {})
-        if why is not None:
-            return None, why
+        env = msg.get("env") or {}
+        mismatch = {card: self.guard.standby_mismatch(env, card) for card in self.standby_cards}
+        if all(why is not None for why in mismatch.values()):
+            return None, mismatch[self.standby_cards[0]]
         for sb in self.standbys:
-            if sb.state == "ready" and sb.sock is not None and not _exited(sb.pidfd):
+            if mismatch.get(sb.card) is None and sb.state == "ready" and sb.sock is not None and not _exited(sb.pidfd):
                 return sb, None
-        return None, "no standby is ready (" + ", ".join(f"pid {sb.pid} {sb.state}" for sb in self.standbys) + ")"
+        mine = [sb for sb in self.standbys if mismatch.get(sb.card) is None]
+        return None, "no standby of its card is ready (" + ", ".join(f"pid {sb.pid} {sb.state}" for sb in mine) + ")"
 
     def _handoff(
         self, sb: Standby, conn: Conn, msg: dict, fds: list[int], env: dict[str, str]

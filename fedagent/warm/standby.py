@@ -42,7 +42,8 @@ from fedagent.warm import protocol
 STANDBY_COMMANDS = frozenset({"train-client", "eval"})
 # "cuda": the real one. "touch" and "fail": CPU-only kinds for the tests (hidden flag): "touch" runs
 # the same warm-up on the CPU when torch is imported, sleeps for the seconds in $DIR/sleep if that
-# file exists, then writes $DIR/standby-<pid>.json ({"pid", "prepared": epoch s}), DIR =
+# file exists, then writes $DIR/standby-<pid>.json ({"pid", "prepared": epoch s, "card": its
+# CUDA_VISIBLE_DEVICES}), DIR =
 # $FEDAGENT_STANDBY_TOUCH_DIR (nothing written without it); "fail" raises.
 KINDS = ("cuda", "touch", "fail")
 TOUCH_DIR_ENV = "FEDAGENT_STANDBY_TOUCH_DIR"
@@ -143,7 +144,7 @@ def _touch() -> None:
         pass
     mark = os.path.join(d, f"standby-{os.getpid()}.json")
     with open(mark + ".tmp", "w") as fh:
-        json.dump({"pid": os.getpid(), "prepared": time.time()}, fh)
+        json.dump({"pid": os.getpid(), "prepared": time.time(), "card": os.environ.get("CUDA_VISIBLE_DEVICES")}, fh)
     os.replace(mark + ".tmp", mark)
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedagent.core import placement
 from fedagent.core.config import JobKeys
 from fedagent.core.seeds import derive_seed
 from fedagent.train.epilogue import ModelUpdate, require_start_critic, seconds, write_client_update
@@ -316,6 +317,7 @@ def train_client_verl(
                 **refit_check,
                 "verl_steps": steps,
                 "wall_time_s": seconds(time.time() - t0),
+                **placement.recorded(),  # the card(s) the job was placed on, if any
             }
             if ppo:  # verl's critic values per step (vf_loss, …) are in steps / verl_steps
                 metrics["vf_loss"] = steplog.mean_of(records, "vf_loss")
