@@ -191,3 +191,38 @@ def test_recorded_only_when_placed(monkeypatch):
     assert placement.recorded() == {}
     monkeypatch.setenv(placement.PLACED_ENV, json.dumps({"cards": ["3"], "mib": 6000}))
     assert placement.recorded() == {"gpu_placed": {"cards": ["3"], "mib": 6000}}
+
+
+def test_warm_jobs_are_placed_and_run_in_a_standby_of_their_card(gpus, tmp_path):
+    """Through a real warm server with `--standby 1` on a node whose parent sees cards "1,3": one standby
+    per card, started with that card's CUDA_VISIBLE_DEVICES; a job the client placed on card 3 (card 1 held
+    by another claim) runs in card 3's standby, then one placed on card 1 in card 1's (seen failing with
+    one set of standbys under the server's environment: the placed jobs forked plainly)."""
+    from test_warm import FEDAGENT, SOCKET_ENV, _env, _wait_for, warm_server
+    from test_warm_standby import _ping
+
+    from fedagent.warm.standby import TOUCH_DIR_ENV
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = _env(CUDA_VISIBLE_DEVICES="1,3", **{TOUCH_DIR_ENV: str(marks)})
+    with warm_server("", "--standby-kind", "touch", "--standby", "1", env=env) as (sock, log, _pid):
+
+        def ready():
+            got = {s.get("card"): s["pid"] for s in _ping(sock)["standbys"] if s["state"] == "ready"}
+            return got if set(got) == {"1", "3"} else None
+
+        standbys = _wait_for(ready, 60, "a ready standby per card")
+        for card, pid in standbys.items():
+            assert json.loads((marks / f"standby-{pid}.json").read_text())["card"] == card
+        job_env = {**env, SOCKET_ENV: sock, placement.JOB_GPUS_ENV: "1", placement.JOB_MEM_ENV: "6000"}
+        for busy, free in (("1", "3"), ("3", "1")):
+            other = placement.visible(placement.parse_gpus("1:10000,3:10000"), busy)
+            held = placement.claim(1, 6000, what="the other job", cards=other)  # this process holds `busy`
+            res = subprocess.run([*FEDAGENT, "eval", "--help"], env=job_env, capture_output=True, text=True)
+            held.release()
+            assert res.returncode == 0, res.stderr
+            pid = standbys[free]
+            assert f"standby pid {pid} (process group {pid}, ready " in log.read_text(), log.read_text()
+        assert "no standby" not in log.read_text()
+        assert not list(gpus.glob("claim-*.json"))
