@@ -412,7 +412,7 @@ class WarmServer:
             if mismatch.get(sb.card) is None and sb.state == "ready" and sb.sock is not None and not _exited(sb.pidfd):
                 return sb, None
         mine = [sb for sb in self.standbys if mismatch.get(sb.card) is None]
-        return None, "no standby of its card is ready (" + ", ".join(f"pid {sb.pid} {sb.state}" for sb in mine) + ")"
+        return None, "no standby is ready (" + ", ".join(f"pid {sb.pid} {sb.state}" for sb in mine) + ")"
 
     def _handoff(
         self, sb: Standby, conn: Conn, msg: dict, fds: list[int], env: dict[str, str]
