@@ -226,3 +226,46 @@ def test_warm_jobs_are_placed_and_run_in_a_standby_of_their_card(gpus, tmp_path)
             assert f"standby pid {pid} (process group {pid}, ready " in log.read_text(), log.read_text()
         assert "no standby" not in log.read_text()
         assert not list(gpus.glob("claim-*.json"))
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+def test_a_rounds_two_train_jobs_record_different_cards(gpus, tmp_path, monkeypatch):
+    """The tiny workflow, one round, its two train_client jobs asking one GPU of 6000 MiB each on two injected
+    cards of 10000 (the Snakefile registers gpu=2 and gpu_mem_mb=20000 from them): both jobs run at once
+    and each records its own card in metrics.json (seen failing with node_cards() returning one card per
+    index 0 only: both jobs on card 0, the second waiting)."""
+    import yaml
+    from workflow_helpers import RUN, make_workdir, run_snakemake
+
+    work = make_workdir(tmp_path / "w")
+    cfg_path = work / "config/config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["rounds"] = 1
+    cfg["train"]["threads"] = 1  # two cores: the round's two clients at once
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    rules = work / "rules/train.smk"
+    text = rules.read_text()
+    if "FEDAGENT_JOB_GPUS" not in text:  # the rules' own prefix for GPU-capable jobs, where they lack it
+        prefix = "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb} "
+        text = text.replace('"fedagent train-client ', f'"{prefix}fedagent train-client ', 1)
+        assert prefix in text
+        rules.write_text(text)
+    monkeypatch.setenv(placement.GPUS_ENV, "0:10000,1:10000")
+    run_snakemake(
+        work,
+        "--cores",
+        "2",
+        "--set-resources",
+        "train_client:gpu=1",
+        "train_client:gpu_mem_mb=6000",
+    )
+    cards = []
+    for client in ("0", "1"):
+        metrics = json.loads((work / RUN / "round_001/clients" / client / "metrics.json").read_text())
+        cards.append(metrics["gpu_placed"]["cards"])
+        assert metrics["gpu_placed"]["mib"] == 6000
+    assert sorted(cards) == [["0"], ["1"]]
+    evals = json.loads((work / RUN / "round_001/eval_timings.json").read_text())
+    assert "gpu_placed" not in evals  # not placed: as it was
+    assert not list(gpus.glob("claim-*.json"))
