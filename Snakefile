@@ -17,6 +17,17 @@ onstart:
     if _short:
         print(f"fedagent: {_short}", file=sys.stderr)
         sys.exit(1)
+    # A job asking more GPUs than this machine shows never runs here: said once, naming the key, before
+    # any job. Only where the jobs run on this machine (a cluster's nodes are not this one).
+    if workflow.local_exec:
+        from fedagent.core.errors import ConfigError
+        from fedagent.model.job_resources import check_gpus_fit
+
+        try:
+            check_gpus_fit(config)
+        except ConfigError as exc:
+            print(f"fedagent: invalid config: {exc}", file=sys.stderr)
+            sys.exit(1)
 
 
 # train.verl.engines: run — the run's verl engine sets outlive their jobs (train.verl.engines_idle_s);
