@@ -29,7 +29,8 @@ rule eval:
     benchmark:
         f"{RUN}/benchmarks/round_{{round}}/eval.tsv"
     shell:
-        JOB_GPU_ENV + "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --threads {threads}"
         " --out {output.eval} --timings {output.timings} > {log} 2>&1"
 
@@ -56,6 +57,7 @@ rule eval_client:
     log:
         f"{RUN}/logs/round_{{round}}/eval_client_{{client}}.log",
     shell:
-        JOB_GPU_ENV + "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --client {wildcards.client}"
         " --threads {threads} --out {output} > {log} 2>&1"

@@ -35,7 +35,8 @@ rule train_client:
     benchmark:
         f"{RUN}/benchmarks/round_{{round}}/train_client_{{client}}.tsv"
     shell:
-        JOB_GPU_ENV + "fedagent train-client --model {input.model} --ref-model {input.ref} --games {input.games}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent train-client --model {input.model} --ref-model {input.ref} --games {input.games}"
         " --partition {input.partition} --client {wildcards.client} --round {wildcards.round}"
         " --params '{params.train}' --env-params '{params.env}' --threads {threads} --out {output}"
         " --quarantine {params.quarantine} > {log} 2>&1"

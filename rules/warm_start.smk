@@ -49,7 +49,8 @@ if not START:
         benchmark:
             f"{RUN}/benchmarks/warm_start.tsv"
         shell:
-            JOB_GPU_ENV + "fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
+            "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+            " fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
             " --params '{params.params}' --threads {threads} --out {output} --quarantine {params.quarantine}"
             " > {log} 2>&1"
 
@@ -77,6 +78,7 @@ if not START:
         benchmark:
             f"{RUN}/benchmarks/round_000/base_eval.tsv"
         shell:
-            JOB_GPU_ENV + "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+            "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+            " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
             " --params '{params.eval}' --round 000 --threads {threads}"
             " --out {output.eval} --timings {output.timings} > {log} 2>&1"

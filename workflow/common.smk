@@ -245,9 +245,9 @@ def job_resources(rule):
 
 JOB_RESOURCES = {rule: job_resources(rule) for rule in
                  ("train_client", "warm_start", "eval", "eval_client", "eval_base", "labels")}
-# The job's own process learns its GPU ask from these (the fedagent CLI's placement of a job on its
-# card(s) reads them); a CPU job's are 0 and change none of its outputs.
-JOB_GPU_ENV = "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb} "
+# Every rule that can ask a GPU starts its command with FEDAGENT_JOB_GPUS={resources.gpu}
+# FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}: the job's own process learns its ask (the fedagent
+# CLI's placement of a job on its card(s) reads them); a CPU job's are 0 and change none of its outputs.
 
 # Hardness labels: the reference policy plays the train tasks as training does (its
 # temperature and budgets); the sampler is seeded from data_seed (labels are part of plan/).
