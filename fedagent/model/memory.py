@@ -9,6 +9,10 @@ built-in sources) and the job's knobs — the terms are :func:`train_terms` / :f
 An explicit ``train.gpu_mem_gb`` / ``eval.gpu_mem_gb`` replaces it. :func:`oom_names_the_knobs`
 turns a CUDA out-of-memory error of a job into one message naming the knobs.
 
+Host memory: :func:`job_host_mib` is a job's ``mem_mb`` (Slurm ``--mem``), from :func:`host_terms`
+(calibrated on the default CPU train job's measured peak RSS); ``fedagent.model.job_resources`` gives
+both to the rules.
+
 Plan-time code: stdlib only (the Snakefile imports it; torch is looked up only if already imported).
 """
 
