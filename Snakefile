@@ -32,22 +32,16 @@ if workflow.is_main_process and workflow.local_exec:
 def gpu_problems():
     """Why the run's GPU jobs cannot run on this machine's cards (checked before the first job): no card
     at all, more GPUs per job than cards, a job's declared memory larger than the largest card."""
-    if "TRAIN_GPU_MEM_MIB" not in globals() or not (workflow.is_main_process and workflow.local_exec):
+    if "JOB_RESOURCES" not in globals() or not (workflow.is_main_process and workflow.local_exec):
         return None  # a matrix (each run its own config) or a cluster executor: the jobs' own hosts decide
-    train, ev = config["train"], config["eval"]
-    asks = []
-    if train["backend"] == "verl" or train["device"] == "cuda":
-        gpus = train["verl"]["gpus"] if train["backend"] == "verl" else 1
-        asks.append(("train_client", gpus, TRAIN_GPU_MEM_MIB))
-    if ev["backend"] == "vllm" or ev["device"] == "cuda":
-        asks.append(("eval", 1, EVAL_GPU_MEM_MIB))
-    for job, gpus, mib in asks:
-        why = _placement.fit_problem(GPU_CARDS, f"rule {job}", gpus, mib)
-        if why is not None:
-            return (
-                f"{why} (cards from {_placement.source()}); a GPU run needs its cards visible here: "
-                f"nvidia-smi, or {_placement.GPUS_ENV}=index:MiB,... (docs/how-to/gpus.md)"
-            )
+    from fedagent.model.job_resources import gpu_fit_problem
+
+    why = gpu_fit_problem(config, JOB_RESOURCES, GPU_CARDS)
+    if why is not None:
+        return (
+            f"{why} (cards from {_placement.source()}); a GPU run needs its cards visible here: "
+            f"nvidia-smi, or {_placement.GPUS_ENV}=index:MiB,... (docs/how-to/gpus.md)"
+        )
     return None
 
 

@@ -18,8 +18,10 @@ rule eval:
         eval=lambda w: EVAL_PARAMS_WARM_START if WARM_START and int(w.round) == 0 else EVAL_PARAMS,
     threads: config["eval"]["threads"]
     resources:
-        gpu=1 if config["eval"]["backend"] == "vllm" else 0,
-        gpu_mem_mb=EVAL_GPU_MEM_MIB,     # as train_client's (eval.gpu_mem_gb or the estimate; 0 on the CPU)
+        # as train_client's (eval.device cuda or eval.backend vllm: 1 GPU; eval.gpu_mem_gb or the estimate)
+        gpu=JOB_RESOURCES["eval"]["gpu"],
+        gpu_mem_mb=JOB_RESOURCES["eval"]["gpu_mem_mb"],
+        mem_mb=JOB_RESOURCES["eval"]["mem_mb"],
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -27,7 +29,8 @@ rule eval:
     benchmark:
         f"{RUN}/benchmarks/round_{{round}}/eval.tsv"
     shell:
-        "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --threads {threads}"
         " --out {output.eval} --timings {output.timings} > {log} 2>&1"
 
@@ -46,13 +49,15 @@ rule eval_client:
         eval=EVAL_PARAMS,
     threads: config["eval"]["threads"]
     resources:
-        gpu=1 if config["eval"]["backend"] == "vllm" else 0,
-        gpu_mem_mb=EVAL_GPU_MEM_MIB,
+        gpu=JOB_RESOURCES["eval_client"]["gpu"],
+        gpu_mem_mb=JOB_RESOURCES["eval_client"]["gpu_mem_mb"],
+        mem_mb=JOB_RESOURCES["eval_client"]["mem_mb"],
     conda:
         "../envs/fedagent.yaml"
     log:
         f"{RUN}/logs/round_{{round}}/eval_client_{{client}}.log",
     shell:
-        "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
         " --params '{params.eval}' --round {wildcards.round} --client {wildcards.client}"
         " --threads {threads} --out {output} > {log} 2>&1"

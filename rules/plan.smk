@@ -63,6 +63,11 @@ rule labels:
         eval=LABELS_PARAMS,
         quarantine=QUARANTINE,
     threads: config["eval"]["threads"]
+    resources:
+        # a CPU job (`fedagent labels` takes no device): no GPU; host memory of a CPU eval job
+        gpu=JOB_RESOURCES["labels"]["gpu"],
+        gpu_mem_mb=JOB_RESOURCES["labels"]["gpu_mem_mb"],
+        mem_mb=JOB_RESOURCES["labels"]["mem_mb"],
     conda:
         "../envs/fedagent.yaml"
     log:

@@ -21,11 +21,13 @@ rule train_client:
         # Not params: dropout settings change no update, so changing them re-runs nothing.
         attempt=lambda wildcards, attempt: attempt,
         drop_at_attempt=DROP_AT_ATTEMPT,
-        # GPUs of one verl job (Slurm: --gpus; local: counted against --resources gpu=N if given).
-        gpu=config["train"]["verl"]["gpus"] if config["train"]["backend"] == "verl" else 0,
-        # GPU memory, MiB (train.gpu_mem_gb or fedagent.model.memory's estimate; 0 on the CPU): the
-        # profile's --resources gpu_mem_mb=<card> keeps concurrent GPU jobs within the card.
-        gpu_mem_mb=TRAIN_GPU_MEM_MIB,
+        # GPUs (train.device cuda: 1; verl: train.verl.gpus; CPU: 0. Slurm: --gpus; local: counted
+        # against --resources gpu=N if given), GPU memory in MiB (the profile's --resources
+        # gpu_mem_mb=<card> keeps concurrent GPU jobs within the card) and host memory in MiB
+        # (Slurm: --mem): fedagent.model.job_resources, through common.smk's JOB_RESOURCES.
+        gpu=JOB_RESOURCES["train_client"]["gpu"],
+        gpu_mem_mb=JOB_RESOURCES["train_client"]["gpu_mem_mb"],
+        mem_mb=JOB_RESOURCES["train_client"]["mem_mb"],
     conda:
         "../envs/fedagent.yaml"
     log:
@@ -33,7 +35,8 @@ rule train_client:
     benchmark:
         f"{RUN}/benchmarks/round_{{round}}/train_client_{{client}}.tsv"
     shell:
-        "fedagent train-client --model {input.model} --ref-model {input.ref} --games {input.games}"
+        "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+        " fedagent train-client --model {input.model} --ref-model {input.ref} --games {input.games}"
         " --partition {input.partition} --client {wildcards.client} --round {wildcards.round}"
         " --params '{params.train}' --env-params '{params.env}' --threads {threads} --out {output}"
         " --quarantine {params.quarantine} > {log} 2>&1"

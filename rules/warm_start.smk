@@ -38,8 +38,10 @@ if not START:
             quarantine=QUARANTINE,
         threads: config["train"]["threads"]
         resources:
-            gpu=1 if config["train"]["device"] == "cuda" else 0,
-            gpu_mem_mb=TRAIN_GPU_MEM_MIB,    # a train job's weights, AdamW and micro-batch (it samples nothing)
+            # the local backend's train job on train.device (it samples nothing), whatever train.backend is
+            gpu=JOB_RESOURCES["warm_start"]["gpu"],
+            gpu_mem_mb=JOB_RESOURCES["warm_start"]["gpu_mem_mb"],
+            mem_mb=JOB_RESOURCES["warm_start"]["mem_mb"],
         conda:
             "../envs/fedagent.yaml"
         log:
@@ -47,7 +49,8 @@ if not START:
         benchmark:
             f"{RUN}/benchmarks/warm_start.tsv"
         shell:
-            "fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
+            "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+            " fedagent warm-start --model {input.model} --games {input.games} --demo-pool {input.demo_pool}"
             " --params '{params.params}' --threads {threads} --out {output} --quarantine {params.quarantine}"
             " > {log} 2>&1"
 
@@ -65,8 +68,9 @@ if not START:
             eval=EVAL_PARAMS_BASE,
         threads: config["eval"]["threads"]
         resources:
-            gpu=1 if config["eval"]["backend"] == "vllm" else 0,
-            gpu_mem_mb=EVAL_GPU_MEM_MIB,
+            gpu=JOB_RESOURCES["eval_base"]["gpu"],
+            gpu_mem_mb=JOB_RESOURCES["eval_base"]["gpu_mem_mb"],
+            mem_mb=JOB_RESOURCES["eval_base"]["mem_mb"],
         conda:
             "../envs/fedagent.yaml"
         log:
@@ -74,6 +78,7 @@ if not START:
         benchmark:
             f"{RUN}/benchmarks/round_000/base_eval.tsv"
         shell:
-            "fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
+            "FEDAGENT_JOB_GPUS={resources.gpu} FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}"
+            " fedagent eval --model {input.model} --games {input.games} --val-set {input.val_set}"
             " --params '{params.eval}' --round 000 --threads {threads}"
             " --out {output.eval} --timings {output.timings} > {log} 2>&1"

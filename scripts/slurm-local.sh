@@ -3,9 +3,14 @@
 # the real-Slurm test (tests/test_slurm.py) and the measurements in docs/results/slurm.md.
 #
 #   scripts/slurm-local.sh install      apt-get install slurm-wlm munge (root; skipped if present)
-#   scripts/slurm-local.sh start DIR    write DIR/slurm.conf, link it at /etc/slurm/slurm.conf,
+#   scripts/slurm-local.sh start DIR [--gpus N]
+#                                       write DIR/slurm.conf, link it at /etc/slurm/slurm.conf,
 #                                       start munged, slurmctld and slurmd (pid files in DIR),
-#                                       wait until the node is idle
+#                                       wait until the node is idle. --gpus N: the node has N GPUs
+#                                       as GRES (gpu:N), each a stand-in device file
+#                                       DIR/dev/fakegpu<i> named in DIR/gres.conf (AutoDetect=off),
+#                                       so slurmd hands a job asking --gpus its own index in
+#                                       CUDA_VISIBLE_DEVICES; no real card is touched
 #   scripts/slurm-local.sh stop DIR     stop the three daemons by their pid files, remove the link
 #
 # Exit codes: 0 done; 3 cannot be had here (not root, no apt-get, the packages do not install,
@@ -36,7 +41,7 @@ free_port() {
 }
 
 start() {
-  local dir=$1
+  local dir=$1 gpus=${2:-0}
   [ "$(id -u)" = 0 ] || cannot "starting munged/slurmctld/slurmd needs root"
   install
   mkdir -p "$dir"/{state,spool,munge}
@@ -61,6 +66,25 @@ start() {
   chmod 0755 "$dir/munge"
   su -s /bin/sh munge -c "/usr/sbin/munged --socket=$dir/munge/munge.sock --pid-file=$dir/munge/munged.pid \
     --seed-file=$dir/munge/munged.seed --log-file=$dir/munge/munged.log"
+  # GPUs as GRES: slurmd reads gres.conf beside slurm.conf. File= must name character devices
+  # (slurmd 22.05 drops a plain file: "is not a valid character or block device") and the job is
+  # then given no CUDA_VISIBLE_DEVICES: each stand-in is a node with the null device's numbers
+  # (1,3: reading or writing it does nothing), in DIR. CUDA_VISIBLE_DEVICES is the GRES index (the
+  # line's order), which is what the test reads back.
+  local gres_types="" node_gres="" i
+  rm -f "$dir/gres.conf"
+  if [ "$gpus" -gt 0 ]; then
+    mkdir -p "$dir/dev"
+    : >"$dir/gres.conf"
+    echo "AutoDetect=off" >>"$dir/gres.conf"
+    for i in $(seq 0 $((gpus - 1))); do
+      rm -f "$dir/dev/fakegpu$i"
+      mknod "$dir/dev/fakegpu$i" c 1 3 2>/dev/null || cannot "mknod of a stand-in GPU device failed (no CAP_MKNOD?)"
+      echo "NodeName=$host Name=gpu File=$dir/dev/fakegpu$i" >>"$dir/gres.conf"
+    done
+    gres_types="GresTypes=gpu"
+    node_gres="Gres=gpu:$gpus"
+  fi
   cat >"$dir/slurm.conf" <<EOF
 ClusterName=fedagent-local
 SlurmctldHost=$host
@@ -78,6 +102,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
+$gres_types
 ReturnToService=2
 # Finished jobs stay visible to squeue for an hour (the test reads every submitted job back).
 MinJobAge=3600
@@ -89,7 +114,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$host CPUs=$cpus RealMemory=$mem $node_gres State=UNKNOWN
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   mkdir -p /etc/slurm
@@ -134,7 +159,14 @@ stop() {
 
 case "${1:-}" in
   install) install ;;
-  start) [ $# = 2 ] || { echo "usage: $0 start DIR" >&2; exit 2; }; start "$2" ;;
+  start)
+    if [ $# = 2 ]; then
+      start "$2"
+    elif [ $# = 4 ] && [ "$3" = --gpus ] && [[ "$4" =~ ^[0-9]+$ ]]; then
+      start "$2" "$4"
+    else
+      echo "usage: $0 start DIR [--gpus N]" >&2; exit 2
+    fi ;;
   stop) [ $# = 2 ] || { echo "usage: $0 stop DIR" >&2; exit 2; }; stop "$2" ;;
-  *) echo "usage: $0 install | start DIR | stop DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start DIR [--gpus N] | stop DIR" >&2; exit 2 ;;
 esac

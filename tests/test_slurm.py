@@ -4,8 +4,11 @@ scripts/slurm-local.sh installs Debian's slurm-wlm + munge when they are missing
 munged, slurmctld and slurmd by hand; the test runs one round through `--profile
 profiles/slurm` and checks that every job that is not a `localrule` went through sbatch (one
 Slurm job per train_client, per eval and per round's server group), that the models and evals are
-byte-identical to a local run's, and that a re-run submits nothing. The daemons are stopped by
-their pid files. Skipped, with the script's reason, only where Slurm cannot be had (not root,
+byte-identical to a local run's, and that a re-run submits nothing. The node has two GPUs as GRES
+(`start DIR --gpus 2`: stand-in device files, no card): a round whose train jobs run on cuda has
+its two train_client jobs asking a GPU each, given their own card by Slurm at the same time (each
+logs its CUDA_VISIBLE_DEVICES before touching CUDA, then fails here for want of a real one). The
+daemons are stopped by their pid files. Skipped, with the script's reason, only where Slurm cannot be had (not root,
 no apt-get or package index, or another Slurm's /etc/slurm/slurm.conf).
 """
 
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from workflow_helpers import REPO, RUN, executed_jobs, make_workdir, snakemake_env
+from fedagent.core.config import load_config
+from fedagent.model.memory import job_host_mib
+from workflow_helpers import REPO, RUN, TEST_CONFIG, executed_jobs, make_workdir, snakemake_env
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.slurm]
 
@@ -46,7 +51,9 @@ LOCAL_RULES = {"select", "partition", "val_set", "report"}
 def slurm():
     """A running single-node Slurm; yields its directory (slurm.conf, logs, pid files)."""
     work = Path(tempfile.mkdtemp(prefix="fedagent-slurm-"))  # short: munge's socket path lives here
-    proc = subprocess.run(["bash", str(SCRIPT), "start", str(work)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(work), "--gpus", "2"], capture_output=True, text=True, timeout=600
+    )
     if proc.returncode == 3:
         pytest.skip(proc.stderr.strip())
     try:
@@ -56,10 +63,10 @@ def slurm():
         subprocess.run(["bash", str(SCRIPT), "stop", str(work)], check=True, timeout=120)
 
 
-def slurm_jobs() -> list[tuple[str, str, str]]:
-    """(job id, comment, state) of every job slurmctld knows (MinJobAge is an hour there)."""
+def slurm_jobs(fields: str = "%i|%k|%T") -> list[tuple[str, ...]]:
+    """(job id, comment, state, ...) of every job slurmctld knows (MinJobAge is an hour there)."""
     out = subprocess.run(
-        ["squeue", "--states=all", "--noheader", "--format=%i|%k|%T"], capture_output=True, text=True, check=True
+        ["squeue", "--states=all", "--noheader", f"--format={fields}"], capture_output=True, text=True, check=True
     ).stdout
     return sorted(tuple(line.split("|")) for line in out.splitlines() if line.strip())
 
@@ -116,3 +123,38 @@ def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, refere
     assert executed_jobs(again) == []
     assert "Nothing to be done" in again.stdout + again.stderr
     assert slurm_jobs() == sorted(before + submitted)
+
+
+def test_two_gpu_jobs_of_a_round_get_their_own_card_at_once(slurm, tmp_path):
+    # train.device: cuda makes each train_client job ask a GPU through the rule's own decision
+    # (fedagent.model.job_resources); the node has two (GRES), so both of the round's jobs start at once,
+    # each with its own index. The jobs log CUDA_VISIBLE_DEVICES first, then fail (no CUDA here).
+    work = make_workdir(tmp_path / "gpu")
+    before = slurm_jobs()
+    exe = Path(sys.executable).parent / "snakemake"
+    cmd = [str(exe), "--profile", "profiles/slurm", "--retries", "0", "--max-threads", "1"]
+    cmd += ["--default-resources", "mem_mb=1000", "runtime=30", "slurm_partition=''"]
+    cmd += ["--config", "rounds=1", "train={device: cuda}", "--until", "train_client"]
+    # cold jobs: each is the process Slurm started, with the environment Slurm gave it
+    proc = subprocess.run(cmd, cwd=work, env=snakemake_env(warm=False), capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, "a train job on cuda ran without a GPU?\n" + out[-3000:]
+    known = {job_id for job_id, *_ in before}
+    jobs = {
+        comment: (start, end, mem)
+        for job_id, comment, start, end, mem in slurm_jobs(fields="%i|%k|%S|%e|%m")
+        if comment.startswith("rule_train_client") and job_id not in known
+    }
+    assert sorted(jobs) == ["rule_train_client_wildcards_001_0", "rule_train_client_wildcards_001_1"], out[-3000:]
+    # sbatch --mem is the rule's host-memory estimate (no profile value hides it)
+    cfg = load_config(TEST_CONFIG, {"rounds": 1, "train.device": "cuda"})
+    assert {mem for _, _, mem in jobs.values()} == {f"{job_host_mib(cfg, 'train')}M"}, jobs
+    starts, ends = [s for s, _, _ in jobs.values()], [e for _, e, _ in jobs.values()]
+    assert max(starts) <= min(ends), f"the two GPU jobs did not overlap: {jobs}"
+    logs = work / RUN / "logs" / "round_001"
+    seen = []
+    for client in (0, 1):
+        first = (logs / f"train_client_{client}.log").read_text().splitlines()[:1]
+        assert first and first[0].startswith("CUDA_VISIBLE_DEVICES="), (client, first, out[-2000:])
+        seen.append(first[0].split("=", 1)[1])
+    assert sorted(seen) == ["0", "1"], seen

@@ -224,12 +224,15 @@ WARM_START_PARAMS = as_json({
     "history": config["rollout"]["history"],
 })
 
-# GPU memory (MiB) a train_client / eval job declares as its `gpu_mem_mb` resource: train.gpu_mem_gb /
-# eval.gpu_mem_gb, else fedagent.model.memory's estimate; 0 on the CPU. The scheduler caps the sum of
-# the running jobs' at the cards' (the Snakefile registers them; --resources gpu_mem_mb=N); one card is
-# what a vLLM engine's gpu_memory_utilization share is taken of. A resource, not a param: it re-runs nothing.
-def gpu_mem_mib(job):
-    from fedagent.model.memory import job_gpu_mib
+# What a model-running job asks its scheduler for, by rule: {gpu, gpu_mem_mb, mem_mb}, all decided in
+# fedagent.model.job_resources (the one place): `gpu` 1 when its section's device is cuda
+# (train.verl.gpus for verl, 1 for eval.backend vllm), 0 on the CPU; `gpu_mem_mb` (MiB)
+# train.gpu_mem_gb / eval.gpu_mem_gb or fedagent.model.memory's estimate, 0 on the CPU: the profile
+# caps the sum of the running jobs' at the cards' (the Snakefile registers them; --resources
+# gpu_mem_mb=N), and one card is what a vLLM engine's gpu_memory_utilization share is taken of; `mem_mb`
+# (Slurm --mem) the job's host memory estimate. Resources, not params: they re-run nothing.
+def job_resources(rule):
+    from fedagent.model.job_resources import job_resources as _job_resources
 
     cap = workflow.global_resources.get("gpu_mem_mb")
     cap = int(cap.value) if cap is not None and cap.value else None
@@ -238,14 +241,17 @@ def gpu_mem_mib(job):
     card = max((c.usable_mib() for c in globals().get("GPU_CARDS", [])), default=None)
     card_mib = min(x for x in (cap, card) if x) if (cap or card) else None
     try:
-        return job_gpu_mib(config, job, card_mib=card_mib)
+        return _job_resources(config, rule, card_mib=card_mib)
     except ValueError as exc:
         print(f"fedagent: invalid config: {exc}", file=sys.stderr)
         sys.exit(1)
 
 
-TRAIN_GPU_MEM_MIB = gpu_mem_mib("train")
-EVAL_GPU_MEM_MIB = gpu_mem_mib("eval")
+JOB_RESOURCES = {rule: job_resources(rule) for rule in
+                 ("train_client", "warm_start", "eval", "eval_client", "eval_base", "labels")}
+# Every rule that can ask a GPU starts its command with FEDAGENT_JOB_GPUS={resources.gpu}
+# FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}: the job's own process learns its ask (the fedagent
+# CLI's placement of a job on its card(s) reads them); a CPU job's are 0 and change none of its outputs.
 
 # Hardness labels: the reference policy plays the train tasks as training does (its
 # temperature and budgets); the sampler is seeded from data_seed (labels are part of plan/).

@@ -9,6 +9,10 @@ built-in sources) and the job's knobs — the terms are :func:`train_terms` / :f
 An explicit ``train.gpu_mem_gb`` / ``eval.gpu_mem_gb`` replaces it. :func:`oom_names_the_knobs`
 turns a CUDA out-of-memory error of a job into one message naming the knobs.
 
+Host memory: :func:`job_host_mib` is a job's ``mem_mb`` (Slurm ``--mem``), from :func:`host_terms`
+(calibrated on the default CPU train job's measured peak RSS); ``fedagent.model.job_resources`` gives
+both to the rules.
+
 Plan-time code: stdlib only (the Snakefile imports it; torch is looked up only if already imported).
 """
 
@@ -351,3 +355,75 @@ def oom_names_the_knobs(command: str) -> Iterator[None]:
         if is_cuda_oom(exc):
             raise GpuOutOfMemory(oom_message(command, exc)) from exc
         raise
+
+
+# ---- host memory (RAM): what a job asks its scheduler as `mem_mb` (Slurm --mem)
+
+# The process itself: the interpreter with torch, transformers and the tokenizer imported, the games'
+# data and the episode loop. On cuda the CUDA runtime's host side (driver, cuBLAS/cuDNN images, pinned
+# staging buffers) comes on top; a vLLM engine (eval.backend vllm) and verl's Ray workers more again.
+HOST_FIXED_BYTES = {"cpu": int(1.0 * GIB), "cuda": int(3.0 * GIB), "vllm": int(8.0 * GIB), "verl": int(16.0 * GIB)}
+# One env service process (its envs' state; a TextWorld game engine each): per worker process of env.procs.
+HOST_ENV_PROC_BYTES = int(0.5 * GIB)
+# The CPU training step's activations on the host, per modelled byte of :func:`_activations`: calibrated
+# against the default run's train job (SmolLM2-135M on the CPU; docs/results/cpu.md and
+# docs/how-to/slurm.md: 5.3-6.7 GB peak RSS across runs): with × 1 the estimate under HOST_MARGIN is
+# 7.1 GiB (7.6 GB), ≈ 13 % over the highest peak; × 2 (fp32 against the bf16 the term counts) declared
+# 9.1 GiB, 46 % over it. The default eval job (0.8-1.1 GB measured) gets 2.6 GiB: the fixed parts
+# dominate a small model's, and they are sized for the train job.
+HOST_ACTIVATION_FACTOR = 1.0
+HOST_MARGIN = 1.25
+
+
+def host_terms(config: Mapping, job: str) -> dict[str, int]:
+    """Bytes of host memory a ``train`` (train_client, warm_start) or ``eval`` (eval, eval_client,
+    eval_base, labels) job holds at its peak, by term (before margin):
+
+    - ``runtime``: :data:`HOST_FIXED_BYTES` of the job's kind (cpu, cuda, vllm or verl);
+    - ``env_service``: :data:`HOST_ENV_PROC_BYTES` per env worker process (``env.procs``, at least one);
+    - on the CPU, train: fp32 weights + gradients + AdamW's moments (16 B/param), the fp32 KL reference
+      (``train.kl_coef``), a PPO critic (16 B/param), the KV cache in fp32 and one micro-batch's
+      activations (× :data:`HOST_ACTIVATION_FACTOR`); eval: fp32 weights and the KV cache in fp32;
+    - on cuda: the fp32 state dict read from disk while the model loads and the fp32 update gathered
+      on the host while it is saved (train: 2 × 4 B/param, PPO twice), eval 4 B/param; verl with its
+      optimizer offloaded keeps fp32 weights and AdamW on the host (16 B/param).
+
+    The GPU figures are a model, not a measurement: no host peak of a 1.7B GPU job is recorded in
+    docs/results (scale-1p7b.md records 0.59 GB for writing its 6.8 GB base model, which streams).
+    """
+    if job not in ("train", "eval"):
+        raise ValueError(f"job {job!r}: expected train or eval")
+    sec = config[job]
+    backend = sec.get("backend", "local")
+    kind = {"verl": "verl", "vllm": "vllm"}.get(backend) or ("cuda" if sec.get("device") == "cuda" else "cpu")
+    s = shape_of_source(config["model"])
+    p = param_count(s)
+    tokens = sec["max_prompt_tokens"] + sec["max_new_tokens"]
+    terms = {
+        "runtime": HOST_FIXED_BYTES[kind],
+        "env_service": HOST_ENV_PROC_BYTES * max(1, int(config["env"].get("procs") or 0)),
+    }
+    if job == "train" and kind == "cpu":
+        ppo = sec.get("algorithm") == "ppo"
+        terms["policy_and_adamw"] = 16 * p
+        terms["reference"] = 4 * p if sec.get("kl_coef") else 0
+        terms["critic"] = 16 * p if ppo else 0
+        terms["kv_cache"] = kv_cache_size(s, batch=config["env"]["pool_size"], tokens=tokens, dtype_bytes=4)
+        response = sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1)
+        act = _activations(s, sec["micro_batch_size"], tokens, response, bool(sec.get("activation_checkpointing")))
+        terms["activations"] = int(HOST_ACTIVATION_FACTOR * act)
+    elif job == "train":
+        terms["load_and_save"] = 2 * 4 * p * (2 if sec.get("algorithm") == "ppo" else 1)
+        terms["offload"] = 16 * p if kind == "verl" else 0
+    elif kind == "cpu":
+        terms["weights"] = 4 * p
+        batch = min(sec["batch"], config["env"]["pool_size"])
+        terms["kv_cache"] = kv_cache_size(s, batch=batch, tokens=tokens, dtype_bytes=4)
+    else:
+        terms["load"] = 4 * p
+    return terms
+
+
+def job_host_mib(config: Mapping, job: str) -> int:
+    """``mem_mb`` of a ``train`` or ``eval`` job (MiB: Slurm's --mem unit): :data:`HOST_MARGIN` × :func:`host_terms`."""
+    return int(math.ceil(HOST_MARGIN * sum(host_terms(config, job).values()) / MIB))

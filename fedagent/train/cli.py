@@ -56,8 +56,21 @@ def run(args: argparse.Namespace) -> int:
     the knobs (:func:`fedagent.model.memory.oom_names_the_knobs`)."""
     from fedagent.model.memory import oom_names_the_knobs
 
+    log_gpu_ask()
     with oom_names_the_knobs("train-client"):
         return _run(args)
+
+
+def log_gpu_ask() -> None:
+    """A GPU job (its rule asked FEDAGENT_JOB_GPUS > 0 of the scheduler) logs, as its first line and before
+    anything touches CUDA, the cards it was given: which card a job ran on is then in its log (Slurm
+    hands each job its own in CUDA_VISIBLE_DEVICES). A CPU job logs nothing here."""
+    try:
+        gpus = int(os.environ.get("FEDAGENT_JOB_GPUS") or 0)
+    except ValueError:
+        gpus = 0
+    if gpus > 0:
+        print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
