@@ -62,8 +62,8 @@ JOB_GPUS_ENV = "FEDAGENT_JOB_GPUS"  # the job's ask: GPUs (the rule's resources.
 JOB_MEM_ENV = "FEDAGENT_JOB_GPU_MEM_MB"  # the job's ask: MiB in all (the rule's resources.gpu_mem_mb)
 PLACED_ENV = "FEDAGENT_GPU_PLACED"  # set in a placed job (JSON): its cards; its children do not place again
 
-# The old one-card cap was an H200's 143771 MiB less this (138000): the CUDA context of each
-# process, the driver, and whatever else runs on the card outside the run.
+# Held back on every card for what runs there outside the run's declared jobs: the driver, each
+# process's CUDA context beyond the estimate, other users' processes (a 143771 MiB card keeps 138000).
 RESERVE_MIB = 5771
 WAIT_S = 86400.0
 POLL_S = 1.0

@@ -340,7 +340,7 @@ def oom_message(command: str, exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     return (
         f"fedagent {command}: CUDA out of memory ({first}). Raise {declared}, or lower {smaller}; "
-        f"the cap of all GPU jobs' gpu_mem_mb is --resources gpu_mem_mb=<card MiB> (docs/explanation/gpu-memory.md)"
+        f"the cap of all GPU jobs' gpu_mem_mb is read from the cards (less FEDAGENT_GPU_RESERVE_MIB each), or --resources gpu_mem_mb=<MiB> (docs/explanation/gpu-memory.md)"
     )
 
 

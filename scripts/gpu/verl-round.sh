@@ -113,8 +113,9 @@ run)
   mkdir -p "$OUT"
   write_cfg
   res=()
-  # A command-line --resources replaces the profile's: restate its GPU memory cap (profiles/local).
-  [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS" "gpu_mem_mb=${GPU_MEM_MB:-138000}")
+  # GPU_SLOTS caps how many verl jobs share the node's GPUs; the GPU memory cap is otherwise read
+  # from the cards (the Snakefile), and a --resources given here must restate it: GPU_MEM_MB, if set.
+  [ -n "${GPU_SLOTS:-}" ] && res=(--resources "gpu=$GPU_SLOTS" ${GPU_MEM_MB:+"gpu_mem_mb=$GPU_MEM_MB"})
   t0=$(date +%s)
   set +e
   timeout --signal=INT --kill-after=30 "${LIMIT:-560}" \
