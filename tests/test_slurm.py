@@ -135,8 +135,11 @@ def test_two_gpu_jobs_of_a_round_get_their_own_card_at_once(slurm, tmp_path):
     cmd = [str(exe), "--profile", "profiles/slurm", "--retries", "0", "--max-threads", "1"]
     cmd += ["--default-resources", "mem_mb=1000", "runtime=30", "slurm_partition=''"]
     cmd += ["--config", "rounds=1", "train={device: cuda}", "--until", "train_client"]
-    # cold jobs: each is the process Slurm started, with the environment Slurm gave it
-    proc = subprocess.run(cmd, cwd=work, env=snakemake_env(warm=False), capture_output=True, text=True, timeout=600)
+    # cold jobs: each is the process Slurm started, with the environment Slurm gave it. The node has no
+    # nvidia-smi, so its two cards' sizes are given by hand (FEDAGENT_GPUS, exported to the jobs): each
+    # job's placement then keeps the card Slurm's CUDA_VISIBLE_DEVICES names (fedagent.core.placement).
+    env = {**snakemake_env(warm=False), "FEDAGENT_GPUS": "0:81559,1:81559"}
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, "a train job on cuda ran without a GPU?\n" + out[-3000:]
     known = {job_id for job_id, *_ in before}
