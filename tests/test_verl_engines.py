@@ -285,6 +285,7 @@ def fake_engines(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("FAKE_VERL_RECORD", str(rec))
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "0")
+    monkeypatch.setenv("FEDAGENT_GPUS", "0:81559")  # runs through Snakemake stand for a one-card node
     yield rec
     from fedagent.train.verl.engines.stop import stop_sets_under
 

@@ -42,6 +42,9 @@ def fake_trainer(monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_VERL_HOLD_S", str(HOLD_S))
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")  # someone else's cluster: must not leak in
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # the job's allocation: passed through as is
+    # Runs through Snakemake stand for a node with these two cards (no nvidia-smi here): the run's GPU
+    # check and each job's placement read them (fedagent.core.placement).
+    monkeypatch.setenv("FEDAGENT_GPUS", "3:81559,5:81559")
     return rec
 
 
