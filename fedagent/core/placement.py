@@ -224,7 +224,7 @@ def default_ledger_dir() -> Path:
 
 @dataclasses.dataclass
 class Claim:
-    """One process's hold on cards: ``cards`` (what it was given), ``keys`` (ledger identities), MiB on each."""
+    """One process's hold on cards: ``cards`` (what it was given), ``mib`` on each, the claiming ``pid``."""
 
     path: Path
     cards: list[Card]

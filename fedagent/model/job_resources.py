@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from fedagent.core import placement
 from fedagent.model.memory import job_gpu_mib, job_host_mib
 
 # Rule → the config section whose device and backend its job runs with. `warm_start` fine-tunes with the
@@ -72,8 +73,6 @@ def gpu_fit_problem(config: Mapping, resources: Mapping[str, Mapping[str, int]],
 
     ``resources`` is rule → :func:`job_resources`: more GPUs per job than cards, no card at all, or a
     job's declared memory larger than every card."""
-    from fedagent.core import placement
-
     for rule, res in resources.items():
         if not res["gpu"]:
             continue
