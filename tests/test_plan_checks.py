@@ -27,7 +27,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from fedagent.core import config as fc
-from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env
+from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env, snakemake_run
 
 REPO = Path(__file__).resolve().parent.parent
 for _module in fc.job_modules():
@@ -362,14 +362,7 @@ def test_config_show_preset_and_command_line(tmp_path):
 
 
 def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        snakemake_cmd("-n", "-p", *args),
-        cwd=work,
-        env=snakemake_env(warm=False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return snakemake_run(snakemake_cmd("-n", "-p", *args), work, snakemake_env(warm=False), 300)
 
 
 @pytest.mark.workflow
