@@ -30,6 +30,28 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(seed)``: a tiny model dir (fake_env.build_tiny_model) made once per seed and session.
+    Shared: tests read it and write elsewhere."""
+    from fake_env import build_tiny_model
+
+    made: dict[int, Path] = {}
+
+    def get(seed: int) -> Path:
+        if seed not in made:
+            made[seed] = build_tiny_model(tmp_path_factory.mktemp(f"tiny{seed}") / "m", seed=seed)
+        return made[seed]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_model) -> Path:
+    """The tiny model of seed 4 the local training tests start from (with fake_env.TINY_TRAIN)."""
+    return tiny_model(4)
+
+
+@pytest.fixture(scope="session")
 def reference_run(tmp_path_factory) -> Path:
     """One uninterrupted run of the test config with ``rounds: 1`` (a finished work dir), made once
     per session: the reliability tests start from copies of it, test_slurm compares with it."""
