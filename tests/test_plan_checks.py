@@ -516,6 +516,15 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
     assert "HEAVY=\n" in proc.stdout, proc.stdout
 
 
+def test_loading_the_config_imports_neither_pandas_nor_torch():
+    """Every light command (select, partition, val-set, status, verify's parsing ...) and the Snakefile load
+    the config, whose registries import each built-in's module: none needs pandas or torch there (seen
+    failing while the trackers' record type imported pandas for an annotation: ~0.6 s of every such process)."""
+    code = "import sys, fedagent.core.config\nprint(','.join(m for m in ('pandas', 'torch', 'transformers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- eval.n and the validation pool
 def test_eval_n_past_the_validation_pool_is_refused_naming_both_keys():
     """Index mode plays tasks[seed % pool]: eval.n past the pool would replay tasks as if independent
