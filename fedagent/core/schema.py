@@ -24,8 +24,9 @@ MODEL_KEYWORDS = ("smollm2", "tiny")
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    """The config JSON schema (YAML on disk)."""
-    return yaml.safe_load(Path(path).read_text())
+    """The config JSON schema (YAML on disk). Parsed by libyaml where PyYAML was built with it (the same
+    document, ~10x faster than the pure-Python parser: every process that loads the config reads it)."""
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def with_env_fragments(base: dict) -> dict:
