@@ -14,6 +14,52 @@ import pytest
 
 _CACHE: list[str] = []
 
+# scripts/test.sh runs the suite on two workers, one whole file at a time each (`--dist loadfile`), handing
+# the files out in collection order (`--no-loadscope-reorder`). These files take longest: collected first,
+# longest first, the two workers end together instead of one finishing a long file picked up last
+# (xdist's own order, most tests first, left most of them to the end). Seconds of one serial run of the
+# file (`pytest -n 0`) on the 2-core machine, rounded: their order is what counts. Every other file takes
+# less than ~25 s and keeps its place after these; a new long file belongs here.
+LONGEST_FILES = {
+    "tests/test_verl_isolation.py": 250,
+    "tests/test_workflow.py": 240,
+    "tests/test_experiments.py": 230,
+    "tests/test_verl_refit.py": 210,
+    "tests/test_verl_engines.py": 200,
+    "tests/test_slurm.py": 180,
+    "tests/test_matrix.py": 160,
+    "tests/test_labels.py": 160,
+    "tests/test_workflow_lora.py": 150,
+    "tests/reliability/test_kill_short.py": 120,
+    "tests/test_warm_standby.py": 100,
+    "tests/test_verl_convert.py": 95,
+    "tests/test_verl_ref_model.py": 90,
+    "tests/test_workflow_ppo.py": 80,
+    "tests/test_warm_gpu_warmup.py": 78,
+    "tests/test_alfworld_games.py": 77,
+    "tests/test_warm_start.py": 70,
+    "tests/test_placement.py": 63,
+    "tests/test_grpo.py": 62,
+    "tests/test_verify.py": 60,
+    "tests/reliability/test_dropout_workflow.py": 60,
+    "tests/test_ppo.py": 58,
+    "tests/test_warm.py": 57,
+    "tests/test_workflow_concat.py": 55,
+    "tests/test_scale.py": 46,
+    "tests/test_verl_agent_loop.py": 45,
+    "tests/test_workflow_gigpo.py": 45,
+    "tests/test_server_plugin.py": 40,
+    "tests/test_byzantine.py": 40,
+    "tests/test_plan_checks.py": 40,
+    "tests/test_verl_launch.py": 37,
+    "tests/test_job_resources.py": 35,
+    "tests/test_env_plugin.py": 35,
+    "tests/test_env_lifecycle.py": 35,
+    "tests/test_gpu_memory.py": 30,
+    "tests/test_workflow_webshop.py": 28,
+    "tests/test_workflow_lint.py": 25,
+}
+
 
 def pytest_configure(config):
     # Every fedagent games job of the session (in-process or under Snakemake, which inherits this
@@ -22,6 +68,12 @@ def pytest_configure(config):
         _CACHE.append(tempfile.mkdtemp(prefix="fa-tw-make-cache-"))
         os.environ["FEDAGENT_TEST_TW_CACHE"] = _CACHE[0]
         os.environ["FEDAGENT_TW_MAKE"] = shlex.join([sys.executable, str(Path(__file__).parent / "tw_make_cache.py")])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # a stable sort: each file's tests keep their order (and stay together)
+    items.sort(key=lambda item: -LONGEST_FILES.get(item.nodeid.split("::", 1)[0], 0))
 
 
 def pytest_unconfigure(config):
