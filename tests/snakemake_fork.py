@@ -60,6 +60,7 @@ def _become(request: dict) -> None:
     # process imports it in the run's cwd.
     sys.modules["snakemake.workflow"].Workflow._rundir = os.getcwd()
     sys.argv = list(request["argv"])  # the command line, argv[0] the `snakemake` script's path
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # a script's own directory, not this file's
 
 
 def serve() -> None:

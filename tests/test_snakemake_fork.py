@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+import workflow_helpers
+
 from workflow_helpers import RUN, make_workdir, snakemake_cmd, snakemake_env, snakemake_run
 
 pytestmark = pytest.mark.workflow
@@ -35,6 +37,27 @@ def test_a_forked_run_prints_and_exits_as_a_fresh_process(tmp_path):
         assert _stable(forked.stdout) == _stable(fresh.stdout), args
         assert _stable(forked.stderr) == _stable(fresh.stderr), args
     assert forked.returncode != 0 and "train.lr" in forked.stderr  # the second: refused, naming the key
+    # One server for every environment with the same start-up variables (pytest's PYTEST_CURRENT_TEST
+    # changes with each test); a forked run takes on its own environment (test_job_resources' FEDAGENT_GPUS).
+    servers = set(workflow_helpers._FORK.values())
+    snakemake_run(snakemake_cmd("-n"), work, {**env, "PYTEST_CURRENT_TEST": "another"}, 300)
+    assert set(workflow_helpers._FORK.values()) == servers
+
+
+def test_each_forked_run_has_its_own_environment_and_directory(tmp_path):
+    """Two runs of one server (the same start-up variables): each job sees its own request's variable and
+    writes into its own run's directory."""
+    exe = snakemake_cmd()[0]
+    env = snakemake_env(warm=False)
+    for value in ("first", "second"):
+        work = tmp_path / value
+        work.mkdir()
+        (work / "Snakefile").write_text(
+            'rule all:\n    output: "env.txt"\n    shell: "echo $FA_FORK_PROBE > {output}"\n'
+        )
+        proc = snakemake_run([exe, "--cores", "1"], work, {**env, "FA_FORK_PROBE": value}, 300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert (work / "env.txt").read_text() == value + "\n"
 
 
 def test_a_timeout_ends_the_run_and_its_jobs(tmp_path):

@@ -109,11 +109,15 @@ _FORK_LOCK = threading.Lock()
 
 
 def _fork_server(env: dict) -> subprocess.Popen | None:
-    """The Snakemake fork server (tests/snakemake_fork.py) of exactly ``env``, started on first use and
-    stopped when this test process exits; None with ``FEDAGENT_TEST_COLD=1``."""
+    """The Snakemake fork server (tests/snakemake_fork.py) for ``env``, started on first use and stopped
+    when this test process exits; None with ``FEDAGENT_TEST_COLD=1``. One per set of the variables a
+    process reads as it starts (PYTHON*, OMP_*, ..., the locale): a forked run takes on the rest of its
+    environment itself (pytest's PYTEST_CURRENT_TEST alone differs from test to test)."""
     if os.environ.get(COLD_ENV) == "1":
         return None
-    key = tuple(sorted(env.items()))
+    from fedagent.warm.preload import read_at_startup
+
+    key = tuple(sorted((k, v) for k, v in env.items() if read_at_startup(k) or k.startswith(("LANG", "LC_"))))
     server = _FORK.pop(key, None)
     if server is not None and server.poll() is not None:
         server = None
