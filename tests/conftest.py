@@ -104,10 +104,25 @@ def tiny_dir(tiny_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_run(tmp_path_factory) -> Path:
+def reference_run(tmp_path_factory, worker_id) -> Path:
     """One uninterrupted run of the test config with ``rounds: 1`` (a finished work dir), made once
-    per session: the reliability tests start from copies of it, test_slurm compares with it."""
+    per session: the reliability tests start from copies of it, test_slurm compares with it. Under
+    xdist the workers share it (in the session's temp root, made by the first to ask, under a file
+    lock; the others find it finished): its files are only read and copied."""
+    from filelock import FileLock
+
     sys.path.insert(0, str(Path(__file__).resolve().parent / "reliability"))
     from kill_driver import build_reference
+    from workflow_helpers import RUN
 
-    return build_reference(tmp_path_factory.mktemp("reliability"))
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # the session's, above each worker's own
+    base = root / "reliability-shared"
+    base.mkdir(exist_ok=True)
+    ref = base / "reference"
+    with FileLock(str(root / "reliability-shared.lock")):
+        # finished: used as it is (no Snakemake run in it while another worker copies it)
+        if not (ref / RUN / "round_001" / "summary.csv").is_file():
+            build_reference(base)
+    return ref
