@@ -52,7 +52,17 @@ VERL_KEYS = JobKeys(
 
 
 # What metrics.json records of the engine set a job ran on (train.verl.engines: run).
-ENGINE_SET_KEYS = ("set", "warm", "jobs_before", "fit_s", "slot_wait_s", "memory_gb", "memory_growth_gb")
+# reset_release: what the job's reset freed of each engine's old model (fedagent.train.verl.release)
+ENGINE_SET_KEYS = (
+    "set",
+    "warm",
+    "jobs_before",
+    "fit_s",
+    "slot_wait_s",
+    "memory_gb",
+    "memory_growth_gb",
+    "reset_release",
+)
 
 
 def check_job_keys(values: dict) -> None:
