@@ -26,17 +26,9 @@ PRESETS = {
     "ppo": REPO / "config" / "experiments" / "gpu-verl-scale-webshop-ppo.yaml",
 }
 H100, H200, A100_40 = 81559, 143771, 40960  # nvidia-smi's memory.total, MiB
-# scripts/gpu/verl-scale.sh's BUDGETS=short: gpu-scale-webshop.yaml's budgets and eval batch (issue 48's GPU run)
-SHORT = {
-    "train": {"max_turns": 8, "max_prompt_tokens": 2048, "max_new_tokens": 48},
-    "eval": {
-        "max_turns": 8,
-        "max_prompt_tokens": 2048,
-        "max_new_tokens": 48,
-        "batch": 32,
-        "sampler_widths": [384, 640, 1024],
-    },
-}
+# scripts/gpu/verl-scale.sh's BUDGETS=short overlay: gpu-scale-webshop.yaml's budgets and eval (issue 48's GPU run)
+SHORT_FILE = REPO / "scripts" / "gpu" / "verl-scale-short.yaml"
+SHORT = yaml.safe_load(SHORT_FILE.read_text())
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -281,12 +273,12 @@ def test_the_overrides_verl_composes_carry_the_sized_values(algo, tmp_path):
 
 
 # ------------------------------------------------------------------ through Snakemake's plan
-def _dry_run(tmp: Path, configfile: Path, card: int, *extra: str) -> subprocess.CompletedProcess:
+def _dry_run(tmp: Path, configfiles: list[Path], card: int, *extra: str) -> subprocess.CompletedProcess:
     from workflow_helpers import snakemake_env
 
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe), "-n", "-p", "--profile", "profiles/local", "--directory", str(tmp), "--configfile"]
-    cmd += [str(REPO / "config" / "config.yaml"), str(configfile), *extra]
+    cmd += [str(REPO / "config" / "config.yaml"), *map(str, configfiles), *extra]
     env = {**snakemake_env(warm=False), placement.GPUS_ENV: f"0:{card}", "CUDA_VISIBLE_DEVICES": "0"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -307,7 +299,7 @@ def _train_asks(out: str) -> list[dict]:
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 @pytest.mark.parametrize("card", [H100, H200])
 def test_the_preset_plans_through_snakemake_on_a_fake_card(algo, card, tmp_path):
-    proc = _dry_run(tmp_path, PRESETS[algo], card)
+    proc = _dry_run(tmp_path, [PRESETS[algo]], card)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     asks = _train_asks(proc.stdout + proc.stderr)
     _, declared, _ = planned(preset(algo), card)
@@ -317,8 +309,20 @@ def test_the_preset_plans_through_snakemake_on_a_fake_card(algo, card, tmp_path)
 
 @pytest.mark.workflow
 @pytest.mark.slow
+def test_the_node_scripts_command_plans_the_short_budgets_on_an_h200(tmp_path):
+    """scripts/gpu/verl-scale.sh's Snakemake command line (the preset, its short-budget overlay, one --config
+    with the run's name and rounds, --notemp) plans the round with the plan of those budgets."""
+    proc = _dry_run(tmp_path, [PRESETS["grpo"], SHORT_FILE], H200, "--notemp", "--config", "run=x-short", "rounds=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _, declared, _ = planned(preset("grpo", **SHORT), H200)
+    assert {int(a["gpu_mem_mb"]) for a in _train_asks(proc.stdout + proc.stderr)} == {declared}
+    assert "results/x-short/round_004" in proc.stdout + proc.stderr
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
 def test_a_card_too_small_stops_the_plan_with_one_message(tmp_path):
-    proc = _dry_run(tmp_path, PRESETS["grpo"], A100_40)
+    proc = _dry_run(tmp_path, [PRESETS["grpo"]], A100_40)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert re.search(r"fedagent: invalid config: config key 'train\.verl\.gpus': the verl train job needs", out), out[
