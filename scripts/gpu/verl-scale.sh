@@ -102,7 +102,7 @@ status)
   grep -E "^\[|steps \(|Error|error" "$B/snakemake.log" 2>/dev/null | tail -n 8
   tail -n 3 "$OUT/scale.log" 2>/dev/null
   nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu --format=csv,noheader 2>/dev/null
-  df -h . | tail -n 1
+  df -h . | tail -n 1; free -g | head -n 2
   ;;
 run)
   node_env
