@@ -329,3 +329,16 @@ def test_a_card_too_small_stops_the_plan_with_one_message(tmp_path):
         -2000:
     ]
     assert not (tmp_path / "results").exists()
+
+
+def test_gpu_mem_prints_the_verl_jobs_plan_and_what_fits():
+    from fedagent.report import gpu_mem
+
+    text, fits = gpu_mem.report(preset("grpo"), usable(H200))
+    plan, declared, eval_mib = planned(preset("grpo"), H200)
+    assert fits and f"train_client   {declared} MiB = verl memory plan on one {usable(H200)} MiB card" in text
+    assert "optimizer_offload True" in text and f"idle set {plan.idle_mib} MiB" in text
+    assert f"2 train + 1 eval = {2 * declared + eval_mib} MiB of {usable(H200)}: fits" in text
+    # on an H100 one verl job at a time, and the eval beside it does not fit: the plan has it wait
+    text, fits = gpu_mem.report(preset("grpo"), usable(H100))
+    assert fits and "1 train (56110 MiB), the eval (22949 MiB) when one ends: fits" in text

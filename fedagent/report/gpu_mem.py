@@ -64,6 +64,10 @@ def report(config: dict, card_mib: int, train_jobs: int | None = None, cards=Non
         lines.append(f"train_client {t:>7} MiB = verl memory plan on one {card} MiB card: {_plan(verl_plan)}")
         train_jobs = min(train_jobs, max(1, card // t))  # the plan's declaration admits no more at once
         total = train_jobs * t + e
+        if total > card_mib and train_jobs * t <= card_mib and e <= card:
+            # the plan was sized for the eval to wait while these train: both fit, one after the other
+            lines.append(f"{train_jobs} train ({train_jobs * t} MiB), the eval ({e} MiB) when one ends: fits")
+            return "\n".join(lines) + "\n", True
     else:
         lines.append(f"train_client {t:>7} MiB" + ("" if t else " (CPU)"))
     if e and ev["backend"] == "local" and ev.get("gpu_mem_gb") is None:
