@@ -201,7 +201,7 @@ def verl_settings(text: str):
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
     if (
         s.gpus < 1
-        or not 0 < s.gpu_memory_utilization <= 1
+        or (s.gpu_memory_utilization is not None and not 0 < s.gpu_memory_utilization <= 1)
         or s.vllm_executor not in ("mp", "uni")
         or s.reward_workers < 1
         or s.storage_units < 1
