@@ -29,12 +29,17 @@ from pathlib import Path
 from fake_verl_trainer import parse, play_episodes, print_steps, ray_env_str, save_checkpoint
 
 
+# what the fake reset says it freed per engine (the shape of fedagent.train.verl.release's record)
+FAKE_RELEASE_RECORD = {"model_gb": 0.5, "model_device_gb": 0.5, "optimizer_gb": 1.0, "params_outlived_gc": 0}
+
+
 class FakeFitter:
     def __init__(self, ov: dict, yaml_path: Path, workers=None):
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.workers = workers  # Ray mode: the actor that prints the workers' reset lines
         self.fits = 0
+        self.last_reset = None  # as VerlFitter: the reset's release records (FAKE_RELEASE_RECORD)
 
         self.ppo = "critic.model.path" in ov
         self.n = int(ov["actor_rollout_ref.rollout.n"])
@@ -60,6 +65,7 @@ class FakeFitter:
         if (rec / "die_once").is_file():  # the set dies under this job (a crash, a kill)
             (rec / "die_once").unlink()
             os._exit(3)
+        self.last_reset = [dict(FAKE_RELEASE_RECORD, role=r) for r in ("ref", "actor")] if reset else None
         if reset:
             print(refit.refit_line(time.time()), flush=True)
             knob = Path(os.environ["FAKE_VERL_RECORD"]) / "reset_from"  # set while the set runs

@@ -150,6 +150,25 @@ def test_local_only_features_are_refused_with_their_own_message(overrides, messa
     assert str(err.value) == message
 
 
+def test_deterministic_needs_every_backend_key_local():
+    """``deterministic``'s Requirements come from DETERMINISTIC_NEEDS: every backend key of the schema has
+    its row (needs local), and each of its other values is refused with the key on, naming it."""
+    from fedagent.core.config_rules import DETERMINISTIC_NEEDS
+    from fedagent.core.schema import leaf_keys, subschema
+
+    backends = [k for k in leaf_keys() if k.rsplit(".", 1)[-1] == "backend"]
+    assert {"train.backend", "eval.backend"} <= set(backends)
+    rows = {key: (need, violation) for key, need, _, violation in DETERMINISTIC_NEEDS}
+    for key in backends:
+        assert key in rows and rows[key][0] == "local", f"deterministic: no DETERMINISTIC_NEEDS row for {key}"
+        for value in subschema(key)["enum"]:
+            if value == "local":
+                continue
+            overrides = {**rows[key][1], "deterministic": True, key: value}
+            with pytest.raises(ConfigError, match=rf"^config key 'deterministic': True needs {key}=local \("):
+                load_config(REPO / "config" / "config.yaml", overrides)
+
+
 @pytest.mark.parametrize("section", ["train", "eval"])
 def test_sampler_widths_need_the_gpu_path_and_sit_below_the_widest(section):
     """train/eval.sampler_widths (issue 29's width buckets): each below max_prompt_tokens, GPU local path only."""

@@ -99,6 +99,24 @@ def test_an_update_is_the_full_model_or_the_adapter_never_both(tmp_path):
             write_model_update(tmp_path / "b", bad)
 
 
+def test_the_server_reads_the_format_the_epilogue_writes(tmp_path):
+    """Both sides name an update's format by fedagent.model.update_layout: the format a LoRA update's
+    metrics record is the one the server step finds in its files (a full update records none)."""
+    from fedagent.model import update_layout as layout
+    from fedagent.server.update_format import FULL_MODEL, format_of
+
+    def adapter(d):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / layout.ADAPTER_CONFIG).write_text("{}")
+        return {}
+
+    w = write_model_update(tmp_path / "a", ModelUpdate(write_adapter=adapter))
+    assert format_of([tmp_path / "a"]).name == w.record[layout.FORMAT_RECORD] == layout.LORA
+    full = write_model_update(tmp_path / "f", ModelUpdate(write_policy=_hf_dir("p")))
+    assert layout.FORMAT_RECORD not in full.record
+    assert format_of([tmp_path / "f"]) is FULL_MODEL and FULL_MODEL.name == layout.FULL
+
+
 class _FailedCheck:
     def wait(self):
         raise ManifestError("start model: sha256 differs from manifest")

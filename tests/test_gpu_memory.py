@@ -90,12 +90,16 @@ def test_cpu_jobs_declare_nothing_and_an_explicit_value_wins(tmp_path):
     assert memory.shape_of_source(str(tmp_path)) == SMOLLM2_135M
     with pytest.raises(ValueError, match="no config.json"):
         memory.shape_of_source(str(tmp_path / "nothing-here"))
-    # verl: vLLM's share of the card comes on top (its fixed KV cache here)
+    # verl: the verl job's own memory plan (fedagent.model.verl_memory; its fixed KV cache here), whose
+    # rollout phase holds vLLM's cache
+    from fedagent.model import verl_memory
+
     verl = _checked(
         {"train": {"backend": "verl", "ref_anchor": "round", "mini_batch_size": 4, "verl": {"kv_cache_gb": 4}}}
     )
-    local = _checked({"train": {"device": "cuda", "mini_batch_size": 4}})
-    assert job_gpu_mib(verl, "train") == job_gpu_mib(local, "train") + 4096
+    planned = verl_memory.config_plan(verl, None)
+    assert job_gpu_mib(verl, "train") == planned.declared_mib
+    assert planned.phases["rollout"]["vllm_kv_cache"] == 4 * 2**30
 
 
 def _args() -> argparse.Namespace:

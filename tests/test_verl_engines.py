@@ -154,6 +154,7 @@ def test_a_sets_ray_workers_bind_the_reset_methods_in_verls_colocated_worker_gro
     assert got == {
         f"actor_rollout_{refit.METHOD}": "ONE_TO_ALL",
         f"critic_{refit.PATH_METHOD}": "ONE_TO_ALL",
+        f"critic_{refit.RELEASE_METHOD}": "ONE_TO_ALL",
         **{
             f"{role}_{m}": "ONE_TO_ALL"
             for role in ("actor_rollout", "critic")
@@ -182,7 +183,8 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
             self.logger = tb.Tracking(project_name="p", experiment_name="e", default_backend=[])
             self.logger.log(data={"actor/kl_loss": 0.5}, step=1)
 
-    monkeypatch.setattr(refit, "reset_trainer", lambda trainer, **kw: calls.append(("reset", kw)))
+    released = [{"role": "ref"}, {"role": "actor"}]  # what reset_trainer returns: the engines' release records
+    monkeypatch.setattr(refit, "reset_trainer", lambda trainer, **kw: calls.append(("reset", kw)) or released)
     cfg = compose_ppo(_overrides(tmp_path))
     f = VerlFitter(Trainer(), cfg, "alm")
     first = {
@@ -195,6 +197,7 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
     }
     assert f.built_for(first) and not f.built_for({**first, "rows": "/elsewhere"})
     assert f.fit(first, reset=False) == [{"step": 1, "actor/kl_loss": 0.5}]
+    assert f.last_reset is None  # no reset, no release records
     later = {
         **first,
         "tag": "b",
@@ -209,6 +212,7 @@ def test_the_sets_fitter_resets_verls_trainer_to_a_later_jobs_dirs(tmp_path, mon
         {"model_dir": "/runs/round_001/model", "ref_dir": "/runs/round_001/model", "critic_dir": None},
     )
     assert calls[2] == ("fit", "alm", "/w/b/rows.parquet", "/w/b/ckpt")
+    assert f.last_reset == released  # answered to the job as reset_release
     assert str(cfg.actor_rollout_ref.model.path) == "/runs/round_001/model" and cfg.trainer.experiment_name == "b"
 
 
@@ -345,6 +349,8 @@ def test_a_set_past_its_memory_limit_stops_and_the_next_job_starts_a_fresh_one(f
     e0, e1 = m0["verl"]["engine_set"], m1["verl"]["engine_set"]
     assert (e0["memory_gb"], e0["memory_growth_gb"]) == (1.0, 0.0)
     assert (e1["memory_gb"], e1["memory_growth_gb"], e1["warm"]) == (1.5, 0.5, True)
+    # what the warm job's reset freed reaches its metrics.json (a cold job's: none)
+    assert e0["reset_release"] is None and [r["role"] for r in e1["reset_release"]] == ["ref", "actor"]
     assert "engine set retires" in (tmp_path / ".verl-engines" / "slot-0" / "server.log").read_text()
     deadline = time.monotonic() + 30
     while procs.alive(pid0):

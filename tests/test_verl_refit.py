@@ -28,7 +28,7 @@ from test_verl_launch import REPO, workflow_train_params  # noqa: E402
 
 from fake_env import build_tiny_model  # noqa: E402
 from fedagent.train.local import TrainParams  # noqa: E402
-from fedagent.train.verl import refit  # noqa: E402
+from fedagent.train.verl import refit, release  # noqa: E402
 from fedagent.train.verl.launch import VerlJob, trainer_command  # noqa: E402
 from fedagent.train.verl.overrides import build_overrides  # noqa: E402
 from fedagent.train.verl.settings import VerlSettings  # noqa: E402
@@ -99,30 +99,47 @@ print("both patched")
 
 
 class _Engine:
+    """verl's ``TrainingWorker`` as ``reset_engines`` uses it: an engine with a model and an optimizer; its
+    ``reset`` records whether the engine still held its old model (it must have been released first)."""
+
     def __init__(self, calls, name, path):
+        import torch
+
         self.calls, self.name = calls, name
         self.engine = type("E", (), {"model_config": type("M", (), {"local_path": path})()})()
+        self.engine.module = torch.nn.Linear(4, 4)
+        self.engine.optimizer = torch.optim.AdamW(self.engine.module.parameters())
+        self.old_weight = self.engine.module.weight
 
     def reset(self):
-        self.calls.append(f"{self.name}.reset")
+        import torch
+
+        held = "kept" if self.engine.module is not None else "released"
+        self.calls.append(f"{self.name}.reset({held}, {self.old_weight.untyped_storage().nbytes()} B)")
+        self.engine.module = torch.nn.Linear(4, 4)
 
 
 def test_reset_engines_rebuilds_the_reference_then_the_actor(capsys):
     calls: list[str] = []
     worker = type("W", (), {})()
     worker.ref, worker.actor = _Engine(calls, "ref", "/m/ref"), _Engine(calls, "actor", "/m/start")
-    assert refit.reset_engines(worker) == "/m/start"
-    assert calls == ["ref.reset", "actor.reset"]
+    done = refit.reset_engines(worker)
+    assert done["path"] == "/m/start" and [r["role"] for r in done["released"]] == ["ref", "actor"]
+    # each old model released (its storage freed) before its engine is rebuilt
+    assert calls == ["ref.reset(released, 0 B)", "actor.reset(released, 0 B)"]
     out = capsys.readouterr().out
     assert f"{refit.RESET_LINE}/m/start" in out and refit.reset_paths(out, refit.REF_RESET_LINE) == ["/m/ref"]
     # a later job's start model and reference: each path changes before its reset
-    assert refit.reset_engines(worker, "/m/next", "/m/next-ref") == "/m/next"
+    assert refit.reset_engines(worker, "/m/next", "/m/next-ref")["path"] == "/m/next"
     assert worker.ref.engine.model_config.local_path == "/m/next-ref"
     out = capsys.readouterr().out
     assert refit.reset_paths(out) == ["/m/next"] and refit.reset_paths(out, refit.REF_RESET_LINE) == ["/m/next-ref"]
     critic = _Engine(calls, "critic", "/m/start/critic")
     assert refit.set_model_path(critic, "/m/next/critic") == "/m/next/critic"
     assert critic.engine.model_config.local_path == "/m/next/critic"
+    rec = refit.release_model(critic)
+    assert rec["role"] == "critic" and critic.engine.module is None and critic.engine.optimizer is None
+    assert critic.old_weight.untyped_storage().nbytes() == 0
     worker.actor = None
     with pytest.raises(RuntimeError, match="no actor"):
         refit.reset_engines(worker)
@@ -138,8 +155,16 @@ class _FakeTrainer:
         rec = lambda name: lambda *a, **k: calls.append(name)  # noqa: E731
         self.logger = type("T", (), {"finish": lambda s, exit_code: calls.append(f"logger.finish({exit_code})")})()
         self.checkpoint_manager = type("C", (), {"sleep_replicas": lambda s: calls.append("sleep_replicas")})()
+        # ONE_TO_ALL: one answer per rank (here one), each with its engines' release records
         self.actor_rollout_wg = type(
-            "A", (), {refit.METHOD: lambda s, d, r: calls.append(f"reset_engines({d}, {r})")}
+            "A",
+            (),
+            {
+                refit.METHOD: lambda s, d, r: (
+                    calls.append(f"reset_engines({d}, {r})")
+                    or [{"path": d, "released": [{"role": "ref"}, {"role": "actor"}]}]
+                )
+            },
         )()
         self.critic_wg = type(
             "K",
@@ -147,6 +172,7 @@ class _FakeTrainer:
             {
                 "reset": lambda s: calls.append("critic.reset"),
                 refit.PATH_METHOD: lambda s, d: calls.append(f"critic.path({d})"),
+                refit.RELEASE_METHOD: lambda s: calls.append("critic.release") or [{"role": "critic"}],
             },
         )()
         self._init_dataloader, self._init_dump_executor = rec("dataloader"), rec("dump_executor")
@@ -165,7 +191,10 @@ def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_
     """verl's real actor, KL-reference and PPO critic FSDP engines (the config our PPO launch composes,
     CPU/gloo), two optimizer steps, then our ``reset_engines`` / ``set_model_path`` with verl's own
     ``TrainingWorker.reset`` naming a later round's start model (and critic) and another reference: the
-    old modules and optimizers are freed (no second model's memory held per job), optimizers and
+    old modules and optimizers are freed (no second model's memory held per job), and so are the old
+    models' weights — torch FSDP1's FlatParameters, which a cycle the garbage collector cannot see kept
+    alive after every reset until ``release`` frees them (the H200's ≈ 0.5 GB per trained engine per warm
+    job; seen failing with ``FEDAGENT_TEST_RESET_VARIANT=no-release``), optimizers and
     scheduler start over, the weights the rollout sync reads are the new start model's, the reference's
     and critic's their dirs', and the next step is bit-equal to a fresh engine's (actor and critic)."""
     env = {k: v for k, v in os.environ.items() if k != "FEDAGENT_TEST_RESET_VARIANT"}
@@ -180,6 +209,9 @@ def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_
     r = json.loads((tmp_path / "result.json").read_text())
     assert r == {
         "old_freed": [True] * 5,
+        "trained_flat_params_freed": True,
+        "old_flat_param_bytes": 0,
+        "orphan_flat_param_bytes": 0,
         "optimizer_state": 0,
         "scheduler_step": 0,
         "actor_is_start": True,
@@ -192,6 +224,13 @@ def test_the_reset_rebuilds_verls_own_fsdp_engines_from_the_new_dirs_as_a_fresh_
         "critic_step_as_fresh": True,
     }
     assert f"{refit.RESET_LINE}{tmp_path / 'round2'}" in proc.stdout
+    released = [
+        json.loads(line.split(release.RELEASED_LINE, 1)[1])
+        for line in proc.stdout.splitlines()
+        if release.RELEASED_LINE in line
+    ]
+    assert [r["role"] for r in released] == ["ref", "actor", "critic"]
+    assert all(r["model_gb"] >= 0 and r["kept_gb"] == 0 for r in released)
 
 
 @pytest.mark.parametrize("use_critic", [False, True])
@@ -235,7 +274,7 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
         "logger.finish(0)",
         "sleep_replicas",
         "reset_engines(/m/start, /m/start)",
-        *(["critic.path(/m/start/critic)", "critic.reset"] if use_critic else []),
+        *(["critic.path(/m/start/critic)", "critic.release", "critic.reset"] if use_critic else []),
         "dataloader",
         "dump_executor",
         "replay_buffer",
@@ -246,6 +285,9 @@ def test_reset_for_refit_puts_the_trainer_where_a_fresh_job_starts(tmp_path, use
     out = capsys.readouterr().out
     assert store == {"train": {}} and f"{refit.CLEARED_PREFIX}2" in out and refit.first_fit_token_at(out) == 11.5
     assert (tr.global_steps, tr.local_trigger_step, tr._restored_tq_prompt_count, tr.replay_buffer) == (0, 0, 0, "new")
+    # what the set answers its job: every engine's release record, critic last
+    again = refit.reset_trainer(_FakeTrainer([], use_critic), model_dir="/m", ref_dir="/m", critic_dir="/m/critic")
+    assert [r["role"] for r in again] == ["ref", "actor", *(["critic"] if use_critic else [])]
 
 
 def test_refit_lines_are_read_from_the_last_refit_on():

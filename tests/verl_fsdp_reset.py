@@ -7,10 +7,15 @@ critic's FSDP engines from the config our PPO launch composes (``build_overrides
 (the critic's loader armed by :mod:`fedagent.train.verl.critic_attn`, as our Ray hook arms it), takes two
 optimizer steps on actor and critic, then calls our :func:`fedagent.train.verl.refit.reset_engines` on a
 worker whose ``actor``/``ref`` are stand-ins for verl's ``TrainingWorker`` with verl's own
-``TrainingWorker.reset`` (= ``engine.initialize()``), and ``set_model_path`` + ``reset`` on the critic's,
-naming a later round's start model (and its critic) and another reference. It writes ``result.json``:
+``TrainingWorker.reset`` (= ``engine.initialize()``), and ``set_model_path`` + ``release_model`` + ``reset``
+on the critic's (as ``reset_trainer``), naming a later round's start model (and its critic) and another
+reference. It writes ``result.json``:
 whether the old module/optimizer were freed after what a fit also does to the engines (the weight sync's
 read-out, a checkpoint save, an offload round trip; a leak would hold a second model's GPU memory per job),
+whether the old models' weights went too — every old FSDP1 ``FlatParameter`` of the trained engines freed,
+no byte left in any old one (the reference's included), none outside a live model in the process
+(``memory.orphan_flat_params``): torch's FSDP1 keeps them in a cycle the garbage collector cannot see,
+which :mod:`fedagent.train.verl.release` breaks —
 the optimizer state and scheduler step after the reset, whether the weights the rollout sync reads
 (``get_per_tensor_param``) and the reference's are the new dirs', and whether a step after the reset is
 bit-equal to the same step on a fresh engine built from the new start model.
@@ -18,7 +23,8 @@ bit-equal to the same step on a fresh engine built from the new start model.
 verl registers its FSDP engine for CUDA/NPU only; on the CPU two of its GPU-only helpers are neutralised
 here (the module never leaves the CPU): FSDP1's ``sync_module_states`` device check,
 ``load_fsdp_model_to_gpu`` and pinning (the reference's CPU offload pins for a GPU). ``$FEDAGENT_TEST_RESET_VARIANT`` (tests only) names a broken reset to show
-the checks fail: ``path-after`` (the start dir set after ``reset()``), ``no-reset``.
+the checks fail: ``path-after`` (the start dir set after ``reset()``), ``no-reset``, ``no-release`` (the
+old models not released before the rebuild: the reset as it was before the growth was found).
 """
 
 from __future__ import annotations
@@ -140,7 +146,7 @@ def main(workdir: Path) -> None:
     from verl_helpers import compose_ppo
 
     from fedagent.train.local import TrainParams
-    from fedagent.train.verl import refit
+    from fedagent.train.verl import memory, refit, release
     from fedagent.train.verl.launch import VerlJob
     from fedagent.train.verl.overrides import build_overrides
     from fedagent.train.verl.settings import VerlSettings
@@ -240,6 +246,8 @@ def main(workdir: Path) -> None:
         return all(torch.equal(got[k], want[k].float()) for k in want)
 
     variant = os.environ.get("FEDAGENT_TEST_RESET_VARIANT", "")
+    if variant == "no-release":
+        release.release_engine = lambda engine, role: {"role": role}
     worker = type("ActorRolloutRefWorker", (), {})()
     worker.actor = Training(engine(actor_cfg, first, model_config))
     worker.ref = Training(engine(ref_cfg, first))
@@ -250,12 +258,20 @@ def main(workdir: Path) -> None:
     # what a fit does to the engines besides its steps, before the next job's reset (the H200 showed ≈ 0.5 GB
     # per trained engine still allocated after each warm job, docs/results/verl.md 2026-12-05): the weight sync's
     # read-out, the checkpoint save, an offload round trip — none may keep the old module alive
+    with torch.no_grad():  # the reference's log-probs (its first forward: FSDP1's lazy init of its wrappers)
+        worker.ref.engine.module.eval()
+        worker.ref.engine.module(input_ids=torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(4)))
     for e in (worker.actor.engine, critic.engine):
         params, _peft = e.get_per_tensor_param()
         for _name, _tensor in params:
             pass
         e.save_checkpoint(local_path=str(workdir / f"ckpt-{e.model_config.model_type}"), global_step=1)
         e.to("cpu", model=True, optimizer=True, grad=True)
+    # the old models' weights: FSDP1's FlatParameters (the trained engines' and the reference's)
+    trained_flat = [
+        weakref.ref(fp) for e in (worker.actor.engine, critic.engine) for fp in release.flat_params(e.module)
+    ]
+    all_flat = trained_flat + [weakref.ref(fp) for fp in release.flat_params(worker.ref.engine.module)]
     old = [
         weakref.ref(worker.actor.engine.module),
         weakref.ref(worker.actor.engine.optimizer),
@@ -271,12 +287,19 @@ def main(workdir: Path) -> None:
         refit.set_model_path(critic, str(start / "critic"))
     else:
         refit.reset_engines(worker, str(start), str(ref_dir))
-        refit.set_model_path(critic, str(start / "critic"))  # then critic_wg.reset(), as reset_trainer
+        refit.set_model_path(critic, str(start / "critic"))  # then release and critic_wg.reset(), as reset_trainer
+        refit.release_model(critic)
         critic.reset()
     gc.collect()
+    held = [r() for r in all_flat]
+    old_flat_bytes = sum(t.untyped_storage().nbytes() for t in held if t is not None)
+    del held
     actor = worker.actor.engine
     result = {
         "old_freed": [r() is None for r in old],
+        "trained_flat_params_freed": all(r() is None for r in trained_flat),
+        "old_flat_param_bytes": old_flat_bytes,
+        "orphan_flat_param_bytes": memory.orphan_flat_params(gc.get_objects())["bytes"],
         "optimizer_state": len(actor.optimizer.state),
         "scheduler_step": actor.lr_scheduler.last_epoch,
         "actor_is_start": equal(weights(actor), start),

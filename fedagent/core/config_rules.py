@@ -164,6 +164,44 @@ def _eval_n_within_the_validation_pool(get):
 # registered when the schema's server section is filled from their registry (fedagent.core.registry).
 
 
+DETERMINISTIC = "deterministic"  # the config key (fedagent.model.determinism)
+
+# deterministic: the local backend's jobs pin their kernels (fedagent.model.determinism); vLLM and verl
+# have no such mode (verl's maintainers: exact reproduction is not possible with its rollout). One row per
+# setting the key needs, (key, its value, why, the rest of a violating config): every backend key of the
+# schema must be local (tests/test_config.py checks that each has its row), a feature key false.
+DETERMINISTIC_NEEDS: tuple[tuple[str, Any, str, dict[str, Any]], ...] = (
+    (
+        "train.backend",
+        "local",
+        "verl's vLLM rollout has no deterministic mode",
+        {"train.backend": "verl", "train.ref_anchor": "round"},
+    ),
+    ("eval.backend", "local", "vLLM has no deterministic mode", {"eval.backend": "vllm"}),
+    # The compiled training step records its backward into CUDA graphs; the deterministic index_put_
+    # of the index backward checks its indices on the host, which a capture cannot hold.
+    (
+        "train.compile_train",
+        False,
+        "the CUDA-graphed training step cannot hold the deterministic index_put_ of its backward "
+        "(a host-side index check)",
+        {"train.compile_train": True, "train.device": "cuda"},
+    ),
+)
+
+
+def deterministic_needs(need_key: str, need: Any, why: str, violation: dict[str, Any]) -> Requirement:
+    """The :class:`Requirement` that ``deterministic: true`` needs ``need_key`` = ``need``: a backend
+    (``need`` a name) "needs <key>=<need> (<why>; got ...)", a feature (``need`` False) "with <key>: <why>;
+    set <key>: false"."""
+    why = why.replace("{", "{{").replace("}", "}}")  # literal text in the Requirement's format string
+    if need is False:
+        message = f"{{value!r}} with {need_key}: {why}; set {need_key}: false"
+    else:
+        message = f"{{value!r}} needs {need_key}={need} ({why}; got {{got!r}})"
+    return Requirement(DETERMINISTIC, DETERMINISTIC, bool, need_key, need, message, {DETERMINISTIC: True, **violation})
+
+
 # Features implemented for one backend / rollout mode only (one cross rule each).
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
@@ -249,38 +287,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "{value!r} with train.algorithm=ppo: PPO's GAE is per turn (windowed) only",
         {"train.algorithm": "ppo", "rollout.mode": "concat"},
     ),
-    # deterministic: the local backend's jobs pin their kernels (fedagent.model.determinism); vLLM and verl
-    # have no such mode (verl's maintainers: exact reproduction is not possible with its rollout).
-    Requirement(
-        "deterministic",
-        "deterministic",
-        lambda on: bool(on),
-        "train.backend",
-        "local",
-        "{value!r} needs train.backend=local (verl's vLLM rollout has no deterministic mode; got {got!r})",
-        {"deterministic": True, "train.backend": "verl", "train.ref_anchor": "round"},
-    ),
-    Requirement(
-        "deterministic",
-        "deterministic",
-        lambda on: bool(on),
-        "eval.backend",
-        "local",
-        "{value!r} needs eval.backend=local (vLLM has no deterministic mode; got {got!r})",
-        {"deterministic": True, "eval.backend": "vllm"},
-    ),
-    # The compiled training step records its backward into CUDA graphs; the deterministic index_put_
-    # of the index backward checks its indices on the host, which a capture cannot hold.
-    Requirement(
-        "deterministic",
-        "deterministic",
-        lambda on: bool(on),
-        "train.compile_train",
-        False,
-        "{value!r} with train.compile_train: the CUDA-graphed training step cannot hold the deterministic "
-        "index_put_ of its backward (a host-side index check); set train.compile_train: false",
-        {"deterministic": True, "train.compile_train": True, "train.device": "cuda"},
-    ),
+    *(deterministic_needs(*row) for row in DETERMINISTIC_NEEDS),
     Requirement(
         "warm_start.enabled",
         "warm_start.enabled",

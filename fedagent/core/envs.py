@@ -13,6 +13,14 @@ ask it what an env kind needs; it imports a spec by its ``"module:attr"`` string
 Entry points are read from the installed distributions on ``sys.path`` each time the known kinds
 are listed, so a ``*.dist-info`` directory on ``PYTHONPATH`` registers an env for the Snakemake
 jobs too.
+
+Not a :class:`fedagent.core.registry.Registry`, whose pattern it shares: a Registry holds classes keyed
+by their ``name``, imports its home module and every entry point on first read and keeps them, and
+names an unknown one in a KeyError. Here the values are :class:`EnvSpec` objects keyed by ``kind``;
+listing the kinds (the schema's enum, ``serve-env --source``) imports no spec, :func:`spec` imports only
+the kind asked for (a broken plugin fails only where its kind is used), the entry points are read anew
+at each listing, a built-in shadows a plugin of its name, and every refusal is a ConfigError naming
+``env.kind``.
 """
 
 from __future__ import annotations

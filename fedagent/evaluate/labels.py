@@ -26,13 +26,13 @@ Output (atomic): ``{"labels": {task id: bool}, "policy", "n", "easy", "easy_rate
 
 from __future__ import annotations
 
+# First, before torch loads libgomp: OMP_WAIT_POLICY (fedagent.core.openmp says why the order matters).
+from fedagent.core import openmp  # noqa: F401 - imported for its effect
+
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def resolve_policy(policy: str, workdir: Path, seed: int) -> Path:

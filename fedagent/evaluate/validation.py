@@ -8,22 +8,19 @@ penalized. Writes ``eval.json`` atomically.
 
 from __future__ import annotations
 
+# First, before torch loads libgomp: OMP_WAIT_POLICY (fedagent.core.openmp says why the order matters).
+from fedagent.core import openmp  # noqa: F401 - imported for its effect
+
 import argparse
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
-# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
-# sleep. A value set by the caller wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from fedagent.core import placement  # noqa: E402 - stdlib only
-from fedagent.core.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting (imports no torch)
+from fedagent.core import placement
+from fedagent.core.config import JobKeys, dataclass_from_dict
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,14 @@ Weights come from :func:`fedagent.core.seeds.torch_generator` draws, never the g
 
 from __future__ import annotations
 
+# First, before torch loads libgomp: OMP_WAIT_POLICY (fedagent.core.openmp says why the order matters).
+from fedagent.core import openmp  # noqa: F401 - imported for its effect
+
 import argparse
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
-# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
-# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
-# sleep. A value set by the caller wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-CRITIC_DIR = "critic"
-# metrics.json key of a PPO client update: {path relative to critic/: sha256} of its own critic.
-CRITIC_RECORD = "critic_sha256"
+# The folder, and the metrics.json key of a PPO client update ({path relative to critic/: sha256} of its
+# own critic): the update's names (fedagent.model.update_layout), importable from here.
+from fedagent.model.update_layout import CRITIC_DIR, CRITIC_RECORD  # noqa: F401
 
 
 class CriticLayoutError(ValueError):

@@ -34,9 +34,8 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-FORMAT = "lora"
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+from fedagent.model.update_layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # the update's files (importable from here)
+
 KEY_PREFIX = "base_model.model."  # PeftModel.save_pretrained's prefix of every adapter tensor
 FACTOR_SUFFIX = {"A": ".lora_A.weight", "B": ".lora_B.weight"}
 ADAPTER_NAME = "default"  # PEFT's name of the one adapter

@@ -19,143 +19,35 @@ Plan-time code: stdlib only (the Snakefile imports it; torch is looked up only i
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Mapping
 
-MIB = 2**20
-GIB = 2**30
-# CUDA context, cuBLAS/cuDNN workspaces, the caching allocator's slack, compiled graphs' memory pools
-# and the sampler's CUDA graphs: a fixed part of every GPU job (a context alone is ≈ 0.5 GiB on a
-# Hopper card; torch.compile's graphs and the allocator's rounding add the rest).
-FIXED_BYTES = int(1.5 * GIB)
-MARGIN = 1.25  # on the modelled terms: fragmentation, temporaries the model leaves out
-# The training step's activations as the card holds them, per modelled byte: calibrated against measured
-# peaks (docs/results/gpu-memory.md). Two presets whose prompts reach their max_prompt_tokens had train jobs
-# peaking at 31 974 MiB (gpu-textworld-quest2) and 55 860 MiB (gpu-alfworld) reserved by the caching
-# allocator, + ≈ 0.5 GiB of CUDA context, where the uncalibrated estimate declared 21 129 and 36 938:
-# covering them under MARGIN needs the activation term × 1.74 and × 1.64 (autograd's saved tensors and
-# the allocator's blocks for each step's shapes beside the rollout's). With × 1 six train jobs were
-# admitted on the card where four fit, and one ran out of memory. 1.9 leaves 8–11 % over both peaks.
-ACTIVATION_FACTOR = 1.9
+from fedagent.model import verl_memory
+
+# The shapes and the byte counts every estimate shares (re-exported: callers read them from here too).
+from fedagent.model.shapes import (  # noqa: F401
+    ACTIVATION_FACTOR,
+    FIXED_BYTES,
+    GIB,
+    MARGIN,
+    MIB,
+    SMOLLM2_135M,
+    TINY,
+    ModelShape,
+    _activations,
+    kv_cache_bytes,
+    kv_cache_size,
+    model_shape,
+    param_count,
+    shape_of_source,
+)
+
 # The eval's prefill transient, likewise: TextWorld's and ALFWorld's eval jobs stayed within MARGIN
 # (2 678 and 4 542 MiB reserved against 3 699 and 5 183 declared), but WebShop's, whose prompts reach
 # 2 048 tokens in batches of 64, held 8 534 MiB + ≈ 0.5 GiB of context against 8 165 declared:
 # covering it under MARGIN needs the prefill term × 1.38. 1.6 leaves ≈ 5 % over it.
 PREFILL_FACTOR = 1.6
-
-
-def kv_cache_bytes(gb: float) -> int:
-    """GiB → vLLM's ``kv_cache_memory_bytes`` (a positive whole number of bytes)."""
-    if not gb > 0:
-        raise ValueError(f"kv_cache_gb must be > 0, got {gb}")
-    return int(float(gb) * 2**30)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate needs of a decoder-only (Llama-style) model's config."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool = False  # Qwen2: biases on q/k/v
-
-
-def model_shape(config: Mapping) -> ModelShape:
-    """The shape of an HF ``config.json`` dict (Llama field names; GQA's ``num_key_value_heads``;
-    q/k/v biases for Qwen2 or ``attention_bias``)."""
-    try:
-        hidden, layers, heads = (
-            int(config["hidden_size"]),
-            int(config["num_hidden_layers"]),
-            int(config["num_attention_heads"]),
-        )
-        intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
-    except KeyError as exc:
-        raise ValueError(
-            f"model config has no {exc.args[0]!r}: cannot estimate its GPU memory "
-            "(set train.gpu_mem_gb / eval.gpu_mem_gb)"
-        ) from None
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    return ModelShape(
-        hidden,
-        layers,
-        heads,
-        kv_heads,
-        head_dim,
-        intermediate,
-        vocab,
-        bool(config.get("tie_word_embeddings", False)),
-        bool(config.get("attention_bias") or config.get("model_type") == "qwen2"),
-    )
-
-
-# SmolLM2-135M(-Instruct)'s config.json (what base_model.smollm2_architecture writes; tests check it).
-SMOLLM2_135M = model_shape(
-    {
-        "hidden_size": 576,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "intermediate_size": 1536,
-        "vocab_size": 49152,
-        "tie_word_embeddings": True,
-    }
-)
-# base_model_tiny.build_model's defaults (a vocabulary bound above its byte-level BPE's size).
-TINY = model_shape(
-    {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "vocab_size": 4096,
-        "tie_word_embeddings": False,
-    }
-)
-
-
-def shape_of_source(source: str) -> ModelShape:
-    """The shape of the config's ``model``: ``smollm2``, ``tiny``, ``random:<architecture>`` (its entry in
-    :data:`fedagent.core.architectures.ARCHITECTURES`, or ``random:<dir>``'s config.json) or a local HF
-    dir (its config.json)."""
-    from fedagent.core.architectures import ARCHITECTURES, is_random_source, random_target
-
-    if source == "smollm2":
-        return SMOLLM2_135M
-    if source == "tiny":
-        return TINY
-    if is_random_source(source):
-        source = random_target(source)
-        if source in ARCHITECTURES:
-            return model_shape(ARCHITECTURES[source]["config"])
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        raise ValueError(
-            f"model {source!r}: no config.json to estimate its GPU memory from (set train.gpu_mem_gb / eval.gpu_mem_gb)"
-        )
-    return model_shape(json.loads(path.read_text()))
-
-
-def param_count(s: ModelShape) -> int:
-    """Parameters of a Llama-style decoder (no biases): embedding, per layer q/k/v/o + gated MLP + 2
-    norms, the final norm, and the LM head unless tied to the embedding."""
-    attn = s.hidden * s.heads * s.head_dim * 2 + s.hidden * s.kv_heads * s.head_dim * 2
-    if s.qkv_bias:
-        attn += (s.heads + 2 * s.kv_heads) * s.head_dim
-    per_layer = attn + 3 * s.hidden * s.intermediate + 2 * s.hidden
-    return s.vocab * s.hidden * (1 if s.tied else 2) + s.layers * per_layer + s.hidden
 
 
 # The in × out features of each projection a LoRA adapter can target (train.lora.target_modules).
@@ -196,23 +88,6 @@ def reference_bytes(s: ModelShape) -> int:
     (2 B), the embedding and the norms in fp32 (4 B; a tied LM head is the embedding)."""
     fp32 = s.vocab * s.hidden + (2 * s.layers + 1) * s.hidden
     return 4 * fp32 + 2 * (param_count(s) - fp32)
-
-
-def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 2) -> int:
-    """Bytes of a static KV cache: K and V, every layer, ``batch`` rows of ``tokens`` positions."""
-    return 2 * s.layers * s.kv_heads * s.head_dim * tokens * batch * dtype_bytes
-
-
-def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int, checkpointing: bool = False) -> int:
-    """Saved activations of a training forward (bf16 autocast): per token and layer the norms'
-    outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream; with
-    ``checkpointing`` (``train.activation_checkpointing``) each layer's fp32 input only, plus one
-    layer's full set while the backward pass recomputes it; plus, for the response tokens only
-    (grpo.forward_logprobs runs the LM head on those), the logits (bf16, fp32 over the
-    temperature), their log-softmax, its gradient and the entropy's exp."""
-    per_token_layer = 2 * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) + 4 * 2 * s.hidden
-    per_token = s.layers * 4 * s.hidden + per_token_layer if checkpointing else s.layers * per_token_layer
-    return rows * (tokens * per_token + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
 
 
 def train_terms(
@@ -304,7 +179,7 @@ def estimate_bytes(terms: Mapping[str, int], extra: int = 0) -> int:
 
 
 def _vllm_share(section: Mapping, card_mib: int | None) -> int:
-    """Bytes a vLLM engine holds beyond what the terms model: its fixed KV cache (``kv_cache_gb``),
+    """Bytes the eval's vLLM engine holds beyond what the terms model: its fixed KV cache (``kv_cache_gb``),
     else its ``gpu_memory_utilization`` share of the card (0 when no card size is known: no cap,
     nothing to count against)."""
     if section.get("kv_cache_gb"):
@@ -316,8 +191,10 @@ def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
     """``gpu_mem_mb`` of a ``train`` or ``eval`` job of a validated config (0 for a CPU job).
 
     ``train.gpu_mem_gb`` / ``eval.gpu_mem_gb`` when set; else the estimate (:func:`train_terms` /
-    :func:`eval_terms`, plus a vLLM engine's share for train.backend=verl / eval.backend=vllm).
-    ``card_mib``: the card's size where known (the cap), for a vLLM share given as a fraction.
+    :func:`eval_terms`, plus the vLLM engine's share for eval.backend=vllm). train.backend=verl: the
+    verl job's own plan (:func:`fedagent.model.verl_memory.config_plan`: its memory settings sized to the
+    card's share, or to train.gpu_mem_gb, which it must fit; refused naming the key when nothing fits).
+    ``card_mib``: the card's usable size where known (the cap).
     """
     if job not in ("train", "eval"):
         raise ValueError(f"job {job!r}: expected train or eval")
@@ -326,12 +203,15 @@ def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
     on_gpu = sec["device"] == "cuda" or backend in ("verl", "vllm")
     if not on_gpu:
         return 0
+    if job == "train" and backend == "verl":
+        declared = verl_memory.config_plan(config, card_mib, job_gpu_mib(config, "eval", card_mib)).declared_mib
+        if sec.get("gpu_mem_gb") is None:
+            return declared
     if sec.get("gpu_mem_gb") is not None:
         return int(math.ceil(float(sec["gpu_mem_gb"]) * GIB / MIB))
     shape = shape_of_source(config["model"])
     if job == "train":
-        terms = train_config_terms(config, shape)
-        extra = _vllm_share(sec["verl"], card_mib) if backend == "verl" else 0
+        terms, extra = train_config_terms(config, shape), 0
     else:
         terms = eval_terms(
             shape,

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from fedagent.core import placement
 from fedagent.core.config import ConfigError
-from fedagent.model import memory
+from fedagent.model import memory, verl_memory
 
 
-def round_mib(config: dict, train_jobs: int) -> tuple[int, int, int]:
-    """(train job, eval job, ``train_jobs`` train jobs + one eval) in MiB."""
-    t, e = memory.job_gpu_mib(config, "train"), memory.job_gpu_mib(config, "eval")
+def round_mib(config: dict, train_jobs: int, card_mib: int | None = None) -> tuple[int, int, int]:
+    """(train job, eval job, ``train_jobs`` train jobs + one eval) in MiB (``card_mib``: one card, which a
+    verl job's memory plan shares out)."""
+    t, e = memory.job_gpu_mib(config, "train", card_mib), memory.job_gpu_mib(config, "eval", card_mib)
     return t, e, train_jobs * t + e
 
 
@@ -49,13 +50,24 @@ def report(config: dict, card_mib: int, train_jobs: int | None = None, cards=Non
     """The text ``fedagent gpu-mem`` prints, and whether the configured run fits (``card_mib`` in all;
     ``cards``: this machine's, on which the round's jobs must also be placed at once)."""
     train_jobs = config["clients"]["per_round"] if train_jobs is None else int(train_jobs)
-    t, e, total = round_mib(config, train_jobs)
+    card = max(c.usable_mib() for c in cards) if cards else card_mib  # one card: what a verl job's plan shares
+    t, e, total = round_mib(config, train_jobs, card)
     shape = memory.shape_of_source(config["model"]) if (t or e) else None
     lines = [f"model {config['model']}" + (f": {memory.param_count(shape):,} parameters" if shape else "")]
     tr, ev = config["train"], config["eval"]
     if t and tr["backend"] == "local" and tr.get("gpu_mem_gb") is None:
         terms = memory.train_config_terms(config, shape)
         lines.append(f"train_client {t:>7} MiB = {memory.MARGIN} x (" + _terms(terms) + ") + fixed")
+    elif t and tr["backend"] == "verl":
+        eval_mib = memory.job_gpu_mib(config, "eval", card)
+        verl_plan = verl_memory.config_plan(config, card, eval_mib)
+        lines.append(f"train_client {t:>7} MiB = verl memory plan on one {card} MiB card: {_plan(verl_plan)}")
+        train_jobs = min(train_jobs, max(1, card // t))  # the plan's declaration admits no more at once
+        total = train_jobs * t + e
+        if total > card_mib and train_jobs * t <= card_mib and e <= card:
+            # the plan was sized for the eval to wait while these train: both fit, one after the other
+            lines.append(f"{train_jobs} train ({train_jobs * t} MiB), the eval ({e} MiB) when one ends: fits")
+            return "\n".join(lines) + "\n", True
     else:
         lines.append(f"train_client {t:>7} MiB" + ("" if t else " (CPU)"))
     if e and ev["backend"] == "local" and ev.get("gpu_mem_gb") is None:
@@ -87,6 +99,20 @@ def report(config: dict, card_mib: int, train_jobs: int | None = None, cards=Non
         )
         lines.append(f"largest env.pool_size that fits (multiples of group_size {group}, up to 256): {pool}")
     return "\n".join(lines) + "\n", fits
+
+
+def _plan(p) -> str:
+    """A verl memory plan in one line: its choices, each phase's peak and what an idle engine set keeps."""
+    s = p.summary()
+    kv = f"{s['kv_cache_bytes'] / memory.GIB:.1f} GiB" if s["kv_cache_bytes"] else "vLLM's own"
+    return (
+        f"param_offload {s['param_offload']}, optimizer_offload {s['optimizer_offload']}, gradient_checkpointing "
+        f"{s['gradient_checkpointing']}, micro-batch {s['micro_batch_size']}, KV cache {kv}"
+        + (f" ({s['kv_rows']} rows)" if s["kv_rows"] else "")
+        + "; phases "
+        + ", ".join(f"{k} {v:.1f}" for k, v in s["phases_gib"].items())
+        + f" GiB before margin; idle set {s['idle_mib']} MiB"
+    )
 
 
 def _terms(terms: dict) -> str:

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from fedagent.core.atomic import ManifestError, atomic_dir, verifying
+from fedagent.model.update_layout import FORMAT_RECORD
 from fedagent.server.update_format import CRITIC, FULL_MODEL, StructureError, UpdateFormat, format_of
 from fedagent.server.aggregators import (  # noqa: F401 - add_aggregator_arg, aggregator_from_args re-exported
     AGGREGATORS,
@@ -239,7 +240,7 @@ def _summary(
     once it has run."""
     rule = {} if aggregator == DEFAULT_AGGREGATOR else {"aggregator": aggregator}  # the mean: as it was
     # the updates' format when not full models (a full round's aggregate.json stays as it was)
-    form = {} if fmt is FULL_MODEL else {"update_format": fmt.name}
+    form = {} if fmt is FULL_MODEL else {FORMAT_RECORD: fmt.name}
     return {
         **rule,
         **form,

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Sequence
 
 from fedagent.core.config import JobKeys
+from fedagent.model.update_layout import METRICS_JSON as METRICS
 from fedagent.server.aggregators import AGGREGATORS, CONTEXT_KEYS
 
-METRICS = "metrics.json"
 WEIGHTINGS = ("uniform", "samples", "tokens", "episodes", "weights")
 METRIC_OF = {"samples": "num_samples", "tokens": "num_tokens", "episodes": "num_episodes"}
 

@@ -30,10 +30,11 @@ from typing import ClassVar, Iterator, Sequence
 import torch
 
 from fedagent.model import lora
-from fedagent.model.critic_dir import CRITIC_DIR, critic_of, critic_pairs, has_critic
-from fedagent.model.hf_dir import FLOAT_CODES, TensorInfo, TensorReader, tensor_index
+from fedagent.model import update_layout as layout
+from fedagent.model.critic_dir import critic_of, critic_pairs, has_critic
+from fedagent.model.hf_dir import FLOAT_CODES, INDEX_FILE, TensorInfo, TensorReader, tensor_index
 
-METRICS = "metrics.json"
+METRICS = layout.METRICS_JSON
 
 
 class StructureError(RuntimeError):
@@ -96,10 +97,10 @@ def _finite(t: torch.Tensor) -> bool:
 class FullModel(UpdateFormat):
     """Every float tensor of the model, as ``fedagent.model.hf_dir.tensor_index`` reads it."""
 
-    name = "full"
+    name = layout.FULL
 
     def present(self, d: Path) -> bool:
-        return any(Path(d).glob("*.safetensors")) or (Path(d) / "model.safetensors.index.json").is_file()
+        return any(Path(d).glob("*.safetensors")) or (Path(d) / INDEX_FILE).is_file()
 
     def check_structure(self, prev_dir, client_dirs):
         """Refuses any name/shape/dtype disagreement, naming the client dir and tensor."""
@@ -107,7 +108,7 @@ class FullModel(UpdateFormat):
         clients = []
         for d in client_dirs:
             if lora.is_adapter(d):
-                raise StructureError(f"client {d}: a LoRA update ({lora.ADAPTER_CONFIG}) among full-model updates")
+                raise StructureError(f"client {d}: a LoRA update ({layout.ADAPTER_CONFIG}) among full-model updates")
             idx = tensor_index(d)
             missing, extra = sorted(set(prev) - set(idx)), sorted(set(idx) - set(prev))
             if missing or extra:
@@ -149,8 +150,8 @@ class FullModel(UpdateFormat):
 class CriticFormat(FullModel):
     """A PPO critic: a full model in ``critic/`` of prev, each update, the aggregate and the merged model."""
 
-    name = "critic"
-    subdir = CRITIC_DIR
+    name = layout.CRITIC
+    subdir = layout.CRITIC_DIR
 
     def present(self, d: Path) -> bool:
         return has_critic(d)
@@ -193,7 +194,7 @@ class LoraFormat(UpdateFormat):
     handed to the aggregator, as a full update's c − p), streamed by rows: a chunk of W's flat elements
     needs only the rows of B it spans and A."""
 
-    name = lora.FORMAT
+    name = layout.LORA
 
     def present(self, d: Path) -> bool:
         return lora.is_adapter(d)
@@ -208,7 +209,7 @@ class LoraFormat(UpdateFormat):
         for d in client_dirs:
             if not lora.is_adapter(d):
                 raise StructureError(
-                    f"client {d}: a full-model update among LoRA updates ({lora.ADAPTER_CONFIG}): a round's updates "
+                    f"client {d}: a full-model update among LoRA updates ({layout.ADAPTER_CONFIG}): a round's updates "
                     "share one format"
                 )
             try:
@@ -238,7 +239,7 @@ class LoraFormat(UpdateFormat):
     def start_model(d: Path) -> str | None:
         """The start model's manifest digest an update's metrics.json records (None: none recorded)."""
         try:
-            rec = json.loads((Path(d) / METRICS).read_text()).get(lora.FORMAT) or {}
+            rec = json.loads((Path(d) / METRICS).read_text()).get(layout.LORA) or {}
         except (OSError, ValueError, AttributeError) as exc:
             raise StructureError(f"client {d}: cannot read {METRICS} ({exc})") from None
         return rec.get(lora.START_MODEL_RECORD) if isinstance(rec, dict) else None

@@ -66,6 +66,7 @@ from fedagent.server.aggregate import (
     start_rule,
 )
 from fedagent.core.atomic import ManifestError, verify_manifest
+from fedagent.model.update_layout import FORMAT_RECORD
 from fedagent.server.update_format import CRITIC, FULL_MODEL, NonFiniteInput, UpdateFormat, format_of
 from fedagent.model.hf_dir import (
     UNIT_ROUNDOFF,
@@ -209,11 +210,8 @@ def _summary_failures(
         for key, want in (("hparams", aggregator.hparams()), ("context", aggregator.context_record())):
             if rec.get(key) != want:
                 out.append(f"aggregate.json: rule {key} {rec.get(key)!r} != the flags' {want!r} in {where}")
-    if summary.get("update_format", FULL_MODEL.name) != fmt.name:
-        out.append(
-            f"aggregate.json: update_format {summary.get('update_format', FULL_MODEL.name)!r} != the clients' "
-            f"{fmt.name!r} in {where}"
-        )
+    if (recorded_format := summary.get(FORMAT_RECORD, FULL_MODEL.name)) != fmt.name:
+        out.append(f"aggregate.json: {FORMAT_RECORD} {recorded_format!r} != the clients' {fmt.name!r} in {where}")
     recorded = [(c.get("dir"), c.get("weight")) for c in summary.get("clients", [])]
     if summary.get("weighting") != weighting:
         out.append(f"aggregate.json: weighting {summary.get('weighting')!r} != {weighting!r} in {where}")

@@ -7,15 +7,13 @@ staging dir, trains (:func:`fedagent.train.local.train_client`) and writes the u
 
 from __future__ import annotations
 
+# First, before torch loads libgomp: OMP_WAIT_POLICY (fedagent.core.openmp says why the order matters).
+from fedagent.core import openmp  # noqa: F401 - imported for its effect
+
 import argparse
 import json
 import os
 from pathlib import Path
-
-# Must precede the first torch import: libgomp reads it once. Idle OpenMP workers that spin
-# (the default) make 2 threads ~30x slower than 1 on a busy 2-core box; PASSIVE makes them
-# sleep. A value set by the caller wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -203,7 +201,7 @@ def verl_settings(text: str):
     s = dataclass_from_dict(VerlSettings, d, "train.verl")
     if (
         s.gpus < 1
-        or not 0 < s.gpu_memory_utilization <= 1
+        or (s.gpu_memory_utilization is not None and not 0 < s.gpu_memory_utilization <= 1)
         or s.vllm_executor not in ("mp", "uni")
         or s.reward_workers < 1
         or s.storage_units < 1

@@ -30,13 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from fedagent.model.update_layout import FORMAT_RECORD, LORA, METRICS_JSON, SAMPLES_JSONL, UPLOAD_BYTES
+
 if TYPE_CHECKING:
     from fedagent.core.atomic import Verifying
     from fedagent.core.timing import PhaseClock
     from fedagent.train.update_transform import UpdateTransform as Transform
-
-METRICS_JSON = "metrics.json"
-SAMPLES_JSONL = "samples.jsonl"
 
 
 @dataclass(frozen=True)
@@ -82,11 +81,9 @@ def write_model_update(
         raise ValueError("a model update is either the policy's full weights or its adapters: give exactly one writer")
     record = {}
     if update.write_adapter is not None:
-        from fedagent.model.lora import FORMAT
-
         policy = {}
-        record["update_format"] = FORMAT
-        record[FORMAT] = update.write_adapter(staging)
+        record[FORMAT_RECORD] = LORA
+        record[LORA] = update.write_adapter(staging)
     else:
         policy = update.write_policy(staging) or {}
     if update.write_critic is not None:
@@ -100,7 +97,7 @@ def write_model_update(
 
         # whose critic this is: verify compares it with the files found in critic/ (critic_dir)
         record[CRITIC_RECORD] = critic_digests(staging)
-    record["upload_bytes"] = sum(f.stat().st_size for f in Path(staging).rglob("*") if f.is_file())
+    record[UPLOAD_BYTES] = sum(f.stat().st_size for f in Path(staging).rglob("*") if f.is_file())
     return UpdateWritten(policy=policy, record=record)
 
 

@@ -50,39 +50,21 @@ from fedagent.train.params import (  # noqa: F401
 )
 
 
-def train_client(
-    model_dir: Path,
-    ref_model_dir: Path | None,
-    env,
-    *,
-    round: int,
-    client: int,
-    params: TrainParams,
-    threads: int,
-    out_dir: Path,
-    quarantine: Path | None = None,
-    verify: bool = True,
-    transform: UpdateTransform | None = None,
-) -> dict:
+def train_client(model_dir: Path, ref_model_dir: Path | None, env, *, client: int, params: TrainParams, **job) -> dict:
     """:func:`_train_client` with the job's progress line (:mod:`fedagent.core.progress`): episodes
-    played of ``epochs × groups_per_epoch × group_size``, from the job's start to its saved update."""
+    played of ``epochs × groups_per_epoch × group_size``, from the job's start to its saved update.
+
+    ``job`` is the rest of :func:`_train_client`'s keywords (``round``, ``threads``, ``out_dir``,
+    ``quarantine``, ``verify``, ``transform``), forwarded as they come: one signature, the job's, so a
+    keyword added there cannot be left out here (an unknown one is its TypeError). ``client`` and
+    ``params`` (the progress line's) are required keywords of the job too: dropping one is an error.
+    """
     from fedagent.core.progress import Progress
 
     total = params.epochs * params.groups_per_epoch * params.group_size
     with Progress(f"train_client/{client}", "episodes", total) as progress:
         return _train_client(
-            model_dir,
-            ref_model_dir,
-            env,
-            round=round,
-            client=client,
-            params=params,
-            threads=threads,
-            out_dir=out_dir,
-            quarantine=quarantine,
-            verify=verify,
-            on_done=progress.advance,
-            transform=transform,
+            model_dir, ref_model_dir, env, client=client, params=params, on_done=progress.advance, **job
         )
 
 

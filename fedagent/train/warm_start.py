@@ -24,21 +24,21 @@ Same inputs and thread count → the same bytes (CPU).
 
 from __future__ import annotations
 
+# First, before torch loads libgomp: OMP_WAIT_POLICY (fedagent.core.openmp says why the order matters).
+from fedagent.core import openmp  # noqa: F401 - imported for its effect
+
 import argparse
 import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (see fedagent.train.cli)
-
-from fedagent.core import placement  # noqa: E402 - after the OpenMP setting
-from fedagent.core.config import JobKeys, dataclass_from_dict  # noqa: E402 - after the OpenMP setting
+from fedagent.core import placement
+from fedagent.core.config import JobKeys, dataclass_from_dict
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ _JOB = (
     "fedagent.core.config",
     "fedagent.core.provenance",
 )
-# fedagent.train.cli / fedagent.evaluate.validation first: they set OMP_WAIT_POLICY before torch loads libgomp.
+# fedagent.train.cli / fedagent.evaluate.validation first: they import fedagent.core.openmp, which sets
+# OMP_WAIT_POLICY before torch loads libgomp.
 # The lists are what a job imports (measured: modules new in sys.modules after a job ran in-process).
 PRELOADS: dict[str, tuple[str, ...]] = {
     # peft: what a LoRA client (train.lora) adds, ≈ 2 s of imports on the 2-core machine

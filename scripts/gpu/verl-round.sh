@@ -17,6 +17,8 @@
 #                                               # default OUT: $OUT or /tmp/fa-gpu-out)
 #   5. scripts/gpu/verl-round.sh same R:C [OUT]  # after ENGINES=run: round R client C's job again on fresh
 #                                               # engines, compared with the warm one (scripts/gpu/verl-same.py)
+#      scripts/gpu/verl-round.sh resetmem [OUT]  # verl's FSDP engines reset RESETS times, no vLLM/Ray: memory
+#                                               # flat with the release? (BROKEN=true: also without it)
 # Knobs of `run`: JOBS (parallel jobs, default 2: both clients' verl jobs at once), GPU_SLOTS (if
 # set, `--resources gpu=N` caps concurrent GPU jobs), MEM_UTIL (vLLM's share of the GPU per job,
 # default 0.3), RUN (run name, default gpu-verl), LIMIT (seconds before Snakemake is stopped,
@@ -39,7 +41,7 @@
 # into the same OUT), ROUNDS (default 1; every round is verified), REF_ANCHOR (round | base, default round: base gives
 # verl's KL reference round 0's weights from round 2 on, fedagent.train.verl.ref_model), EXTRA (more `--config` items).
 set -euo pipefail
-cmd=${1:?usage: verl-round.sh check | run [OUT] | same ROUND:CLIENT [OUT]}
+cmd=${1:?usage: verl-round.sh check | run [OUT] | same ROUND:CLIENT [OUT] | resetmem [OUT]}
 FA=${FA_GPU:-/tmp/fa-gpu}
 repo=$(pwd)
 
@@ -245,6 +247,23 @@ same)
     python3 scripts/gpu/verl-same.py "$S/${name}_cold2" "$S/${name}_cold" --start "$start" \
       --json "$OUT/same-$RUN-r${r}c${c}-control.json" | tail -1 | tee -a "$OUT/same-$RUN-r${r}c${c}.md"
   fi
+  ;;
+resetmem)
+  # verl's FSDP engines reset RESETS times (default 4) without vLLM or Ray: the worker's allocated device
+  # memory after every step and reset, with the release (OUT/reset-mem/) and, with BROKEN=true, without it
+  # (OUT/reset-mem-broken/: + one fp32 model per trained engine per reset); ALGO=ppo: the critic too.
+  # MODEL: a random: source (default random:smollm2-135m). scripts/gpu/verl-reset-memory.py.
+  node_env
+  OUT=${2:-${OUT:-/tmp/fa-gpu-out}}
+  mkdir -p "$OUT"
+  ppo=(); [ "${ALGO:-grpo}" = ppo ] && ppo=(--ppo)
+  python3 scripts/gpu/verl-reset-memory.py "$OUT/reset-mem" --model "${MODEL:-random:smollm2-135m}" \
+    --resets "${RESETS:-4}" "${ppo[@]}" 2>&1 | grep -E '^\{|^drift|Error' | tee "$OUT/reset-mem.log"
+  if [ "${BROKEN:-false}" = true ]; then
+    python3 scripts/gpu/verl-reset-memory.py "$OUT/reset-mem-broken" --model "${MODEL:-random:smollm2-135m}" \
+      --resets "${RESETS:-4}" "${ppo[@]}" --no-release 2>&1 | grep -E '^\{|^drift|Error' | tee "$OUT/reset-mem-broken.log"
+  fi
+  rm -rf "$OUT"/reset-mem*/model   # the random weights stay on the node
   ;;
 *)
   echo "unknown step $cmd" >&2; exit 2

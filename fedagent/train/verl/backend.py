@@ -24,7 +24,7 @@ from fedagent.core.config import JobKeys
 from fedagent.train.update_transform import UpdateTransform
 from fedagent.core.seeds import derive_seed
 from fedagent.train.epilogue import ModelUpdate, require_start_critic, seconds, write_client_update
-from fedagent.train.verl import job_files, launch, refit, steplog
+from fedagent.train.verl import job_files, launch, refit, sizing, steplog
 from fedagent.train.verl.overrides import build_overrides
 from fedagent.train.verl.settings import VerlSettings
 
@@ -51,8 +51,20 @@ VERL_KEYS = JobKeys(
 )
 
 
+MEMORY_PREFIX = "fedagent: verl memory: "  # the job log's line with its sized memory settings
+
 # What metrics.json records of the engine set a job ran on (train.verl.engines: run).
-ENGINE_SET_KEYS = ("set", "warm", "jobs_before", "fit_s", "slot_wait_s", "memory_gb", "memory_growth_gb")
+# reset_release: what the job's reset freed of each engine's old model (fedagent.train.verl.release)
+ENGINE_SET_KEYS = (
+    "set",
+    "warm",
+    "jobs_before",
+    "fit_s",
+    "slot_wait_s",
+    "memory_gb",
+    "memory_growth_gb",
+    "reset_release",
+)
 
 
 def check_job_keys(values: dict) -> None:
@@ -173,9 +185,13 @@ def train_client_verl(
             job_file=job.workdir / "agent_loop_job.json" if (settings.warm_refit or engines) else None,
             model_dir=Path(model_dir).resolve(),
         )
+        # memory settings sized from the job's declared memory (fedagent.train.verl.sizing)
+        memory = sizing.job_memory(p, settings, Path(model_dir))
+        print(f"{MEMORY_PREFIX}{json.dumps(memory.record(), sort_keys=True)}", flush=True)
         overrides = build_overrides(
             p,
             settings,
+            memory=memory,
             job=job,
             model_dir=Path(model_dir).resolve(),
             rows=rows,
@@ -315,6 +331,7 @@ def train_client_verl(
                     "world_size": conv["world_size"],
                     # None: verl's KL reference was the start model
                     "ref_model": None if ref_dir is None else str(ref_dir),
+                    "memory": memory.record(),  # the sized memory settings and their plan
                     **({"engine_set": {k: reply[k] for k in ENGINE_SET_KEYS}} if reply is not None else {}),
                 },
                 "timings_s": {

@@ -8,7 +8,10 @@ verl's ``ActorRolloutRefWorker`` and ``TrainingWorker`` by :func:`fedagent.train
 - :func:`device_tensors`: with ``FEDAGENT_VERL_MEMORY_CENSUS=1`` among the set's Ray env vars (e.g.
   ``train.verl.extra_overrides: ["+ray_kwargs.ray_init.runtime_env.env_vars.FEDAGENT_VERL_MEMORY_CENSUS='1'"]``)
   the set asks for it after every job and each worker prints its largest live device tensors with what
-  holds them (``fedagent: device tensor: ...`` lines in the set's ``server.log``): where the growth sits.
+  holds them (``fedagent: device tensor: ...`` lines in the set's ``server.log``): where the growth sits,
+  and :func:`orphan_flat_params`, the FSDP1 ``FlatParameter``s no live model holds with the bytes they
+  keep (the growth's cause, torch FSDP1's uncollectable cycle, :mod:`fedagent.train.verl.release`: 0 GB
+  once each reset frees the old model).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ CENSUS_ENV = "FEDAGENT_VERL_MEMORY_CENSUS"
 MEMORY_METHOD = "fedagent_allocated_gb"  # the worker-method names of allocated_gb and device_tensors
 CENSUS_METHOD = "fedagent_device_tensors"
 CENSUS_LINE = "fedagent: device tensor: "
+ORPHANS_PREFIX = "FSDP FlatParameters outside a live model: "
 
 
 def allocated_gb(self) -> float | None:
@@ -68,18 +72,50 @@ def census(objects: Iterable, keep: Callable[[object], bool], top: int = 12) -> 
     return rows
 
 
+def orphan_flat_params(objects: Iterable) -> dict:
+    """Among ``objects``, FSDP1's ``FlatParameter``s that no live root wrapper holds, and the bytes their
+    storages keep: ``{"count", "bytes"}``. A root is an FSDP1 module whose ``_is_root`` is not False (True once
+    run, None before its first forward); an old model's wrapped units stay alive, as non-roots, only through
+    FSDP1's cycle (:mod:`fedagent.train.verl.release`), and its root's FlatParameter with no wrapper at all."""
+    import torch
+
+    from fedagent.train.verl.release import flat_params
+
+    objects = list(objects)
+    flats, live = [], set()
+    for obj in objects:
+        if isinstance(obj, torch.nn.Parameter):
+            if getattr(obj, "_is_flat_param", False):
+                flats.append(obj)
+        elif (
+            isinstance(obj, torch.nn.Module) and hasattr(obj, "_handle") and getattr(obj, "_is_root", None) is not False
+        ):
+            live.update(id(fp) for fp in flat_params(obj))
+    orphans = [fp for fp in flats if id(fp) not in live]
+    held = {(str(fp.device), fp.untyped_storage().data_ptr()): fp.untyped_storage().nbytes() for fp in orphans}
+    return {"count": len(orphans), "bytes": sum(held.values())}
+
+
 def device_tensors(self, top: int = 12) -> list[dict]:
     """This worker's largest live device tensors (:func:`census` over the garbage collector's objects),
-    printed as :data:`CENSUS_LINE` lines and returned; empty without a device."""
+    printed as :data:`CENSUS_LINE` lines and returned (empty without a device), then one line with
+    :func:`orphan_flat_params` (:data:`ORPHANS_PREFIX`)."""
     import json
 
     import torch
 
     gc.collect()
-    rows = census(gc.get_objects(), lambda t: t.device.type != "cpu" and not t.is_meta, top)
+    objects = gc.get_objects()
+    rows = census(objects, lambda t: t.device.type != "cpu" and not t.is_meta, top)
     total = sum(r["bytes"] for r in rows)
     for r in rows:
         print(f"{CENSUS_LINE}{json.dumps(r, sort_keys=True)}", flush=True)
+    orphans = orphan_flat_params(objects)
+    del objects
+    print(
+        f"{CENSUS_LINE}{ORPHANS_PREFIX}{orphans['count']} holding {orphans['bytes'] / 2**30:.3f} GB (device and host)",
+        flush=True,
+    )
     if torch.cuda.is_available():
         print(
             f"{CENSUS_LINE}top {len(rows)} storages {total / 2**30:.3f} GB of "

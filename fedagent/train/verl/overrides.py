@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedagent.model.memory import kv_cache_bytes
 from fedagent.train.verl.job_files import AGENT_NAME
 from fedagent.train.verl.launch import TAG_ENV, VerlJob
 from fedagent.train.verl.settings import VerlSettings
+from fedagent.train.verl.sizing import SizedMemory
 
 RAY_HOOK = "fedagent.train.verl.ray_hook.setup"
 
@@ -39,6 +39,7 @@ def build_overrides(
     agent_loop_yaml: Path,
     rollout_seed: int,
     ref_model_dir: Path | None = None,
+    memory: "SizedMemory | None" = None,
 ) -> list[str]:
     """The Hydra overrides of one client's round, against verl's ``ppo_trainer`` config.
 
@@ -49,9 +50,13 @@ def build_overrides(
     bf16), no resume, no validation. ``ref_model_dir``: a KL reference other than the start model
     (``train.ref_anchor: base`` after round 1); verl 0.9.1 has no key for it, so it reaches Ray's
     workers as ``REF_MODEL_ENV``, where :mod:`fedagent.train.verl.ray_hook` arms
-    :mod:`fedagent.train.verl.ref_model` (None: verl's reference is the start model).
+    :mod:`fedagent.train.verl.ref_model` (None: verl's reference is the start model). ``memory``: the
+    job's memory settings sized from its declared memory (:mod:`fedagent.train.verl.sizing`): offload,
+    gradient checkpointing, micro-batches, vLLM's KV cache and share (None: ``s``'s own, verl's defaults
+    for the rest).
     """
     use_kl = float(p.kl_coef) > 0
+    m = memory or SizedMemory.unsized(p, s)
     if p.algorithm not in VERL_ESTIMATORS:
         # the cross rule refuses it before any job; here too, so no other estimator silently runs instead
         raise ValueError(
@@ -72,7 +77,7 @@ def build_overrides(
         "data.dataloader_num_workers=0",
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={m.gradient_checkpointing}",
         f"+actor_rollout_ref.model.override_config.attn_implementation={s.attn_implementation}",
         f"actor_rollout_ref.actor.optim.lr={float(p.lr)}",
         f"actor_rollout_ref.actor.optim.weight_decay={float(p.weight_decay)}",
@@ -80,7 +85,7 @@ def build_overrides(
         f"actor_rollout_ref.actor.clip_ratio={float(p.clip)}",
         f"actor_rollout_ref.actor.clip_ratio_c={float(p.clip_ratio_c)}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch_prompts(p)}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={m.micro_batch_size}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.actor.use_kl_loss={use_kl}",
         f"actor_rollout_ref.actor.kl_loss_coef={float(p.kl_coef)}",
@@ -88,7 +93,7 @@ def build_overrides(
         f"actor_rollout_ref.actor.entropy_coeff={float(p.entropy_coef)}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={m.micro_batch_size}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={int(p.group_size)}",
@@ -97,9 +102,8 @@ def build_overrides(
         "actor_rollout_ref.rollout.top_k=-1",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        f"actor_rollout_ref.rollout.gpu_memory_utilization={float(s.gpu_memory_utilization)}",
         f"actor_rollout_ref.rollout.enforce_eager={bool(s.enforce_eager)}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={m.micro_batch_size}",
         f"actor_rollout_ref.rollout.seed={int(rollout_seed)}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_yaml}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
@@ -128,10 +132,7 @@ def build_overrides(
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={RAY_HOOK}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{TAG_ENV}={job.tag}",
     ]
-    if s.kv_cache_gb is not None:
-        ov.append(
-            f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={kv_cache_bytes(s.kv_cache_gb)}"
-        )
+    ov += m.overrides()
     if s.vllm_executor != "mp":
         # verl 0.9.1 sets "mp" and spreads engine_kwargs after it: this one wins
         ov.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend={s.vllm_executor}")
@@ -150,11 +151,11 @@ def build_overrides(
 
         ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REFIT_ENV}='1'")
     if p.algorithm == "ppo":
-        ov += ppo_overrides(p, s, model_dir)
+        ov += ppo_overrides(p, s, model_dir, m)
     return ov + list(s.extra_overrides)
 
 
-def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
+def ppo_overrides(p, s: VerlSettings, model_dir: Path, m: "SizedMemory | None" = None) -> list[str]:
     """``train.algorithm: ppo`` (``adv_estimator=gae`` in the base list): GAE with the round's critic
     (``<start model>/critic``), as the local backend.
 
@@ -165,9 +166,12 @@ def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
     (model shards only, converted like the actor's into the update's ``critic/``). Its loss is the
     reference's ``legacy_exact`` (``critic_loss``, armed in the trainer's Ray worker by
     :mod:`fedagent.train.verl.ray_hook` when ``CRITIC_LOSS_ENV`` is set: the backend sets it and
-    refuses a log without the armed line).
+    refuses a log without the armed line). The critic's offload, gradient checkpointing and micro-batch are
+    the actor's (``m``).
     """
     from fedagent.model.critic_dir import critic_of
+
+    m = m or SizedMemory.unsized(p, s)
     from fedagent.train.verl.critic_loss import CRITIC_LOSS_ENV, LEGACY_EXACT
 
     return [
@@ -177,15 +181,16 @@ def ppo_overrides(p, s: VerlSettings, model_dir: Path) -> list[str]:
         f"critic.model.path={critic_of(model_dir)}",
         f"critic.model.tokenizer_path={model_dir}",
         "critic.model.use_remove_padding=False",
-        "critic.model.enable_gradient_checkpointing=False",
+        f"critic.model.enable_gradient_checkpointing={m.gradient_checkpointing}",
         f"+critic.model.override_config.attn_implementation={s.attn_implementation}",
         f"critic.optim.lr={float(p.critic_lr)}",
         f"critic.optim.weight_decay={float(p.weight_decay)}",
         f"critic.grad_clip={float(p.grad_clip)}",
         f"critic.cliprange_value={float(p.value_clip)}",
-        f"critic.ppo_micro_batch_size_per_gpu={int(p.micro_batch_size)}",
+        f"critic.ppo_micro_batch_size_per_gpu={m.micro_batch_size}",
         "critic.checkpoint.save_contents=[model]",
         "critic.fsdp.model_dtype=fp32",
+        *m.critic_overrides(),
         "trainer.max_critic_ckpt_to_keep=1",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{CRITIC_LOSS_ENV}={LEGACY_EXACT}",
     ]

@@ -16,7 +16,9 @@ the start model dir, a new optimizer and LR scheduler), in a worker method :func
 job's runtime env carries :data:`REFIT_ENV`); the critic likewise (``critic_wg.reset()``, PPO); a new
 dataloader over the same rows, a new replay buffer, ``global_steps`` 0, an empty TransferQueue; the
 first fit's checkpoint and episode record removed; the reset weights synced into the vLLM replicas
-(verl's ``on_init_end``).
+(verl's ``on_init_end``). Before each engine is rebuilt its old model and optimizer are freed
+(:func:`fedagent.train.verl.release.release_engine`: torch's FSDP1 would otherwise keep every old model's
+weights, one per trained engine per reset).
 Not reset: vLLM's engine RNG (seeded once). It decides no sample: the agent loop gives every request
 the job's own seed (:func:`fedagent.core.seeds.request_seed`), so the second fit samples as a fresh job.
 
@@ -43,6 +45,7 @@ TARGET_CLASS = "ActorRolloutRefWorker"
 METHOD = "fedagent_reset_engines"
 CRITIC_CLASS = "TrainingWorker"
 PATH_METHOD = "fedagent_set_model_path"
+RELEASE_METHOD = "fedagent_release_model"
 TQ_PARTITION = "train"
 CLEARED_PREFIX = "fedagent: warm refit cleared leftover TransferQueue entries: "
 FIRST_FIT_TOKEN_PREFIX = "fedagent: the first fit's first token at "
@@ -92,34 +95,40 @@ def reset_paths(log_text: str, prefix: str = RESET_LINE) -> list[str]:
     return marked(log_text, prefix)
 
 
-def reset_engines(self, model_dir: str | None = None, ref_dir: str | None = None) -> str:
+def reset_engines(self, model_dir: str | None = None, ref_dir: str | None = None) -> dict:
     """A worker method of verl's ``ActorRolloutRefWorker`` (ONE_TO_ALL, added by :func:`arm`): rebuild
     its KL reference and actor as ``init_model`` built them — ``reset()`` = verl's engine
     ``initialize()``: the module from the model config's ``local_path``, a new optimizer and LR
     scheduler. ``model_dir`` / ``ref_dir``: the actor's / reference's new ``local_path`` first (the engine
     reads it at ``reset``). Only the weights' path changes: the HF config, tokenizer and the agent loop's
     stop tokens stay the first job's, so a later job's model must be the same architecture (a round's
-    aggregate always is). The actor keeps its loss function (set on the worker, not the engine). The old
-    module and optimizer live until ``initialize()`` replaces them: the reset briefly holds two (harmless
-    at 135M; measure before 1.7B)."""
+    aggregate always is). The actor keeps its loss function (set on the worker, not the engine). Each
+    engine's old model and optimizer are freed before its rebuild
+    (:func:`fedagent.train.verl.release.release_engine`), so the reset never holds two models and leaves
+    none behind. Returns ``{"path": the actor's dir, "released": the two release records}``."""
     from verl.utils.memory_utils import aggressive_empty_cache
+
+    from fedagent.train.verl.release import release_engine
 
     actor = getattr(self, "actor", None)
     if actor is None:
         raise RuntimeError(f"{TARGET_CLASS} has no actor engine: nothing to reset for the warm refit")
     if model_dir is not None:
         actor.engine.model_config.local_path = str(model_dir)
+    released = []
     ref = getattr(self, "ref", None)
     if ref is not None:
         if ref_dir is not None:
             ref.engine.model_config.local_path = str(ref_dir)
+        released.append(release_engine(ref.engine, "ref"))
         ref.reset()
         print(f"{REF_RESET_LINE}{ref.engine.model_config.local_path}", flush=True)
+    released.append(release_engine(actor.engine, "actor"))
     actor.reset()
     aggressive_empty_cache(force_sync=True)
     path = str(actor.engine.model_config.local_path)
     print(f"{RESET_LINE}{path}", flush=True)
-    return path
+    return {"path": path, "released": released}
 
 
 def set_model_path(self, model_dir: str) -> str:
@@ -127,6 +136,15 @@ def set_model_path(self, model_dir: str) -> str:
     worker group): the engine's ``local_path``, read by its next ``reset()``."""
     self.engine.model_config.local_path = str(model_dir)
     return str(model_dir)
+
+
+def release_model(self) -> dict:
+    """A worker method of verl's ``TrainingWorker`` (ONE_TO_ALL, added by :func:`arm`; the PPO critic's
+    worker group): free its engine's model and optimizer before verl's ``reset()`` rebuilds them
+    (:func:`fedagent.train.verl.release.release_engine`); the release record."""
+    from fedagent.train.verl.release import release_engine
+
+    return release_engine(self.engine, "critic")
 
 
 def _patch(module) -> None:
@@ -137,6 +155,7 @@ def _patch(module) -> None:
     for cls_name, name, fn in (
         (TARGET_CLASS, METHOD, reset_engines),
         (CRITIC_CLASS, PATH_METHOD, set_model_path),
+        (CRITIC_CLASS, RELEASE_METHOD, release_model),
         *((c, MEMORY_METHOD, allocated_gb) for c in (TARGET_CLASS, CRITIC_CLASS)),
         *((c, CENSUS_METHOD, device_tensors) for c in (TARGET_CLASS, CRITIC_CLASS)),
     ):
@@ -149,7 +168,7 @@ def _patch(module) -> None:
 
 def arm() -> None:
     """Give verl's ``ActorRolloutRefWorker`` the :func:`reset_engines` method and its ``TrainingWorker``
-    (the critic's) :func:`set_model_path`, both the memory readings of :mod:`fedagent.train.verl.memory`,
+    (the critic's) :func:`set_model_path` and :func:`release_model`, both the memory readings of :mod:`fedagent.train.verl.memory`,
     in this process (now or when verl's module is imported); both the TaskRunner (which binds
     worker-group methods from the class) and the workers (which run them) need them."""
     from fedagent.train.verl.post_import import patch_on_import
@@ -207,12 +226,13 @@ def reset_for_refit(trainer, config) -> None:
     )
 
 
-def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | None) -> None:
+def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | None) -> list[dict]:
     """Put a fitted v1 trainer's engines and state where a fresh job from ``model_dir`` (KL reference
-    ``ref_dir``, critic ``critic_dir``) starts, in verl's own order: replicas asleep, engines rebuilt, data
-    and step state new, weights synced into the replicas. The trainer's config must already name the
-    job's rows and checkpoint dir (``data.train_files``, ``trainer.default_local_dir``): the new
-    dataloader and the save read them."""
+    ``ref_dir``, critic ``critic_dir``) starts, in verl's own order: replicas asleep, engines rebuilt (each
+    after its old model is freed), data and step state new, weights synced into the replicas. The trainer's
+    config must already name the job's rows and checkpoint dir (``data.train_files``,
+    ``trainer.default_local_dir``): the new dataloader and the save read them. Returns the release records
+    of every rank's engines (:func:`fedagent.train.verl.release.release_engine`)."""
     trainer.checkpoint_manager.sleep_replicas()
     # A fresh job's TransferQueue is empty: the replay buffer samples whatever the partition holds
     # (sorted by the prompts' global step, which restarts at 1), so nothing of the last fit may stay.
@@ -222,11 +242,16 @@ def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | No
     if left:
         tq.kv_clear(partition_id=TQ_PARTITION, keys=list(left))
     print(f"{CLEARED_PREFIX}{len(left)}", flush=True)
-    getattr(trainer.actor_rollout_wg, METHOD)(str(model_dir), str(ref_dir))
+    released = [
+        rec
+        for rank in getattr(trainer.actor_rollout_wg, METHOD)(str(model_dir), str(ref_dir))
+        for rec in rank["released"]
+    ]
     if trainer.use_critic:
         if critic_dir is None:
             raise ValueError("reset_trainer: a PPO trainer needs the job's critic dir")
         getattr(trainer.critic_wg, PATH_METHOD)(str(critic_dir))
+        released += getattr(trainer.critic_wg, RELEASE_METHOD)()
         trainer.critic_wg.reset()
     trainer._init_dataloader()
     trainer._init_dump_executor()
@@ -235,6 +260,7 @@ def reset_trainer(trainer, *, model_dir: str, ref_dir: str, critic_dir: str | No
     trainer._restored_tq_prompt_count = 0
     trainer._load_checkpoint()  # resume_mode=disable: global_steps = 0
     trainer.on_init_end()  # the sync trainer: the reset weights into the vLLM replicas
+    return released
 
 
 def check_config(config, what: str = "train.verl.warm_refit") -> None:

@@ -11,13 +11,19 @@ class VerlSettings:
     """Knobs of the verl backend that are not GRPO hyper-parameters (``train.verl``)."""
 
     gpus: int = 1
-    gpu_memory_utilization: float = 0.5
+    # vLLM's share of the card (None: sized by the job's memory plan, fedagent.model.verl_memory)
+    gpu_memory_utilization: float | None = None
     attn_implementation: str = "sdpa"  # no flash-attn in the GPU wheel set
     enforce_eager: bool = False
     # A fixed KV cache (GiB) instead of one sized by profiling: vLLM's profiling assumes no other
     # process changes its GPU memory meanwhile, so jobs starting together on one GPU can each
     # count the other's allocations as their own and find no memory left for the cache.
     kv_cache_gb: float | None = None
+    # FSDP offload of the actor's (and a PPO critic's) weights / AdamW state, gradient checkpointing: pinned
+    # by the config, or None: chosen by the job's memory plan to fit its declared memory.
+    param_offload: bool | None = None
+    optimizer_offload: bool | None = None
+    gradient_checkpointing: bool | None = None
     # The batch sizes vLLM captures CUDA graphs for (None: vLLM's own list): a start-up lever.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     # vLLM's executor inside each rollout server: "uni" (the worker runs inside the engine process:

@@ -334,7 +334,7 @@ def run_job(
 ) -> dict:
     """Run one job on a slot's engine set (started for it when none is live, or when the live one answers
     ``restart``: another key, or stopping for idleness); append its part of the set's log to ``log``; return
-    the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``memory_gb``, ``memory_growth_gb``, ``t_request``: when the request went, epoch
+    the set's answer (``warm``, ``steps``, ``fit_s``, ``set``, ``memory_gb``, ``memory_growth_gb``, ``reset_release``, ``t_request``: when the request went, epoch
     seconds; ``t_slot``: when the job had its slot)."""
     import yaml
 

@@ -49,6 +49,9 @@ class Fitter(Protocol):
     def memory_gb(self) -> float | None:
         """Device memory (GB) the set's training workers hold now, after a fit (None: not measurable here)."""
 
+    # Optional: ``last_reset``, what the last fit's reset freed (``refit.reset_trainer``'s release records;
+    # None without a reset), answered to the job as ``reset_release``.
+
 
 def send(conn: socket.socket, obj: dict) -> None:
     conn.sendall((json.dumps(obj) + "\n").encode())
@@ -242,6 +245,7 @@ def serve(
                     "steps": steps,
                     "memory_gb": memory,
                     "memory_growth_gb": growth,
+                    "reset_release": getattr(fitter, "last_reset", None),
                     "startup_lines": startup_lines(log, first_end) if jobs else [],
                 }
                 jobs += 1

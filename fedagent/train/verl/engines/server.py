@@ -35,6 +35,7 @@ class VerlFitter:
         from fedagent.train.verl.ref_model import REF_MODEL_ENV
 
         self.trainer, self.config, self.manager = trainer, config, agent_loop_manager
+        self.last_reset = None  # the last fit's release records (refit.reset_trainer); None: no reset
         self.start = {
             "model_dir": str(config.actor_rollout_ref.model.path),
             "rows": str(config.data.train_files),
@@ -50,6 +51,7 @@ class VerlFitter:
         from fedagent.train.verl import refit
 
         cfg = self.config
+        self.last_reset = None
         cfg.trainer.default_local_dir = job["ckpt_dir"]
         cfg.trainer.experiment_name = job["tag"]
         if reset:
@@ -59,7 +61,7 @@ class VerlFitter:
             cfg.actor_rollout_ref.model.path = job["model_dir"]
             if self.trainer.use_critic:
                 cfg.critic.model.path = job["critic_dir"]
-            refit.reset_trainer(
+            self.last_reset = refit.reset_trainer(
                 self.trainer,
                 model_dir=job["model_dir"],
                 ref_dir=job["ref_dir"] or job["model_dir"],
