@@ -499,7 +499,9 @@ def test_stale_code_and_startup_environment_are_refused(tmp_path):
             [*FEDAGENT, "eval", "--help"], env=_env(**{SOCKET_ENV: sock, "OMP_NUM_THREADS": "3"}), capture_output=True
         )
         assert threads.returncode == 0  # a thread count is applied, not refused
-        for key, value in (("PYTHONHASHSEED", "1"), ("OMP_PROC_BIND", "true"), ("OMP_NUM_THREADS", "lots")):
+        startup = (("PYTHONHASHSEED", "1"), ("OMP_PROC_BIND", "true"), ("OMP_NUM_THREADS", "lots"))
+        # MPLCONFIGDIR: the report's matplotlib (server group) reads its rc file there at import
+        for key, value in (*startup, ("MPLCONFIGDIR", str(tmp_path / "mpl"))):
             res = subprocess.run(
                 [*FEDAGENT, "eval", "--help"],
                 env=_env(**{SOCKET_ENV: sock, key: value}),

@@ -94,7 +94,8 @@ PRELOADS: dict[str, tuple[str, ...]] = {
 }
 
 # Environment read when the interpreter starts or a library is imported (the loader, libgomp,
-# MKL/OpenBLAS, torch/transformers/huggingface_hub configs): a forked job cannot change these.
+# MKL/OpenBLAS, torch/transformers/huggingface_hub configs, matplotlib's MPLCONFIGDIR/MPLBACKEND: its rc
+# file, read once at import, styles the report's curves.png): a forked job cannot change these.
 _STARTUP_PREFIXES = (
     "PYTHON",
     "OMP_",
@@ -107,6 +108,7 @@ _STARTUP_PREFIXES = (
     "TRANSFORMERS_",
     "HF_",
     "TOKENIZERS_",
+    "MPL",
 )
 _STARTUP_KEYS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 # Read when CUDA starts or a cuBLAS/cuDNN handle or the caching allocator is made (CUDA_VISIBLE_DEVICES,
