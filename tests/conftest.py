@@ -57,6 +57,7 @@ LONGEST_FILES = {
     "tests/test_env_lifecycle.py": 35,
     "tests/test_gpu_memory.py": 30,
     "tests/test_workflow_webshop.py": 28,
+    "tests/test_gpu_verl_reset_memory.py": 27,
     "tests/test_workflow_lint.py": 25,
 }
 
