@@ -3,7 +3,7 @@
 The commands and their modules are :mod:`fedagent.commands`; this file is the entry point only.
 
 With ``FEDAGENT_WARM_SOCKET`` set, the heavy job commands (``train-client``, ``eval``,
-``serve-env``, ``aggregate``, ``merge``) are not run here: this process stays a light client (no torch, no numpy) and
+``serve-env``, ``aggregate``, ``merge``, ``report``, ``tiny-model``) are not run here: this process stays a light client (no torch, no numpy) and
 a node-local warm server (``fedagent warm-server``, :mod:`fedagent.warm`) forks the job from
 a process that has the heavy modules imported already.
 

@@ -61,8 +61,9 @@ def commands() -> dict[str, tuple[str, str]]:
     return table
 
 
-# The commands worth forking from pre-imported modules (seconds of torch/transformers imports each).
-WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge")
+# The commands worth forking from pre-imported modules (seconds of torch/transformers imports each;
+# pandas/matplotlib for a round's report; torch/transformers for the tiny round-0 model of test runs).
+WARM_COMMANDS = ("train-client", "eval", "serve-env", "aggregate", "merge", "report", "tiny-model")
 
 
 def build_parser() -> argparse.ArgumentParser:

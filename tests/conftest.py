@@ -14,6 +14,53 @@ import pytest
 
 _CACHE: list[str] = []
 
+# scripts/test.sh runs the suite on two workers, one whole file at a time each (`--dist loadfile`), handing
+# the files out in collection order (`--no-loadscope-reorder`). These files take longest: collected first,
+# longest first, the two workers end together instead of one finishing a long file picked up last
+# (xdist's own order, most tests first, left most of them to the end). Seconds of one serial run of the
+# file (`pytest -n 0`) on the 2-core machine, rounded: their order is what counts. Every other file takes
+# less than ~25 s and keeps its place after these; a new long file belongs here.
+LONGEST_FILES = {
+    "tests/test_verl_isolation.py": 250,
+    "tests/test_workflow.py": 240,
+    "tests/test_experiments.py": 230,
+    "tests/test_verl_refit.py": 210,
+    "tests/test_verl_engines.py": 200,
+    "tests/test_slurm.py": 180,
+    "tests/test_matrix.py": 160,
+    "tests/test_labels.py": 160,
+    "tests/test_workflow_lora.py": 150,
+    "tests/reliability/test_kill_short.py": 120,
+    "tests/test_warm_standby.py": 100,
+    "tests/test_verl_convert.py": 95,
+    "tests/test_verl_ref_model.py": 90,
+    "tests/test_workflow_ppo.py": 80,
+    "tests/test_warm_gpu_warmup.py": 78,
+    "tests/test_alfworld_games.py": 77,
+    "tests/test_warm_start.py": 70,
+    "tests/test_placement.py": 63,
+    "tests/test_grpo.py": 62,
+    "tests/test_verify.py": 60,
+    "tests/reliability/test_dropout_workflow.py": 60,
+    "tests/test_ppo.py": 58,
+    "tests/test_warm.py": 57,
+    "tests/test_workflow_concat.py": 55,
+    "tests/test_scale.py": 46,
+    "tests/test_verl_agent_loop.py": 45,
+    "tests/test_workflow_gigpo.py": 45,
+    "tests/test_server_plugin.py": 40,
+    "tests/test_byzantine.py": 40,
+    "tests/test_plan_checks.py": 40,
+    "tests/test_verl_launch.py": 37,
+    "tests/test_job_resources.py": 35,
+    "tests/test_env_plugin.py": 35,
+    "tests/test_env_lifecycle.py": 35,
+    "tests/test_gpu_memory.py": 30,
+    "tests/test_workflow_webshop.py": 28,
+    "tests/test_gpu_verl_reset_memory.py": 27,
+    "tests/test_workflow_lint.py": 25,
+}
+
 
 def pytest_configure(config):
     # Every fedagent games job of the session (in-process or under Snakemake, which inherits this
@@ -24,16 +71,59 @@ def pytest_configure(config):
         os.environ["FEDAGENT_TW_MAKE"] = shlex.join([sys.executable, str(Path(__file__).parent / "tw_make_cache.py")])
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # a stable sort: each file's tests keep their order (and stay together)
+    items.sort(key=lambda item: -LONGEST_FILES.get(item.nodeid.split("::", 1)[0], 0))
+
+
 def pytest_unconfigure(config):
     for d in _CACHE:
         shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def reference_run(tmp_path_factory) -> Path:
+def tiny_model(tmp_path_factory):
+    """``tiny_model(seed)``: a tiny model dir (fake_env.build_tiny_model) made once per seed and session.
+    Shared: tests read it and write elsewhere."""
+    from fake_env import build_tiny_model
+
+    made: dict[int, Path] = {}
+
+    def get(seed: int) -> Path:
+        if seed not in made:
+            made[seed] = build_tiny_model(tmp_path_factory.mktemp(f"tiny{seed}") / "m", seed=seed)
+        return made[seed]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_model) -> Path:
+    """The tiny model of seed 4 the local training tests start from (with fake_env.TINY_TRAIN)."""
+    return tiny_model(4)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, worker_id) -> Path:
     """One uninterrupted run of the test config with ``rounds: 1`` (a finished work dir), made once
-    per session: the reliability tests start from copies of it, test_slurm compares with it."""
+    per session: the reliability tests start from copies of it, test_slurm compares with it. Under
+    xdist the workers share it (in the session's temp root, made by the first to ask, under a file
+    lock; the others find it finished): its files are only read and copied."""
+    from filelock import FileLock
+
     sys.path.insert(0, str(Path(__file__).resolve().parent / "reliability"))
     from kill_driver import build_reference
+    from workflow_helpers import RUN
 
-    return build_reference(tmp_path_factory.mktemp("reliability"))
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # the session's, above each worker's own
+    base = root / "reliability-shared"
+    base.mkdir(exist_ok=True)
+    ref = base / "reference"
+    with FileLock(str(root / "reliability-shared.lock")):
+        # finished: used as it is (no Snakemake run in it while another worker copies it)
+        if not (ref / RUN / "round_001" / "summary.csv").is_file():
+            build_reference(base)
+    return ref

@@ -98,9 +98,21 @@ class FakeTaskSource:
 
 @contextlib.contextmanager
 def serve_in_thread(app, uds: Path):
-    """Run ``app`` with real uvicorn on a Unix socket in a background thread."""
+    """Run ``app`` with real uvicorn on a Unix socket in a background thread.
+
+    ``log_config=None``: uvicorn leaves the test process's logging as it is. Its default config goes
+    through logging.config.dictConfig, which closes every existing handler; absl's handler (imported
+    with dp_accounting) then closes the stream it was made with, pytest's capture file when a test
+    holding capsys runs this, and every later test of the worker errs with "I/O operation on closed
+    file"."""
     config = uvicorn.Config(
-        app, uds=str(uds), log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+        app,
+        uds=str(uds),
+        log_level="warning",
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -125,6 +125,24 @@ class Pending:
         return self.env
 
 
+# A local client's knobs for the tiny model on a FakeEnv (test_grpo, test_gigpo, test_lora, test_scale): two
+# epochs of two groups of three short episodes, mini-batches of 3 in micro-batches of 2.
+TINY_TRAIN = dict(
+    base_seed=3,
+    epochs=2,
+    groups_per_epoch=2,
+    group_size=3,
+    max_turns=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    lr=1e-3,
+    mini_batch_size=3,
+    micro_batch_size=2,
+    max_prompt_tokens=256,
+    pool_size=4,
+)
+
+
 def build_tiny_model(out_dir, seed: int = 1):
     """A tiny HF model dir (with manifest) for tests; see fedagent.model.base_model_tiny."""
     from pathlib import Path

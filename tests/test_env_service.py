@@ -423,3 +423,29 @@ def test_forked_env_workers_die_with_a_killed_service(tmp_path):
         ]
         time.sleep(0.05)
     assert not alive, f"env workers {alive} outlived their killed service"
+
+
+def test_serving_in_a_thread_leaves_the_test_process_logging_alone():
+    """The fixture's uvicorn must not reconfigure this process's logging: a dictConfig closes every handler,
+    and absl's (imported with dp_accounting) closes its stream with it, pytest's capture file when a test
+    holding capsys serves an app; every later test of that worker then erred ("I/O operation on closed
+    file"). A handler on the root logger stays open and attached."""
+    import logging
+
+    class Probe(logging.Handler):
+        closed = False
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    probe = Probe()
+    logging.getLogger().addHandler(probe)
+    try:
+        src, app = make()
+        uds = short_tmp() / "s.sock"
+        with serve_in_thread(app, uds), EnvClient(uds=str(uds)) as c:
+            assert c.health()["ok"]
+        assert not probe.closed and probe in logging.getLogger().handlers
+    finally:
+        logging.getLogger().removeHandler(probe)

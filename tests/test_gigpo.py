@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from fake_env import FakeEnv, build_tiny_model
+from fake_env import TINY_TRAIN, FakeEnv
 from fedagent.core import config as fc
 from fedagent.rollout.episode import Trajectory, Turn
 from fedagent.train import advantages, grpo
@@ -234,25 +234,7 @@ def test_gigpo_and_grpo_arms_share_one_round_0_but_ppo_does_not():
 
 
 # --------------------------------------------------------------------------- a local GiGPO round
-PARAMS = dict(
-    base_seed=3,
-    epochs=2,
-    groups_per_epoch=2,
-    group_size=3,
-    max_turns=3,
-    max_new_tokens=8,
-    temperature=1.0,
-    lr=1e-3,
-    mini_batch_size=3,
-    micro_batch_size=2,
-    max_prompt_tokens=256,
-    pool_size=4,
-)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=4)
+PARAMS = {**TINY_TRAIN, "max_turns": 3}
 
 
 def _sha(path):

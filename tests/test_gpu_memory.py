@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 
 from fedagent.model import memory
 from fedagent.model.memory import SMOLLM2_135M, eval_terms, estimate_bytes, job_gpu_mib, param_count, train_terms
-from workflow_helpers import make_workdir, snakemake_cmd, snakemake_env
+from workflow_helpers import make_workdir, snakemake_cmd, snakemake_env, snakemake_run
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = dict(micro_batch_size=32, pool_size=64, max_prompt_tokens=512, max_new_tokens=16)
@@ -156,14 +155,7 @@ def test_a_cuda_oom_in_a_job_exits_with_one_message_naming_the_knobs(monkeypatch
 
 # --------------------------------------------------------------------------- the rules, in a real plan
 def _plan(work: Path, *args: str) -> str:
-    proc = subprocess.run(
-        snakemake_cmd("-n", "-p", *args),
-        cwd=work,
-        env=snakemake_env(warm=False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = snakemake_run(snakemake_cmd("-n", "-p", *args), work, snakemake_env(warm=False), 300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

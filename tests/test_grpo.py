@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from fake_env import Pending, FakeEnv, build_tiny_model
+from fake_env import TINY_TRAIN, Pending, FakeEnv
 from fedagent.core.atomic import verify_manifest
 from fedagent.model.policy import load_policy
 from fedagent.rollout.episode import Trajectory, Turn
@@ -78,11 +78,6 @@ def test_k3_kl_and_clipping():
     assert loss.item() == pytest.approx(2.0)
     loss.sum().backward()
     assert logp.grad.item() == pytest.approx(2.0)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=4)
 
 
 def test_kl_is_zero_when_policy_equals_reference(tiny_dir):
@@ -283,20 +278,7 @@ def test_policy_moves_toward_the_rewarded_answer(tiny_dir):
     assert steps[-1]["kl"] > 0  # moved away from the reference
 
 
-PARAMS = dict(
-    base_seed=3,
-    epochs=2,
-    groups_per_epoch=2,
-    group_size=3,
-    max_turns=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    lr=1e-3,
-    mini_batch_size=3,
-    micro_batch_size=2,
-    max_prompt_tokens=256,
-    pool_size=4,
-)
+PARAMS = TINY_TRAIN
 
 
 def _env():

@@ -10,7 +10,6 @@ submit (its --gpus is the `gpu` resource, its --mem the `mem_mb`).
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from fedagent.core import config as fc
 from fedagent.core import placement
 from fedagent.model.job_resources import RULE_JOBS, gpu_ask, gpu_fit_problem, job_resources
 from fedagent.model.memory import host_terms, job_host_mib
-from workflow_helpers import snakemake_env
+from workflow_helpers import snakemake_env, snakemake_run
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = REPO / "config" / "config.yaml"
@@ -96,13 +95,8 @@ def test_a_local_run_asking_more_gpus_than_visible_stops_before_any_job(tmp_path
 
     work = make_workdir(tmp_path / "w")
     env = {**snakemake_env(warm=False), "FEDAGENT_GPUS": "0:81559,1:81559", "CUDA_VISIBLE_DEVICES": "1"}
-    proc = subprocess.run(
-        snakemake_cmd("--config", "train={device: cuda, backend: verl, verl: {gpus: 2}}"),
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = snakemake_run(
+        snakemake_cmd("--config", "train={device: cuda, backend: verl, verl: {gpus: 2}}"), work, env, 300
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
@@ -116,7 +110,7 @@ def _plan(tmp: Path, *configfiles: Path, extra: tuple[str, ...] = ()) -> dict[st
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe), "-n", "-p", "--profile", "profiles/slurm", "--directory", str(tmp), "--configfile"]
     cmd += [str(p) for p in (DEFAULT, *configfiles)] + list(extra)
-    proc = subprocess.run(cmd, cwd=REPO, env=snakemake_env(warm=False), capture_output=True, text=True, timeout=300)
+    proc = snakemake_run(cmd, REPO, snakemake_env(warm=False), 300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs: dict[str, list[dict]] = {}
     rule = None

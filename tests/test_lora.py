@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fake_env import FakeEnv, build_tiny_model
+from fake_env import TINY_TRAIN, FakeEnv
 from fedagent.core.atomic import write_manifest
 from fedagent.core.seeds import torch_generator
 from fedagent.model import lora
@@ -104,14 +104,14 @@ def float64_delta(prev: dict, facs, weights, mean_of_factors: bool = False) -> d
 # ---- the update's files
 
 
-def test_an_update_written_by_the_trainer_loads_in_peft_and_reads_on_the_server(tmp_path):
+def test_an_update_written_by_the_trainer_loads_in_peft_and_reads_on_the_server(tiny_model, tmp_path):
     """write_adapter's files are PEFT's: PeftModel.from_pretrained(base, update) gives W + (α/r)·B·A; the
     server's read (no peft) pairs every factor with the weight it adapts."""
     from peft import PeftModel
 
     from fedagent.model.policy import load_policy
 
-    tiny = build_tiny_model(tmp_path / "m", seed=2)
+    tiny = tiny_model(2)
     model, _ = load_policy(tiny, threads=1)
     settings = lora.LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj", "down_proj"))
     lora.add_adapters(model, settings, torch_generator(1, "t"))
@@ -157,12 +157,12 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_by_name(tmp_path, change, 
         check_structure(prev_dir, [d])
 
 
-def test_fresh_adapters_change_nothing_and_come_from_their_seed_only(tmp_path):
+def test_fresh_adapters_change_nothing_and_come_from_their_seed_only(tiny_model, tmp_path):
     """B = 0: the adapted model's logits are the base model's, bit for bit; A is the seed's draw whatever the
     global RNG's state; adapters_off gives the base model back after training moved B."""
     from fedagent.model.policy import load_policy
 
-    tiny = build_tiny_model(tmp_path / "m", seed=2)
+    tiny = tiny_model(2)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     base, _ = load_policy(tiny, threads=1)
     want = base(input_ids=ids).logits
@@ -187,12 +187,12 @@ def test_fresh_adapters_change_nothing_and_come_from_their_seed_only(tmp_path):
     assert not torch.equal(model(input_ids=ids).logits, want)  # back on after the block
 
 
-def test_merge_into_gives_the_rollout_copy_the_trained_weights(tmp_path):
+def test_merge_into_gives_the_rollout_copy_the_trained_weights(tiny_model, tmp_path):
     import copy
 
     from fedagent.model.policy import load_policy
 
-    tiny = build_tiny_model(tmp_path / "m", seed=2)
+    tiny = tiny_model(2)
     model, _ = load_policy(tiny, threads=1)
     copy_ = copy.deepcopy(model)
     lora.add_adapters(model, lora.LoraSettings(rank=2, alpha=4.0), torch_generator(9, "t"))
@@ -204,12 +204,12 @@ def test_merge_into_gives_the_rollout_copy_the_trained_weights(tmp_path):
     assert torch.allclose(copy_(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5)
 
 
-def test_fedprox_on_lora_is_the_gradient_of_the_weights_distance(tmp_path):
+def test_fedprox_on_lora_is_the_gradient_of_the_weights_distance(tiny_model, tmp_path):
     """μ/2·‖s·B·A‖² summed over the adapted weights: LoraAnchor's gradients are autograd's."""
     from fedagent.model.policy import load_policy
     from fedagent.train import fedprox
 
-    model, _ = load_policy(build_tiny_model(tmp_path / "m", seed=2), threads=1)
+    model, _ = load_policy(tiny_model(2), threads=1)
     lora.add_adapters(model, lora.LoraSettings(rank=3, alpha=6.0), torch_generator(9, "t"))
     with torch.no_grad():
         for _, layer in lora.lora_layers(model):
@@ -232,37 +232,20 @@ def test_fedprox_on_lora_is_the_gradient_of_the_weights_distance(tmp_path):
 # ---- the client's job
 
 
-PARAMS = dict(
-    base_seed=3,
-    epochs=2,
-    groups_per_epoch=2,
-    group_size=3,
-    max_turns=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    lr=1e-3,
-    mini_batch_size=3,
-    micro_batch_size=2,
-    max_prompt_tokens=256,
-    pool_size=4,
-    lora=True,
-    lora_rank=4,
-    lora_alpha=8.0,
-    lora_lr=1e-2,
-)
+PARAMS = {**TINY_TRAIN, "lora": True, "lora_rank": 4, "lora_alpha": 8.0, "lora_lr": 1e-2}
 
 
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def test_a_lora_client_sends_only_its_factors_byte_identically(tmp_path):
+def test_a_lora_client_sends_only_its_factors_byte_identically(tiny_dir, tmp_path):
     """The update is the adapter's two files (+ the job's records), the same bytes on a re-run; the base
     weights never moved; the KL term is live from the second epoch (the reference is the base, adapters
     off); the metrics say what was sent and what a full update would weigh."""
     from fedagent.train.local import TrainParams, train_client
 
-    tiny = build_tiny_model(tmp_path / "m", seed=4)
+    tiny = tiny_dir
     p = TrainParams.from_dict(PARAMS)
     outs = []
     for k in range(2):
@@ -291,10 +274,10 @@ def test_a_lora_client_sends_only_its_factors_byte_identically(tmp_path):
     assert not any(k.startswith("lora") for k in mf["params"]) and mf["upload_bytes"] > m["lora"]["full_model_bytes"]
 
 
-def test_an_unknown_target_module_fails_the_job_naming_the_key(tmp_path):
+def test_an_unknown_target_module_fails_the_job_naming_the_key(tiny_dir, tmp_path):
     from fedagent.model.policy import load_policy
 
-    model, _ = load_policy(build_tiny_model(tmp_path / "m", seed=4), threads=1)
+    model, _ = load_policy(tiny_dir, threads=1)
     with pytest.raises(ValueError, match=r"train.lora.target_modules \['c_attn'\]"):
         lora.add_adapters(model, lora.LoraSettings(target_modules=("c_attn",)), torch_generator(1, "t"))
 
@@ -482,13 +465,13 @@ def test_the_7b_preset_fits_one_gpu_per_client_and_a_one_gpu_nodes_disk():
     assert fp32 > 64 * 2**30
 
 
-def test_the_adapters_dropout_is_seeded_and_only_in_the_update(tmp_path):
+def test_the_adapters_dropout_is_seeded_and_only_in_the_update(tiny_model, tmp_path):
     """train.lora.dropout: masks from the job's seeded generator (the same seed, the same masks; the global
     RNG plays no part), only where autograd records (the update's forward); the behaviour, reference and
     rollout passes (no grad) see no dropout."""
     from fedagent.model.policy import load_policy
 
-    tiny = build_tiny_model(tmp_path / "m", seed=2)
+    tiny = tiny_model(2)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     outs = []
     for global_seed in (0, 99):

@@ -27,7 +27,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from fedagent.core import config as fc
-from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env
+from workflow_helpers import TEST_CONFIG, make_workdir, snakemake_cmd, snakemake_env, snakemake_run
 
 REPO = Path(__file__).resolve().parent.parent
 for _module in fc.job_modules():
@@ -362,14 +362,7 @@ def test_config_show_preset_and_command_line(tmp_path):
 
 
 def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        snakemake_cmd("-n", "-p", *args),
-        cwd=work,
-        env=snakemake_env(warm=False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return snakemake_run(snakemake_cmd("-n", "-p", *args), work, snakemake_env(warm=False), 300)
 
 
 @pytest.mark.workflow
@@ -521,6 +514,15 @@ def test_parsing_the_workflow_imports_neither_torch_nor_transformers(tmp_path):
     )
     assert "RC=0" in proc.stdout and "PARSED=True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "HEAVY=\n" in proc.stdout, proc.stdout
+
+
+def test_loading_the_config_imports_neither_pandas_nor_torch():
+    """Every light command (select, partition, val-set, status, verify's parsing ...) and the Snakefile load
+    the config, whose registries import each built-in's module: none needs pandas or torch there (seen
+    failing while the trackers' record type imported pandas for an annotation: ~0.6 s of every such process)."""
+    code = "import sys, fedagent.core.config\nprint(','.join(m for m in ('pandas', 'torch', 'transformers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------- eval.n and the validation pool

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from fake_env import FakeEnv, build_tiny_model
+from fake_env import TINY_TRAIN, FakeEnv
 from fedagent.core.atomic import verify_manifest
 from fedagent.core.config import ConfigError, load_config, prepare_config
 from fedagent.model import memory
@@ -272,11 +272,6 @@ def _grads_and_saved_bytes(model):
     return [p.grad.clone() for p in model.parameters()], saved[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=4)
-
-
 def test_activation_checkpointing_gives_the_same_gradients_from_fewer_saved_activations(tiny_dir):
     plain, _ = load_policy(tiny_dir, threads=1)
     ckpt, _ = load_policy(tiny_dir, threads=1)
@@ -299,19 +294,7 @@ def test_activation_checkpointing_gives_the_same_gradients_from_fewer_saved_acti
 
 
 def test_a_checkpointed_client_writes_the_same_update(tiny_dir, tmp_path):
-    base = dict(
-        base_seed=3,
-        epochs=2,
-        groups_per_epoch=2,
-        group_size=3,
-        max_turns=2,
-        max_new_tokens=8,
-        lr=1e-3,
-        mini_batch_size=3,
-        micro_batch_size=2,
-        max_prompt_tokens=256,
-        pool_size=4,
-    )
+    base = TINY_TRAIN
     metrics = {}
     for name, on in (("plain", False), ("ckpt", True)):
         p = TrainParams.from_dict({**base, "activation_checkpointing": on})

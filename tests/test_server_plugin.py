@@ -3,9 +3,9 @@ registration line (its entry point, group ``fedagent.server_optimizers``), and n
 
 The toy (``halfavg``: FedAvg with η scaled by its hyper-parameter ``half_scale``) is set in the config
 like a built-in (``server.optimizer``, ``server.lr``, ``server.half_scale``); the tiny workflow runs
-round 1 through real Snakemake (its jobs are subprocesses calling ``fedagent``, so they must find the
-entry point too); the merged model must be prev + η·half_scale·Δ̄ to the bit, and ``fedagent verify``
-with the same flags must pass (and fail with another ``--half-scale``).
+round 1 through real Snakemake (its jobs, forked by a warm server started with the plugin on its path,
+find the entry point too); the merged model must be prev + η·half_scale·Δ̄ to the bit, and ``fedagent
+verify`` (a fresh process) with the same flags must pass (and fail with another ``--half-scale``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def test_a_toy_server_optimizer_runs_a_round_and_verifies(tmp_path, monkeypatch)
     cfg.update(rounds=1, server={"optimizer": "halfavg", "lr": lr, "half_scale": scale})
     cfg_path.write_text(yaml.safe_dump(cfg))
 
-    run_snakemake(work, f"{RUN}/round_001/model", warm=False)
+    # The jobs go through a warm server started with this PYTHONPATH (as test_env_plugin's toy env does);
+    # the fresh processes that must find the entry point too are Snakemake's (the plan) and verify's below.
+    run_snakemake(work, f"{RUN}/round_001/model")
 
     run = work / RUN
     prev, agg, model = run / "round_000/model", run / "round_001/aggregate", run / "round_001/model"

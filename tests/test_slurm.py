@@ -26,13 +26,19 @@ from fedagent.core.config import load_config
 from fedagent.model.memory import job_host_mib
 from workflow_helpers import REPO, RUN, TEST_CONFIG, executed_jobs, make_workdir, snakemake_env
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "reliability"))
+from kill_driver import start_state  # noqa: E402 - after the sys.path entry above
+
 pytestmark = [pytest.mark.workflow, pytest.mark.slow, pytest.mark.slurm]
 
 SCRIPT = REPO / "scripts" / "slurm-local.sh"
 # The profile asks cluster-sized memory; this node is one small VM: restate every resource key
 # (a command-line --default-resources / --set-resources replaces the profile's whole key) and
-# cap threads at the node's CPUs (`games` asks 8).
+# cap threads at the node's CPUs (`games` asks 8). Status checks every second, not the profile's 5 s:
+# each step of the round's chain is noticed that much sooner (what the test checks does not change).
 SMALL_NODE = [
+    "--seconds-between-status-checks",
+    "1",
     "--max-threads",
     "2",
     "--default-resources",
@@ -125,14 +131,17 @@ def test_one_round_on_slurm_equals_local_and_rerun_submits_nothing(slurm, refere
     assert slurm_jobs() == sorted(before + submitted)
 
 
-def test_two_gpu_jobs_of_a_round_get_their_own_card_at_once(slurm, tmp_path):
+def test_two_gpu_jobs_of_a_round_get_their_own_card_at_once(slurm, reference_run, tmp_path):
     # train.device: cuda makes each train_client job ask a GPU through the rule's own decision
     # (fedagent.model.job_resources); the node has two (GRES), so both of the round's jobs start at once,
     # each with its own index. The jobs log CUDA_VISIBLE_DEVICES first, then fail (no CUDA here).
-    work = make_workdir(tmp_path / "gpu")
+    # The plan and round 0 come from the shared reference run (the same config; train.device is none of
+    # their params): the round's two train jobs are all this run submits.
+    work = start_state(reference_run, tmp_path / "gpu", "train-client")
     before = slurm_jobs()
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe), "--profile", "profiles/slurm", "--retries", "0", "--max-threads", "1"]
+    cmd += ["--seconds-between-status-checks", "1"]
     cmd += ["--default-resources", "mem_mb=1000", "runtime=30", "slurm_partition=''"]
     cmd += ["--config", "rounds=1", "train={device: cuda}", "--until", "train_client"]
     # cold jobs: each is the process Slurm started, with the environment Slurm gave it. The node has no

@@ -207,18 +207,24 @@ def test_train_client_through_the_warm_server_is_byte_identical(server, job_inpu
     assert "request_sent" not in marks["fresh"] and marks["fresh"]["command_start"] <= marks["fresh"]["job_ready"]
 
 
-def test_aggregate_and_merge_through_the_warm_server_are_byte_identical(tmp_path):
-    """The server's side of a round forks too (preload group "server"): same delta, same model."""
-    models = {}
-    for seed in (1, 2, 3):
-        res = subprocess.run(
-            [*FEDAGENT, "tiny-model", "--seed", str(seed), "--out", str(tmp_path / f"m{seed}")],
-            env=_env(),
-            capture_output=True,
-            text=True,
-        )
-        assert res.returncode == 0, res.stderr
-        models[seed] = tmp_path / f"m{seed}"
+def test_aggregate_merge_report_and_tiny_model_through_the_warm_server_are_byte_identical(tmp_path):
+    """The server's side of a round forks too (preload group "server"): same delta, same model, the same
+    report (summary.csv, curves.png) and the same tiny round-0 model as fresh processes write."""
+    evals = []
+    for r, rate in ((0, 0.25), (1, 0.5)):
+        evals.append(tmp_path / f"eval{r}.json")
+        evals[-1].write_text(json.dumps({"round": r, "n": 4, "success_rate": rate, "ci95": [0.0, 0.75]}))
+    from fake_env import build_tiny_model
+
+    # models[1] from a fresh `fedagent tiny-model` (what the warm one must equal); the clients' in-process
+    res = subprocess.run(
+        [*FEDAGENT, "tiny-model", "--seed", "1", "--out", str(tmp_path / "m1")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    models = {1: tmp_path / "m1", **{seed: build_tiny_model(tmp_path / f"m{seed}", seed) for seed in (2, 3)}}
     job_env = _env(**SNAKEMAKE_THREADS)
     outs = {}
     with warm_server("server") as (sock, log, _pid):
@@ -248,6 +254,10 @@ def test_aggregate_and_merge_through_the_warm_server_are_byte_identical(tmp_path
                     "--out",
                     str(d / "model"),
                 ],
+                ["report", "--evals", *map(str, evals), "--summary", str(d / "summary.csv")]
+                + ["--curves", str(d / "curves.png")],
+                # the fresh one is models[1]
+                *([["tiny-model", "--seed", "1", "--out", str(d / "tiny")]] if name == "warm" else []),
             ):
                 res = subprocess.run(
                     [*FEDAGENT, *cmd],
@@ -260,9 +270,12 @@ def test_aggregate_and_merge_through_the_warm_server_are_byte_identical(tmp_path
                 assert res.returncode == 0, res.stderr + log.read_text()
             outs[name] = d
         forks = [line for line in log.read_text().splitlines() if " forked pid " in line]
-    assert any("fedagent aggregate" in line for line in forks) and any("fedagent merge" in line for line in forks)
-    for rel in ("agg/delta.safetensors", "model/model.safetensors"):
+    for command in ("aggregate", "merge", "report", "tiny-model"):
+        assert any(f"fedagent {command} " in line for line in forks), (command, forks)
+    for rel in ("agg/delta.safetensors", "model/model.safetensors", "summary.csv", "curves.png"):
         assert _sha(outs["fresh"] / rel) == _sha(outs["warm"] / rel), rel
+    for rel in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert _sha(outs["warm"] / "tiny" / rel) == _sha(models[1] / rel), rel
 
 
 def test_exit_codes_and_output_are_those_of_a_fresh_process(server, tmp_path):
@@ -486,7 +499,9 @@ def test_stale_code_and_startup_environment_are_refused(tmp_path):
             [*FEDAGENT, "eval", "--help"], env=_env(**{SOCKET_ENV: sock, "OMP_NUM_THREADS": "3"}), capture_output=True
         )
         assert threads.returncode == 0  # a thread count is applied, not refused
-        for key, value in (("PYTHONHASHSEED", "1"), ("OMP_PROC_BIND", "true"), ("OMP_NUM_THREADS", "lots")):
+        startup = (("PYTHONHASHSEED", "1"), ("OMP_PROC_BIND", "true"), ("OMP_NUM_THREADS", "lots"))
+        # MPLCONFIGDIR: the report's matplotlib (server group) reads its rc file there at import
+        for key, value in (*startup, ("MPLCONFIGDIR", str(tmp_path / "mpl"))):
             res = subprocess.run(
                 [*FEDAGENT, "eval", "--help"],
                 env=_env(**{SOCKET_ENV: sock, key: value}),

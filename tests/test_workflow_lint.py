@@ -7,13 +7,12 @@ branches (WebShop's catalogue rule, per-client evals, hardness labels, PPO).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from workflow_helpers import snakemake_env
+from workflow_helpers import snakemake_env, snakemake_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,14 +37,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_snakemake_lint_is_clean(name):
     exe = Path(sys.executable).parent / "snakemake"
-    proc = subprocess.run(
-        [str(exe), "--lint", *CASES[name]],
-        cwd=REPO,
-        env=snakemake_env(warm=False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = snakemake_run([str(exe), "--lint", *CASES[name]], REPO, snakemake_env(warm=False), 300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Lints for" not in out and "Congratulations, your workflow is in a good condition!" in out, out[-3000:]

@@ -47,7 +47,16 @@ _JOB = (
 # The lists are what a job imports (measured: modules new in sys.modules after a job ran in-process).
 PRELOADS: dict[str, tuple[str, ...]] = {
     # peft: what a LoRA client (train.lora) adds, ≈ 2 s of imports on the 2-core machine
-    "train": ("fedagent.train.cli", *_TORCH, "fedagent.train.local", "fedagent.train.grpo", *_JOB, "peft.tuners.lora"),
+    # base_model_tiny: `fedagent tiny-model` (the tiny round-0 model of test runs), torch + transformers only
+    "train": (
+        "fedagent.train.cli",
+        *_TORCH,
+        "fedagent.train.local",
+        "fedagent.train.grpo",
+        *_JOB,
+        "peft.tuners.lora",
+        "fedagent.model.base_model_tiny",
+    ),
     "eval": ("fedagent.evaluate.validation", *_TORCH, *_JOB),
     # `fedagent serve-env` (fedagent.envs.serve.run): app, uvicorn's loop and protocols, and the default
     # env kind's modules (its spec's preload).
@@ -66,7 +75,9 @@ PRELOADS: dict[str, tuple[str, ...]] = {
         "uvicorn.protocols.http.auto",
         "uvicorn.protocols.websockets.auto",
     ),
-    # the server's side of a round: `fedagent aggregate` and `fedagent merge` (torch + safetensors).
+    # the server's side of a round: `fedagent aggregate` and `fedagent merge` (torch + safetensors), and the
+    # round's `fedagent report` (pandas; matplotlib's figure and Agg canvas, not pyplot: the job picks the
+    # backend before it imports pyplot).
     "server": (
         "fedagent.server.aggregate",
         "torch",
@@ -76,11 +87,15 @@ PRELOADS: dict[str, tuple[str, ...]] = {
         "fedagent.model.hf_dir",
         "fedagent.core.atomic",
         "fedagent.core.provenance",
+        "fedagent.report.summary",
+        "matplotlib.figure",
+        "matplotlib.backends.backend_agg",
     ),
 }
 
 # Environment read when the interpreter starts or a library is imported (the loader, libgomp,
-# MKL/OpenBLAS, torch/transformers/huggingface_hub configs): a forked job cannot change these.
+# MKL/OpenBLAS, torch/transformers/huggingface_hub configs, matplotlib's MPLCONFIGDIR/MPLBACKEND: its rc
+# file, read once at import, styles the report's curves.png): a forked job cannot change these.
 _STARTUP_PREFIXES = (
     "PYTHON",
     "OMP_",
@@ -93,6 +108,7 @@ _STARTUP_PREFIXES = (
     "TRANSFORMERS_",
     "HF_",
     "TOKENIZERS_",
+    "MPL",
 )
 _STARTUP_KEYS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 # Read when CUDA starts or a cuBLAS/cuDNN handle or the caching allocator is made (CUDA_VISIBLE_DEVICES,

@@ -186,10 +186,12 @@ START_WITHOUT = {
 
 def build_reference(base: Path, extra: dict | None = None) -> Path:
     """The uninterrupted run (test config, rounds: 1, with the keys of ``extra`` merged in, e.g. another
-    update format's); a finished one already in ``base`` is reused."""
+    update format's); a finished one already in ``base`` is reused. Its jobs go through the warm server
+    (nothing is killed or hooked here; a warm job writes a cold one's bytes: tests/test_warm.py), the
+    trials' runs stay cold."""
     ref = base / "reference"
     if (ref / RUN / "round_001" / "summary.csv").is_file() and not any((ref / ".snakemake" / "locks").glob("*")):
-        run_snakemake(ref, timeout=1800, warm=False)  # finishes anything left, normally nothing to do
+        run_snakemake(ref, timeout=1800)  # finishes anything left, normally nothing to do
         return ref
     ref = make_workdir(ref)
     cfg = ref / "config" / "config.yaml"
@@ -201,7 +203,7 @@ def build_reference(base: Path, extra: dict | None = None) -> Path:
         from fedagent.core.config import merge_into
 
         cfg.write_text(yaml.safe_dump(merge_into(yaml.safe_load(cfg.read_text()), extra), sort_keys=False))
-    run_snakemake(ref, timeout=1800, warm=False)
+    run_snakemake(ref, timeout=1800)
     return ref
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # the registry imports this module with the config's: pandas only where a record is made
+    import pandas as pd
 
 
 @dataclass
