@@ -157,3 +157,32 @@ def test_the_default_cpu_run_plans_no_gpu_and_its_estimated_memory(tmp_path):
                 assert job["shell"].startswith("FEDAGENT_JOB_GPUS=0 FEDAGENT_JOB_GPU_MEM_MB=0 fedagent "), rule
     assert {j["mem_mb"] for j in jobs["train_client"]} == {str(job_host_mib(cfg, "train"))}
     assert {j["mem_mb"] for j in jobs["eval"]} == {str(job_host_mib(cfg, "eval"))}
+
+
+def test_a_rule_the_run_never_plans_does_not_refuse_it_on_the_card():
+    """The 7B LoRA preset's jobs fit one 80 GB card; its config's warm start (off) would be a 201 GB full
+    fine-tune: the fit check asks only the planned rules (seen refusing the run on an H100 when it asked all)."""
+    from fedagent.model.job_resources import planned_rules
+
+    cfg = fc.prepare_config(
+        fc.merge_into(fc.load_file(DEFAULT), fc.load_file(REPO / "config/experiments/gpu-lora-7b.yaml"))
+    )
+    h100 = [placement.Card(index=0, total_mib=81559)]
+    every = {rule: job_resources(cfg, rule, card_mib=75788) for rule in RULE_JOBS}
+    planned = {rule: every[rule] for rule in planned_rules(cfg)}
+    assert set(planned) == {"train_client", "eval"}
+    assert gpu_fit_problem(cfg, planned, h100) is None
+    assert "rule warm_start" in (gpu_fit_problem(cfg, every, h100) or "")
+
+
+@pytest.mark.workflow
+def test_the_7b_lora_preset_starts_on_one_80gb_card(tmp_path):
+    """Through Snakemake's start-up check on an H100-sized card (FEDAGENT_GPUS): its planned jobs fit, so the
+    run starts (one CPU job asked for); the warm start it never runs is not asked about."""
+    from workflow_helpers import snakemake_cmd
+
+    env = {**snakemake_env(warm=False), "FEDAGENT_GPUS": "0:81559"}
+    cmd = snakemake_cmd("--configfile", str(REPO / "config/experiments/gpu-lora-7b.yaml"), "--directory", str(tmp_path))
+    proc = snakemake_run([*cmd, "results/gpu-lora-7b/round_001/selection.json"], REPO, env, 300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "results/gpu-lora-7b/round_001/selection.json").is_file()

@@ -30,9 +30,10 @@ def gpu_problems():
     at all, more GPUs per job than cards, a job's declared memory larger than the largest card."""
     if "JOB_RESOURCES" not in globals() or not (workflow.is_main_process and workflow.local_exec):
         return None  # a matrix (each run its own config) or a cluster executor: the jobs' own hosts decide
-    from fedagent.model.job_resources import gpu_fit_problem
+    from fedagent.model.job_resources import gpu_fit_problem, planned_rules
 
-    why = gpu_fit_problem(config, JOB_RESOURCES, GPU_CARDS)
+    # only the rules this run plans: a warm start it never runs must not refuse it
+    why = gpu_fit_problem(config, {rule: JOB_RESOURCES[rule] for rule in planned_rules(config)}, GPU_CARDS)
     if why is not None:
         return (
             f"{why} (cards from {_placement.source()}); a GPU run needs its cards visible here: "

@@ -67,6 +67,20 @@ def job_resources(config: Mapping, rule: str, card_mib: int | None = None) -> di
     }
 
 
+def planned_rules(config: Mapping) -> tuple[str, ...]:
+    """The model-running rules (of :data:`RULE_JOBS`) whose jobs a validated run config plans: the GPU fit
+    check asks only theirs, so a rule the run never runs (a full fine-tune warm start, 201 GB at 7B, beside
+    LoRA clients that fit one card) cannot refuse the run."""
+    rules = ["train_client", "eval"]
+    if config["warm_start"]["enabled"]:
+        rules += ["warm_start", "eval_base"]
+    if config["eval"]["clients"]:
+        rules.append("eval_client")
+    if config["partition"]["strategy"] == "hardness" and not config["partition"]["labels"]:
+        rules.append("labels")
+    return tuple(rules)
+
+
 def gpu_fit_problem(config: Mapping, resources: Mapping[str, Mapping[str, int]], cards: list) -> str | None:
     """Why one of the run's GPU jobs can never run on ``cards`` (:mod:`fedagent.core.placement`'s, as this
     machine shows them), naming the config key that decided its ask; None when every ask fits.
