@@ -186,3 +186,16 @@ def test_the_7b_lora_preset_starts_on_one_80gb_card(tmp_path):
     proc = snakemake_run([*cmd, "results/gpu-lora-7b/round_001/selection.json"], REPO, env, 300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "results/gpu-lora-7b/round_001/selection.json").is_file()
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS, ids=lambda p: p.stem)
+def test_every_gpu_preset_s_planned_jobs_fit_one_h100_and_one_h200(preset):
+    """The start-up check (Snakemake's onstart; `-n` plans skip it) passes for each GPU preset on the cards
+    the docs run it on: one 80 GB H100 and one 141 GB H200 (a job alone on its card at worst)."""
+    from fedagent.model.job_resources import planned_rules
+
+    cfg = fc.prepare_config(fc.merge_into(fc.load_file(DEFAULT), fc.load_file(preset)))
+    for total in (81559, 143771):
+        card = placement.Card(index=0, total_mib=total)
+        planned = {rule: job_resources(cfg, rule, card_mib=card.usable_mib()) for rule in planned_rules(cfg)}
+        assert gpu_fit_problem(cfg, planned, [card]) is None, (preset.stem, total)
