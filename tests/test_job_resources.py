@@ -181,7 +181,9 @@ def test_the_7b_lora_preset_starts_on_one_80gb_card(tmp_path):
     run starts (one CPU job asked for); the warm start it never runs is not asked about."""
     from workflow_helpers import snakemake_cmd
 
+    # the card as the node shows it: no CUDA_VISIBLE_DEVICES (another in-process test's CPU job may leave '')
     env = {**snakemake_env(warm=False), "FEDAGENT_GPUS": "0:81559"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = snakemake_cmd("--configfile", str(REPO / "config/experiments/gpu-lora-7b.yaml"), "--directory", str(tmp_path))
     proc = snakemake_run([*cmd, "results/gpu-lora-7b/round_001/selection.json"], REPO, env, 300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
