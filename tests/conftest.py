@@ -82,6 +82,23 @@ def pytest_unconfigure(config):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _accelerator_env_restored():
+    """Every test leaves the no-accelerator variables as it found them. fedagent.envs.serve.hide_accelerators
+    writes them into its process for good (right for an env service's own process); a test calling it
+    in-process left CUDA_VISIBLE_DEVICES='' in its worker (monkeypatch.delenv of an absent key records
+    nothing to undo), and a later test's Snakemake run there saw no card."""
+    from fedagent.envs.serve import NO_ACCELERATOR_ENV
+
+    before = {k: os.environ.get(k) for k in NO_ACCELERATOR_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """``tiny_model(seed)``: a tiny model dir (fake_env.build_tiny_model) made once per seed and session.
