@@ -126,12 +126,23 @@ def _plan(tmp: Path, *configfiles: Path, extra: tuple[str, ...] = ()) -> dict[st
     return jobs
 
 
+def _the_fit_check_asks_the_planned_rules(jobs: dict, cfg: dict) -> None:
+    """job_resources.planned_rules (what the start-up fit check asks) names exactly the model-running rules
+    of the workflow's own plan: it restates the workflow's conditions, so the two must not drift apart."""
+    from fedagent.model.job_resources import planned_rules
+
+    assert set(planned_rules(cfg)) == set(jobs) & set(RULE_JOBS), sorted(jobs)
+
+
 @pytest.mark.workflow
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", GPU_PRESETS, ids=lambda p: p.stem)
 def test_gpu_presets_plan_a_gpu_on_every_gpu_job_and_none_on_the_others(preset, tmp_path):
     jobs = _plan(tmp_path, preset)
     assert {"train_client", "eval"} <= set(jobs)
+    _the_fit_check_asks_the_planned_rules(
+        jobs, fc.prepare_config(fc.merge_into(fc.load_file(DEFAULT), fc.load_file(preset)))
+    )
     for rule, planned in jobs.items():
         for job in planned:
             if rule in GPU_RULES:
@@ -150,6 +161,7 @@ def test_gpu_presets_plan_a_gpu_on_every_gpu_job_and_none_on_the_others(preset, 
 def test_the_default_cpu_run_plans_no_gpu_and_its_estimated_memory(tmp_path):
     jobs = _plan(tmp_path)
     cfg = _config()
+    _the_fit_check_asks_the_planned_rules(jobs, cfg)
     for rule, planned in jobs.items():
         for job in planned:
             assert job.get("gpu", "0") == "0", (rule, job)
@@ -157,6 +169,19 @@ def test_the_default_cpu_run_plans_no_gpu_and_its_estimated_memory(tmp_path):
                 assert job["shell"].startswith("FEDAGENT_JOB_GPUS=0 FEDAGENT_JOB_GPU_MEM_MB=0 fedagent "), rule
     assert {j["mem_mb"] for j in jobs["train_client"]} == {str(job_host_mib(cfg, "train"))}
     assert {j["mem_mb"] for j in jobs["eval"]} == {str(job_host_mib(cfg, "eval"))}
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+def test_per_client_evals_and_hardness_labels_are_planned_rules_too(tmp_path):
+    """The two conditional model-running rules no GPU preset plans: per-client evals and the hardness labels."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("eval: {clients: true}\npartition: {strategy: hardness, labels_model: smollm2}\n")
+    jobs = _plan(tmp_path / "work", extra)
+    assert {"eval_client", "labels"} <= set(jobs)
+    _the_fit_check_asks_the_planned_rules(
+        jobs, fc.prepare_config(fc.merge_into(fc.load_file(DEFAULT), fc.load_file(extra)))
+    )
 
 
 def test_a_rule_the_run_never_plans_does_not_refuse_it_on_the_card():
