@@ -137,13 +137,12 @@ def main(workdir: Path) -> None:
 
     from fedagent.model.base_model_tiny import write_tiny_model
     from fedagent.train.verl import critic_attn
-    from omegaconf import open_dict
     from safetensors.torch import load_file, save_file
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp import transformer_impl
     from verl.workers.engine_workers import TrainingWorker
-    from verl_helpers import compose_ppo
+    from verl_helpers import build_engine, compose_ppo, derive_ref_config
 
     from fedagent.train.local import TrainParams
     from fedagent.train.verl import memory, refit, release
@@ -180,30 +179,13 @@ def main(workdir: Path) -> None:
     )
     model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
     actor_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    with open_dict(cfg.actor_rollout_ref.ref):  # as verl's init_model derives the reference's config
-        ref_node = cfg.actor_rollout_ref.ref
-        ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
-        ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
-        ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
-        ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
+    derive_ref_config(cfg)
     ref_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.ref)
     critic_cfg = omega_conf_to_dataclass(cfg.critic)  # as verl's v1 trainer builds the critic's worker
     critic_attn.arm()  # as our Ray hook arms a PPO job's workers
 
-    def built(cls, mc, cfg_, path, model_type):
-        """verl's ``TrainingWorker.__init__`` + first ``reset()``: its model type and padding flags, then
-        the engine class verl's registry gives that type on a GPU."""
-        mc.local_path = str(path)
-        mc.model_type = model_type
-        cfg_.engine.use_remove_padding = mc.get("use_remove_padding", False)
-        cfg_.engine.use_fused_kernels = mc.get("use_fused_kernels", False)
-        e = cls(mc, cfg_.engine, cfg_.optim, cfg_.checkpoint)
-        e.initialize()
-        return e
-
     def engine(cfg_, path, mc=None):
-        return built(
+        return build_engine(
             transformer_impl.FSDPEngineWithLMHead,
             copy.deepcopy(model_config) if mc is None else mc,
             cfg_,
@@ -222,7 +204,7 @@ def main(workdir: Path) -> None:
                 TrainingWorker.reset(self)
 
     def critic_engine(path):
-        return built(
+        return build_engine(
             transformer_impl.FSDPEngineWithValueHead, copy.deepcopy(critic_cfg.model), critic_cfg, path, "value_model"
         )
 

@@ -72,13 +72,12 @@ def _model(source: str, out: Path, ppo: bool) -> Path:
 
 def _engines(model: Path, out: Path, ppo: bool):
     """verl's actor, reference (and critic) engines as verl's workers build them from our composed config."""
-    from omegaconf import open_dict
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp import transformer_impl
 
     sys.path[:0] = [str(REPO / "tests")]
-    from verl_helpers import compose_ppo
+    from verl_helpers import build_engine, compose_ppo, derive_ref_config
 
     from fedagent.train.local import TrainParams
     from fedagent.train.verl import critic_attn
@@ -101,30 +100,18 @@ def _engines(model: Path, out: Path, ppo: bool):
         )
     )
     mc = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
-    with open_dict(cfg.actor_rollout_ref.ref):  # as verl's init_model derives the reference's config
-        ref_node = cfg.actor_rollout_ref.ref
-        ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
-        ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
-        ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
-        ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
-
-    def built(cls, mc_, cfg_, path, model_type):
-        mc_.local_path, mc_.model_type = str(path), model_type
-        cfg_.engine.use_remove_padding = mc_.get("use_remove_padding", False)
-        cfg_.engine.use_fused_kernels = mc_.get("use_fused_kernels", False)
-        e = cls(mc_, cfg_.engine, cfg_.optim, cfg_.checkpoint)
-        e.initialize()
-        return e
+    derive_ref_config(cfg)  # as verl's init_model derives the reference's config
 
     lm = transformer_impl.FSDPEngineWithLMHead
-    actor = built(lm, mc, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor), model, "language_model")
-    ref = built(lm, copy.deepcopy(mc), omega_conf_to_dataclass(cfg.actor_rollout_ref.ref), model, "language_model")
+    actor = build_engine(lm, mc, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor), model, "language_model")
+    ref = build_engine(
+        lm, copy.deepcopy(mc), omega_conf_to_dataclass(cfg.actor_rollout_ref.ref), model, "language_model"
+    )
     critic = None
     if ppo:
         critic_attn.arm()  # as our Ray hook arms a PPO job's workers
         ccfg = omega_conf_to_dataclass(cfg.critic)
-        critic = built(
+        critic = build_engine(
             transformer_impl.FSDPEngineWithValueHead, copy.deepcopy(ccfg.model), ccfg, model / "critic", "value_model"
         )
     return actor, ref, critic
