@@ -4,6 +4,8 @@
     python bench/gpu_throughput.py --model DIR_WITH_CONFIG_AND_TOKENIZER --random-weights --skip-generation
     python bench/gpu_throughput.py --source random:smollm2-1.7b --prompt 512 --vllm-pythonpath DIR \
         --train-modes eager_ckpt compiled_ckpt --train-micro 16
+    python bench/gpu_throughput.py --source random:smollm2-1.7b --skip-generation --train-seq 320 \
+        --train-modes eager_ckpt eager_ckpt_lora eager_lora --train-micro 8 16 32     # LoRA's step against the full
 
 ``--source random:<architecture>`` (issue 29): the model is written first, as the base-model stage writes
 it (fedagent.model.base_model_random: a named public architecture, e.g. SmolLM2-1.7B, seeded random
@@ -61,20 +63,24 @@ def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
 def _sync():
     import torch
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _reset_peak():
     import torch
 
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _peak() -> dict:
     """Peak GPU memory since the last :func:`_reset_peak` (MiB): what tensors held and what the allocator reserved."""
     import torch
 
+    if not torch.cuda.is_available():
+        return {}
     torch.cuda.synchronize()
     return {
         "peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20),
@@ -337,7 +343,19 @@ def _graph_breaks(model, samples):
     return ex.graph_count, reasons
 
 
-def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=False, profile_dir=None, micro=None):
+def bench_train(
+    model_dir,
+    reps,
+    peak_tflops,
+    mode,
+    seq=512,
+    resp=128,
+    profile=False,
+    profile_dir=None,
+    micro=None,
+    lora_rank=16,
+    device="cuda",
+):
     """One GRPO-shaped training step at B × seq, timed; ``mode`` picks what the local backend does.
 
     The step is the backend's own optimizer step (:func:`fedagent.train.actor.update_step`: bf16
@@ -352,7 +370,10 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     through torch.compile with static shapes and CUDA graphs, :func:`compile_for_training`);
     ``*_bf16res``: the same with ``train.residual_dtype: bfloat16`` (:func:`grpo.set_residual_dtype`);
     compiled_tunepw: compiled with inductor's autotuning of its pointwise and reduction kernels;
-    ``*_ckpt``: with ``train.activation_checkpointing`` (:func:`checkpoint_activations`). ``micro``:
+    ``*_ckpt``: with ``train.activation_checkpointing`` (:func:`checkpoint_activations`); ``*_lora``: a LoRA
+    client's step (``train.lora``, rank ``lora_rank``, α = 2r, every projection: the frozen base's linear
+    weights in bf16 and fresh adapters, as :class:`fedagent.train.lora_client.LoraClient` makes them, AdamW
+    over the adapters only; its FLOPs count no weight gradient of the base). ``micro``:
     rows per forward/backward (the B rows' gradients accumulated; None: all B at once).
     Compiled modes first report Dynamo's graphs and graph breaks (:func:`_graph_breaks`).
     """
@@ -376,15 +397,23 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
 
     micro = int(micro or B)
     _reset_peak()
-    model, _ = load_policy(model_dir, 1, verify=False, device="cuda")
-    if mode.endswith("_ckpt"):
+    model, _ = load_policy(model_dir, 1, verify=False, device=device)
+    lora = mode.endswith("_lora")
+    base_mode = mode[: -len("_lora")] if lora else mode
+    if lora:  # before checkpointing, as the train job adds them (fedagent.train.local)
+        from fedagent.model.lora import LoraSettings
+        from fedagent.train.lora_client import LoraClient
+
+        client = LoraClient(LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank), 0, 1, 0, device)
+        client.freeze_base(model)
+        client.add_adapters(model)
+    n_params = sum(p.numel() for p in model.parameters() if not lora or not p.requires_grad)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if base_mode.endswith("_ckpt"):
         checkpoint_activations(model)
-        base_mode = mode[: -len("_ckpt")]
-    else:
-        base_mode = mode
+        base_mode = base_mode[: -len("_ckpt")]
     model.train()
     cfg = model.config
-    n_params = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight.numel()
     g = torch.Generator().manual_seed(2)
     rows = torch.randint(100, cfg.vocab_size - 100, (B, seq), generator=g).tolist()
@@ -392,7 +421,11 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
         grpo.Sample(prompt_ids=r[: seq - resp], response_ids=r[seq - resp :], reward=0.0, group=0, advantage=1.0)
         for r in rows
     ]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if mode != "eager_leftpad" else {}))
+    opt = torch.optim.AdamW(
+        [q for q in model.parameters() if q.requires_grad],  # LoRA: the adapters only
+        lr=1e-7,
+        **({"fused": True} if mode != "eager_leftpad" else {}),
+    )
     if base_mode == "compiled":
         compile_for_training(model)
     elif mode == "compiled_tunepw":  # + inductor's autotuning of its pointwise/reduction kernels
@@ -464,13 +497,16 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
     # - causal attention, QK^T and AV over half the square: 6 · L · d · seq per token.
     # The embedding lookup is a gather (no FLOPs). Counting the LM head on every token, as a
     # plain 6·N·T does, would credit this step with FLOPs it never runs.
+    # A LoRA step computes no weight gradient of the frozen base (4 instead of 6 per weight and token; the
+    # adapters' own products, r/d of a projection's, are left out).
+    w = 4 if lora else 6
     flops = (
-        6 * (n_params - emb) * tokens + 6 * emb * B * resp + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
+        w * (n_params - emb) * tokens + w * emb * B * resp + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
     )
     # Checkpointing recomputes each layer's forward in the backward pass: hardware FLOPs, not model FLOPs.
     recompute = (
         2 * (n_params - emb) * tokens + 2 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
-        if mode.endswith("_ckpt")
+        if "_ckpt" in mode
         else 0
     )
     peak = _peak()
@@ -493,6 +529,8 @@ def bench_train(model_dir, reps, peak_tflops, mode, seq=512, resp=128, profile=F
         "tokens_per_s_synced": tokens / t,
         "mfu_synced": flops / t / (peak_tflops * 1e12),
         "params": n_params,
+        "trained_params": trained,
+        **({"lora_rank": lora_rank} if lora else {}),
         "flops_per_step": flops,
         "naive_6NT_mfu": 6 * n_params * tokens / t_back / (peak_tflops * 1e12),
     }
@@ -650,8 +688,13 @@ def main(argv=None) -> int:
             "compiled_tunepw",
             "eager_ckpt",
             "compiled_ckpt",
+            "eager_lora",
+            "eager_ckpt_lora",
         ],
         help="training step variants to time (see bench_train; none given: generation only)",
+    )
+    ap.add_argument(
+        "--lora-rank", type=int, default=16, help="the adapters' rank in the *_lora training modes (α = 2r)"
     )
     ap.add_argument("--skip-generation", action="store_true", help="time the training step only")
     ap.add_argument(
@@ -727,6 +770,7 @@ def main(argv=None) -> int:
                     profile=args.profile,
                     profile_dir=args.profile_dir,
                     micro=micro,
+                    lora_rank=args.lora_rank,
                 )
             except torch.OutOfMemoryError as e:  # a variant that does not fit is a row, not the end of the run
                 out["train"][key] = {"mode": m, "micro_batch_rows": micro, "error": f"OOM: {str(e)[:200]}"}
