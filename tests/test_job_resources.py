@@ -193,7 +193,7 @@ def test_a_rule_the_run_never_plans_does_not_refuse_it_on_the_card():
         fc.merge_into(fc.load_file(DEFAULT), fc.load_file(REPO / "config/experiments/gpu-lora-7b.yaml"))
     )
     h100 = [placement.Card(index=0, total_mib=81559)]
-    every = {rule: job_resources(cfg, rule, card_mib=75788) for rule in RULE_JOBS}
+    every = {rule: job_resources(cfg, rule, card_mib=h100[0].usable_mib()) for rule in RULE_JOBS}
     planned = {rule: every[rule] for rule in planned_rules(cfg)}
     assert set(planned) == {"train_client", "eval"}
     assert gpu_fit_problem(cfg, planned, h100) is None
@@ -206,7 +206,7 @@ def test_the_7b_lora_preset_starts_on_one_80gb_card(tmp_path):
     run starts (one CPU job asked for); the warm start it never runs is not asked about."""
     from workflow_helpers import snakemake_cmd
 
-    # the card as the node shows it: no CUDA_VISIBLE_DEVICES (another in-process test's CPU job may leave '')
+    # the card as the node shows it: no CUDA_VISIBLE_DEVICES (a value here would hide FEDAGENT_GPUS's card)
     # FEDAGENT_DISK_CHECK=0: the start-up disk check measures this machine's free space against the run's
     # 46 GB of bf16 7B model dirs (it refused here with 44.3 GB free); what is asked is the GPU fit
     env = {**snakemake_env(warm=False), "FEDAGENT_GPUS": "0:81559", "FEDAGENT_DISK_CHECK": "0"}
