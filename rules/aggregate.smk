@@ -3,6 +3,7 @@
 
 
 rule aggregate:
+    priority: ROUND_RECORD_PRIORITY   # workflow/common.smk
     input:
         prev=lambda w: model_dir(int(w.round) - 1),
         selection=f"{RUN}/round_{{round}}/selection.json",

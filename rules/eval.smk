@@ -2,6 +2,7 @@
 
 
 rule eval:
+    priority: ROUND_RECORD_PRIORITY   # workflow/common.smk
     input:
         model=lambda w: model_dir(w.round),
         games=GAMES,
@@ -38,6 +39,7 @@ rule eval:
 
 # eval.clients: every client update scored on the same fixed validation set, as its own job.
 rule eval_client:
+    priority: ROUND_RECORD_PRIORITY   # workflow/common.smk
     input:
         model=f"{RUN}/round_{{round}}/clients/{{client}}",
         games=GAMES,

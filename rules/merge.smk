@@ -4,6 +4,7 @@
 
 
 rule merge:
+    priority: ROUND_RECORD_PRIORITY   # workflow/common.smk
     input:
         prev=lambda w: model_dir(int(w.round) - 1),
         aggregate=f"{RUN}/round_{{round}}/aggregate",

@@ -8,6 +8,7 @@
 
 
 rule report:
+    priority: ROUND_RECORD_PRIORITY
     localrule: True   # bookkeeping, no model: on a cluster it runs on the submitting host
     input:
         unpack(report_inputs),

@@ -61,7 +61,9 @@ def tracked_workdir(path: Path) -> Path:
 def finished3(tmp_path_factory) -> Path:
     """A finished 3-round run of the test config, with TensorBoard and MLflow stores."""
     work = tracked_workdir(tmp_path_factory.mktemp("finished3") / "w")
-    run_snakemake(work)
+    # Two cores, as CI has (the profile's `cores: all`): a train job's 2 threads fill them, so the
+    # scheduler must choose among ready jobs (test_a_rounds_record_goes_before_the_next_rounds_training)
+    run_snakemake(work, "--cores", "2")
     return work
 
 
@@ -123,6 +125,31 @@ def test_finished_run_has_one_summary_row_per_round(finished3):
         for d in ("clients/0", "clients/1", "aggregate", "model"):
             prov = json.loads((finished3 / RUN / f"round_{r:03d}" / d / "provenance.json").read_text())
             assert prov["run_mode"] == sel["mode"] == "federated", d
+
+
+def _started_in_order(log: Path) -> list[tuple[str, str]]:
+    """(rule, round) of every job in the order Snakemake started them (its log file)."""
+    jobs = []
+    for line in log.read_text().splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):\s*$", line)
+        if m:
+            jobs.append([m.group(1), ""])
+        w = re.match(r"^\s+wildcards: .*round=(\d{3})", line)
+        if w and jobs:
+            jobs[-1][1] = w.group(1)
+    return [tuple(j) for j in jobs]
+
+
+def test_a_rounds_record_goes_before_the_next_rounds_training(finished3):
+    """When a round's eval and the next round's train jobs are ready together and the cores hold only
+    some of them, the eval starts first (workflow/common.smk
+    ROUND_RECORD_PRIORITY): a run stopped at a time limit has scored every round it trained past."""
+    logs = sorted((finished3 / ".snakemake" / "log").glob("*.snakemake.log"))
+    order = _started_in_order(logs[0])  # the fixture's own run (tests clone it before running more)
+    for r in range(3):
+        ev = order.index(("eval", f"{r:03d}"))
+        first_train = min(i for i, job in enumerate(order) if job == ("train_client", f"{r + 1:03d}"))
+        assert ev < first_train, (r, order)
 
 
 def test_a_second_invocation_runs_nothing(finished3, tmp_path):

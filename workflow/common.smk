@@ -303,6 +303,13 @@ def job_resources(rule):
 
 JOB_RESOURCES = {rule: job_resources(rule) for rule in
                  ("train_client", "warm_start", "eval", "eval_client", "eval_base", "labels")}
+# A round's record first: the rules that finish a round (aggregate, merge, its evals, its report) go
+# before the next round's train jobs whenever both are ready and the cards (or cores) hold only some of
+# them (Snakemake's scheduler ranks ready jobs by priority first). Without it a run stopped at a time
+# limit has trained rounds it never scored: on one card, two train jobs fill it and every eval waits
+# behind the next round's training. The next round does not wait for the eval (train reads the model),
+# so at most one eval's time moves onto the critical path. Priority is no param: it re-runs nothing.
+ROUND_RECORD_PRIORITY = 1
 # Every rule that can ask a GPU starts its command with FEDAGENT_JOB_GPUS={resources.gpu}
 # FEDAGENT_JOB_GPU_MEM_MB={resources.gpu_mem_mb}: the job's own process learns its ask (the fedagent
 # CLI's placement of a job on its card(s) reads them); a CPU job's are 0 and change none of its outputs.
