@@ -15,7 +15,16 @@ import yaml
 from fedagent.core.config import ConfigError
 from fedagent.core.provenance import CONFIG_HASH_ENV, RUN_MODE_ENV, RUNS_ENV, config_sha256, register_run, run_record
 from fedagent.plan.matrix import start_settings, load_matrix
-from fedagent.report.matrix_table import auc, build_table, newcombe_interval, t_interval, welch_interval, wilson
+from fedagent.report.matrix_table import (
+    PAIRED_COLUMNS,
+    auc,
+    build_table,
+    markdown,
+    newcombe_interval,
+    t_interval,
+    welch_interval,
+    wilson,
+)
 from workflow_helpers import REPO, executed_jobs, make_workdir, run_snakemake
 
 MATRICES = sorted((REPO / "config" / "matrices").glob("*.yaml"))
@@ -192,6 +201,53 @@ def test_the_table_by_hand(tmp_path):
     assert ws["auc"] == pytest.approx(0.475) and ws["rounds"] == 1
 
 
+def _eval_json(path: Path, won: list[int], seeds: list[int] | None = None) -> str:
+    """An eval.json with one sample per validation episode (seed k, task t<k>)."""
+    seeds = list(range(len(won))) if seeds is None else seeds
+    samples = [{"seed": k, "task_id": f"t{k}", "won": bool(w)} for k, w in zip(seeds, won)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"round": 0, "n": len(won), "success_rate": sum(won) / len(won), "samples": samples}))
+    return str(path)
+
+
+def test_paired_columns_count_the_episodes_each_side_won_and_test_them_exactly(tmp_path):
+    """Against round 0 and against the reference, the discordant episodes of one validation set, summed over
+    seeds, and the exact McNemar p. Seen failing with the counts taken from the two success rates (unpaired):
+    seed 1's ``hi`` wins 6 more episodes than its round 0, in 7 gained and 1 lost."""
+    start = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    ref_last = [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    hi_last = [0, 1, 1, 1, 1, 1, 1, 1, 1, 0]  # against start: +7 (t2..t8), -1 (t0)
+    runs = []
+    for arm, last in (("ref", ref_last), ("hi", hi_last)):
+        d = tmp_path / arm
+        runs.append(
+            {
+                "arm": arm,
+                "seed": 1,
+                "summary": _summary(d / "summary.csv", [sum(start) / 10, sum(last) / 10], n=10),
+                "eval": _eval_json(d / "last.json", last),
+                "start_eval": _eval_json(d / "start.json", start),
+            }
+        )
+    table, _ = build_table(runs, "ref")
+    assert list(table.columns)[-6:] == PAIRED_COLUMNS
+    ref, hi = (table.set_index("arm").loc[a] for a in ("ref", "hi"))
+    assert (hi["start_gained"], hi["start_lost"]) == (7, 1)
+    assert hi["start_p"] == pytest.approx(2 * (1 + 8) / 2**8)  # P(X <= 1), X ~ Bin(8, 1/2), two-sided
+    assert (ref["start_gained"], ref["start_lost"]) == (1, 0) and ref["start_p"] == 1.0
+    assert (hi["ref_gained"], hi["ref_lost"]) == (6, 1)  # t3..t8 against t0
+    assert hi["ref_p"] == pytest.approx(2 * (1 + 7) / 2**7)
+    assert math.isnan(ref["ref_p"])
+    md = markdown(table, "m", "ref")
+    assert "| hi | +7 / −1 | 0.07 | +6 / −1 | 0.12 |" in md
+    # without eval files the table has no paired columns; two evals of different episodes do not pair
+    plain, _ = build_table([{k: v for k, v in r.items() if "eval" not in k} for r in runs], "ref")
+    assert not set(PAIRED_COLUMNS) & set(plain.columns)
+    runs[1]["start_eval"] = _eval_json(tmp_path / "other.json", start, seeds=list(range(10, 20)))
+    with pytest.raises(ValueError, match="different episodes"):
+        build_table(runs, "ref")
+
+
 def test_overlapping_arms_are_not_marked_significant(tmp_path):
     runs = [
         {"arm": a, "seed": k, "summary": _summary(tmp_path / f"{a}{k}.csv", [0.0, v])}
@@ -290,6 +346,22 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
         assert table.loc[arm, "pooled_n"] == sum(n for _, n in finals)
         assert table.loc[arm, "pooled_wins"] == sum(round(f * n) for f, n in finals)
         assert table.loc[arm, "final_per_seed"] == " ".join(f"{s}:{f:.4f}" for s, (f, _) in zip((7, 8), finals))
+
+    # the paired columns, from each run's last and round-0 eval.json, episode by episode
+    def won(path):
+        return {(x["seed"], x["task_id"]): x["won"] for x in json.loads(path.read_text())["samples"]}
+
+    for arm in ("uniform", "pinned"):
+        gained = lost = 0
+        for seed in (7, 8):
+            rd = out / arm / f"seed_{seed}"
+            last_round = int(pd.read_csv(rd / "summary.csv")["round"].max())
+            new, old = won(rd / f"round_{last_round:03d}" / "eval.json"), won(rd / "round_000" / "eval.json")
+            assert new.keys() == old.keys()
+            gained += sum(new[k] and not old[k] for k in new)
+            lost += sum(old[k] and not new[k] for k in new)
+        assert (table.loc[arm, "start_gained"], table.loc[arm, "start_lost"]) == (gained, lost)
+    assert np.isnan(table.loc["uniform", "ref_p"]) and 0 <= table.loc["pinned", "ref_p"] <= 1
 
     # each run's jobs recorded their own run's config hash and mode (not the last module's)
     m = load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work)

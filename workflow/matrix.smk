@@ -57,7 +57,9 @@ for _run in MATRIX.runs:
     use rule * from _module exclude games, all as _module*
 
 
-MATRIX_RUNS = json.dumps([{"arm": r.arm, "seed": r.seed, "summary": MATRIX.last_round_summary(r)} for r in MATRIX.runs],
+# each run's last summary, and its last round's and round 0's eval.json (the table's paired columns)
+MATRIX_RUNS = json.dumps([{"arm": r.arm, "seed": r.seed, "summary": MATRIX.last_round_summary(r),
+                           "eval": MATRIX.last_round_eval(r), "start_eval": MATRIX.start_eval(r)} for r in MATRIX.runs],
                          sort_keys=True, separators=(",", ":"))
 
 
@@ -76,6 +78,8 @@ rule matrix_table:
     localrule: True
     input:
         [MATRIX.last_round_summary(r) for r in MATRIX.runs],
+        [MATRIX.last_round_eval(r) for r in MATRIX.runs],
+        [MATRIX.start_eval(r) for r in MATRIX.runs],
     output:
         csv=f"{MATRIX.out_dir}/table.csv",
         md=f"{MATRIX.out_dir}/table.md",

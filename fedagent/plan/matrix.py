@@ -110,6 +110,13 @@ class Matrix:
     def last_round_summary(self, run: MatrixRun) -> str:
         return f"{run.run_dir}/round_{run.config['rounds']:03d}/summary.csv"
 
+    def last_round_eval(self, run: MatrixRun) -> str:
+        return f"{run.run_dir}/round_{run.config['rounds']:03d}/eval.json"
+
+    def start_eval(self, run: MatrixRun) -> str:
+        """Round 0's eval.json (the base model's, or the warm start's; a shared start's copy)."""
+        return f"{run.run_dir}/round_000/eval.json"
+
     def last_round_points(self, run: MatrixRun) -> str:
         return f"{run.run_dir}/round_{run.config['rounds']:03d}/points.csv"
 

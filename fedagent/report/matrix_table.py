@@ -19,6 +19,14 @@ One row per arm (``table.csv``, ``table.md``), from each run's last ``summary.cs
   two proportions); ``significant`` is ``higher``/``lower`` only when both intervals exclude 0, else
   ``no`` (``-`` for the reference itself and where an interval cannot be formed).
 
+- paired, when every run gives its eval files (``eval``: the last round's eval.json, ``start_eval``: round
+  0's; the workflow passes both): the arms are scored on one fixed validation set, so each validation episode
+  (its seed and task) is a pair. ``start_gained`` / ``start_lost``: the episodes the last round won and round 0
+  lost, and the reverse, summed over the arm's seeds; ``start_p``: the exact two-sided McNemar test of that
+  split (the binomial test at ½ on the discordant pairs, scipy's). ``ref_gained`` / ``ref_lost`` / ``ref_p``:
+  the same against the reference arm's last round, seed by seed. Pairing removes the tasks' own difficulty
+  from the comparison, so it tells a rise apart where two intervals of the rates still overlap.
+
 Round 0 is the run's round-0 model: the base model, or the warm start when there is one (its
 ``base`` row is kept as ``base_mean``). ``curves.png``: every arm's mean curve with its band (the
 across-seed interval; one seed: that run's own Wilson interval). Everything is a pure function of
@@ -60,6 +68,35 @@ TABLE_COLUMNS = [
     "diff_pooled_ci_high",
     "significant",
 ]
+
+
+# The paired columns (module docstring), present when every run gives its eval files.
+PAIRED_COLUMNS = ["start_gained", "start_lost", "start_p", "ref_gained", "ref_lost", "ref_p"]
+
+
+def episode_outcomes(eval_json: Path | str) -> dict[str, bool]:
+    """Won or not per validation episode of an eval.json, keyed ``<seed>:<task_id>`` (its samples)."""
+    samples = json.loads(Path(eval_json).read_text()).get("samples") or []
+    out = {f"{x['seed']}:{x['task_id']}": bool(x["won"]) for x in samples}
+    if not out or len(out) != len(samples):
+        raise ValueError(f"{eval_json}: no per-episode samples with distinct (seed, task_id) to pair")
+    return out
+
+
+def discordant(new: dict[str, bool], old: dict[str, bool], where: str) -> tuple[int, int]:
+    """(episodes ``new`` won and ``old`` lost, episodes ``old`` won and ``new`` lost) on one validation set."""
+    if new.keys() != old.keys():
+        raise ValueError(f"{where}: the two evals scored different episodes: pairing needs one validation set")
+    return sum(new[k] and not old[k] for k in new), sum(old[k] and not new[k] for k in new)
+
+
+def mcnemar_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: the binomial test of ``gained`` of the discordant pairs at ½
+    (scipy's); 1 when there are none."""
+    from scipy.stats import binomtest
+
+    n = gained + lost
+    return 1.0 if n == 0 else float(binomtest(int(gained), n, 0.5).pvalue)
 
 
 def wilson(wins: int, n: int) -> tuple[float, float]:
@@ -163,10 +200,13 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
                 "wins": int(round(float(last["success_rate"]) * int(last["n"]))),
                 "rounds": int(last["round"]),
                 "notes": final_notes(Path(run["summary"])),
+                "outcomes": episode_outcomes(run["eval"]) if run.get("eval") else None,
+                "start_outcomes": episode_outcomes(run["start_eval"]) if run.get("start_eval") else None,
             }
         )
     if reference not in arms:
         raise ValueError(f"reference arm {reference!r} has no runs")
+    paired = all(s["outcomes"] is not None and s["start_outcomes"] is not None for v in arms.values() for s in v)
 
     def stats_of(arm: str) -> dict:
         seeds = sorted(arms[arm], key=lambda s: s["seed"])
@@ -242,12 +282,34 @@ def build_table(runs: list[dict], reference: str) -> tuple[pd.DataFrame, dict]:
                 diff_pooled_ci_high=qhi,
                 significant=sig,
             )
+        if paired:
+            row.update(_paired(arm, st["seeds"], {s["seed"]: s for s in ref["seeds"]}, arm == reference))
         for key in NOTE_COLUMNS:  # the largest over the seeds (DP's ε is the same for each)
             values = [s["notes"][key] for s in st["seeds"] if key in s["notes"]]
             row[key] = max(values) if values else math.nan
         rows.append(row)
     present = [k for k in NOTE_COLUMNS if any(not math.isnan(r[k]) for r in rows)]
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS + present), curves
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS + (PAIRED_COLUMNS if paired else []) + present), curves
+
+
+def _paired(arm: str, seeds: list[dict], ref_by_seed: dict[int, dict], is_reference: bool) -> dict:
+    """An arm's paired columns: its last round against its round 0 and against the reference's last round
+    (the same seed's), discordant episodes summed over seeds."""
+    up = down = 0
+    for s in seeds:
+        g, lost = discordant(s["outcomes"], s["start_outcomes"], f"arm {arm}, seed {s['seed']}: round 0")
+        up, down = up + g, down + lost
+    row = {"start_gained": up, "start_lost": down, "start_p": mcnemar_p(up, down)}
+    if is_reference:
+        return {**row, "ref_gained": math.nan, "ref_lost": math.nan, "ref_p": math.nan}
+    up = down = 0
+    for s in seeds:
+        other = ref_by_seed.get(s["seed"])
+        if other is None:
+            return {**row, "ref_gained": math.nan, "ref_lost": math.nan, "ref_p": math.nan}
+        g, lost = discordant(s["outcomes"], other["outcomes"], f"arm {arm}, seed {s['seed']}: the reference arm")
+        up, down = up + g, down + lost
+    return {**row, "ref_gained": up, "ref_lost": down, "ref_p": mcnemar_p(up, down)}
 
 
 def markdown(table: pd.DataFrame, name: str, reference: str) -> str:
@@ -276,6 +338,27 @@ def markdown(table: pd.DataFrame, name: str, reference: str) -> str:
             f"{diff} | [{_fmt(r['diff_ci_low'])}, {_fmt(r['diff_ci_high'])}] | "
             f"[{_fmt(r['diff_pooled_ci_low'])}, {_fmt(r['diff_pooled_ci_high'])}] | {r['significant']} |"
         )
+    if "start_p" in table.columns:
+        lines += [
+            "",
+            "Paired on the validation episodes (one validation set: each episode's seed and task is a pair; summed "
+            "over seeds): the episodes the last round won and the other lost (+) and the reverse (−), exact "
+            "McNemar p (two-sided).",
+            "",
+            "| arm | vs round 0 | p | vs reference | p |",
+            "|---|---|---|---|---|",
+        ]
+        for _, r in table.iterrows():
+            if r["reference"]:
+                vs_ref = ("(reference)", "")
+            elif pd.isna(r["ref_p"]):  # a seed the reference arm does not have
+                vs_ref = ("–", "")
+            else:
+                vs_ref = (f"+{int(r['ref_gained'])} / −{int(r['ref_lost'])}", f"{r['ref_p']:.2g}")
+            lines.append(
+                f"| {r['arm']} | +{int(r['start_gained'])} / −{int(r['start_lost'])} | {r['start_p']:.2g} | "
+                f"{vs_ref[0]} | {vs_ref[1]} |"
+            )
     if "dp_delta" in table.columns:
         lines += ["", "Client-level DP (fedagent.server.dp_fedavg), ε after the last round (dp-accounting):"]
         lines += [
@@ -322,7 +405,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs",
         required=True,
-        help='JSON list of {"arm", "seed", "summary": path to the run\'s last summary.csv}, or @FILE holding it',
+        help='JSON list of {"arm", "seed", "summary": path to the run\'s last summary.csv, and optionally "eval" '
+        "/ \"start_eval\": its last round's and round 0's eval.json (the paired columns)}, or @FILE holding it",
     )
     parser.add_argument("--reference", required=True, help="the arm every other is compared with")
     parser.add_argument("--csv", required=True, type=Path)
