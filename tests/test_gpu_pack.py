@@ -115,7 +115,7 @@ def test_pack_games_carries_the_record_snakemake_reads(tmp_path):
         assert names == {f"{games}/games.json", f"{games}/manifest.json", record}, names
 
 
-def _node_run(tmp_path, *args):
+def _node_run(tmp_path, *args, extra_env=None):
     """scripts/gpu/node-run.sh in a scratch checkout, with a `snakemake` that prints its arguments."""
     import os
     import shutil
@@ -131,6 +131,7 @@ def _node_run(tmp_path, *args):
     fake.mkdir(exist_ok=True)
     (fake / "snakemake").write_text(
         '#!/bin/sh\necho "cublas:${CUBLAS_WORKSPACE_CONFIG:-}"\nfor a in "$@"; do echo "arg:$a"; done\n'
+        'exec sleep "${FAKE_SNAKEMAKE_S:-0}"\n'
     )
     (fake / "snakemake").chmod(0o755)
     env = {
@@ -143,6 +144,8 @@ def _node_run(tmp_path, *args):
     env.pop("OUT", None)
     env.pop("WARM", None)
     env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    env.pop("DEADLINE", None)
+    env.update(extra_env or {})
     proc = subprocess.run(
         ["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args],
         cwd=repo,
@@ -200,3 +203,24 @@ def test_node_run_exports_the_cublas_setting_for_a_deterministic_run(tmp_path):
     proc, _ = _node_run(tmp_path / "b", "--config", "deterministic=true")
     assert proc.returncode == 0, proc.stderr
     assert "cublas::4096:8" in proc.stdout
+
+
+def test_node_run_cuts_its_limit_to_the_calls_deadline(tmp_path):
+    """A device call that installed first and gave node-run.sh 515 of its 600 s was cut off while packing
+    (node, 2026-12-06). With DEADLINE (the call's end), Snakemake's limit leaves its stop and the packing
+    inside the call: here 60 s asked, 2 s left, and a Snakemake that would run 30 s is stopped at 2 s.
+    Seen failing with the DEADLINE block removed (the fake ran its 30 s; the test's 60 s stayed)."""
+    import time
+
+    t0 = time.monotonic()
+    deadline = str(int(time.time()) + 4)
+    proc, args = _node_run(
+        tmp_path / "a", extra_env={"DEADLINE": deadline, "STOP_S": "1", "PACK_S": "1", "FAKE_SNAKEMAKE_S": "30"}
+    )
+    assert "--cores" in args, proc.stderr
+    assert "limit 60 s cut to" in proc.stdout, proc.stdout
+    assert proc.returncode == 124 and time.monotonic() - t0 < 15, (proc.returncode, proc.stdout)
+
+    proc, args = _node_run(tmp_path / "b", extra_env={"DEADLINE": str(int(time.time()) + 10)})
+    assert proc.returncode == 1 and args == []  # 30 s stop + 30 s packing do not fit: nothing started
+    assert "no time left before DEADLINE" in proc.stderr

@@ -2,8 +2,8 @@
 # On the GPU node: run (or resume) a preset through the workflow and pack what to bring back.
 #   scripts/gpu/node-run.sh CONFIGFILE [SECONDS] [snakemake args...]
 #   scripts/gpu/node-run.sh config/matrices/NAME.yaml [SECONDS] [snakemake args...]   (a whole matrix)
-# Stops Snakemake cleanly after SECONDS (default 540: under one device call), so a later call
-# resumes the same run from its files. Packs results (no weights, no games), logs and
+# Stops Snakemake cleanly after SECONDS (default 540: under one device call), or earlier when DEADLINE
+# (the call's end, epoch seconds; below) leaves less, so a later call resumes the same run from its files. Packs results (no weights, no games), logs and
 # benchmarks — with the TensorBoard events (tensorboard/) and MLflow file store (mlruns/) of
 # report.trackers, small — into $OUT/run.tgz when OUT is set.
 # WARM=1: the jobs are forked from a warm server (fedagent warm-server, all groups preloaded,
@@ -70,8 +70,23 @@ if [ -n "$(ls -A .snakemake/locks 2>/dev/null)" ]; then
     snakemake --profile profiles/local "${what[@]}" "$@" --unlock || exit 1
   fi
 fi
+# DEADLINE (epoch seconds): when the device call running this script ends. Snakemake's limit is cut so
+# that its stop (SIGINT, then up to STOP_S = 30 s before SIGKILL) and the packing below (PACK_S, default
+# 30 s) end before it, whatever the set-up before this line took (install, the env check, the warm server):
+# a call that ran `node-setup.sh install` first and gave node-run.sh 515 s of its 600 was cut off while
+# packing, and its run.tgz never came back (node, 2026-12-06). Set it first thing in the call:
+#   DEADLINE=$(( $(date +%s) + 595 )) ...; OUT=$OUT DEADLINE=$DEADLINE scripts/gpu/node-run.sh CONFIG 600
+stop_s=${STOP_S:-30}
+if [ -n "${DEADLINE:-}" ]; then
+  left=$(( DEADLINE - $(date +%s) - stop_s - ${PACK_S:-30} ))
+  if [ "$left" -lt 1 ]; then
+    echo "node-run.sh: no time left before DEADLINE for Snakemake (stop ${stop_s} s and packing ${PACK_S:-30} s kept)" >&2
+    exit 1
+  fi
+  if [ "$left" -lt "$limit" ]; then echo "node-run.sh: limit $limit s cut to $left s (DEADLINE)"; limit=$left; fi
+fi
 t0=$(date +%s); echo "snakemake started $(date -u +%FT%T)"
-timeout --signal=INT --kill-after=30 "$limit" snakemake --profile profiles/local "${what[@]}" --cores all "$@"
+timeout --signal=INT --kill-after="$stop_s" "$limit" snakemake --profile profiles/local "${what[@]}" --cores all "$@"
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s (ended $(date -u +%FT%T))"
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
