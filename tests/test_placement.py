@@ -242,7 +242,7 @@ def test_a_rounds_two_train_jobs_record_different_cards(gpus, tmp_path, monkeypa
     cfg_path = work / "config/config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["rounds"] = 1
-    cfg["train"]["threads"] = 1  # two cores: the round's two clients at once
+    cfg["train"]["threads"] = 1  # one core each: the round's two clients at once
     cfg_path.write_text(yaml.safe_dump(cfg))
     rules = work / "rules/train.smk"
     text = rules.read_text()
@@ -255,7 +255,7 @@ def test_a_rounds_two_train_jobs_record_different_cards(gpus, tmp_path, monkeypa
     run_snakemake(
         work,
         "--cores",
-        "2",
+        "3",  # round 0's eval (1 thread) goes first (ROUND_RECORD_PRIORITY): both train jobs beside it
         "--set-resources",
         "train_client:gpu=1",
         "train_client:gpu_mem_mb=6000",
