@@ -246,6 +246,17 @@ def test_paired_columns_count_the_episodes_each_side_won_and_test_them_exactly(t
     runs[1]["start_eval"] = _eval_json(tmp_path / "other.json", start, seeds=list(range(10, 20)))
     with pytest.raises(ValueError, match="different episodes"):
         build_table(runs, "ref")
+    # the CLI: one line naming the arm and seed, exit 2, no table
+    import argparse
+
+    from fedagent.report import matrix_table
+
+    parser = argparse.ArgumentParser()
+    matrix_table.add_args(parser)
+    args = ["--matrix", "m", "--runs", json.dumps(runs), "--reference", "ref"]
+    args += ["--csv", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md"), "--curves", str(tmp_path / "c.png")]
+    assert matrix_table.run(parser.parse_args(args)) == 2
+    assert not (tmp_path / "t.csv").exists()
 
 
 def test_overlapping_arms_are_not_marked_significant(tmp_path):

@@ -433,7 +433,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    table, curves = build_table(runs, args.reference)
+    try:
+        table, curves = build_table(runs, args.reference)
+    except (ValueError, OSError, KeyError) as exc:  # a missing reference arm, unpairable evals, an unreadable file
+        print(f"fedagent matrix-table: {exc}", file=sys.stderr)
+        return 2
     atomic_write_text(args.csv, table.to_csv(index=False))
     atomic_write_text(args.md, markdown(table, args.matrix, args.reference))
     tmp = args.curves.with_name(".partial-" + args.curves.name)
