@@ -270,7 +270,10 @@ def main() -> int:
         "argv": sys.argv[1:],
     }
     out = Path(os.environ["FAKE_VERL_RECORD"]) / f"{tag}.json"
-    out.write_text(json.dumps(record))
+    # whole or absent: tests poll this directory while the job runs (an empty file was read once)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(out)
     hold = float(os.environ.get("FAKE_VERL_HOLD_S", "1"))
     if os.environ.get("FAKE_VERL_HOLD_ONLY_LATER") == "1" and len(list(out.parent.glob("*.json"))) < 2:
         hold = 0.0  # the first trainer of the test does not hold; the ones after it do
