@@ -214,9 +214,15 @@ _WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
 
 
 def executed_jobs(proc: subprocess.CompletedProcess) -> list[tuple[str, str]]:
-    """(rule, wildcards) of every job Snakemake started, from its log ('all' excluded)."""
+    """(rule, wildcards) of every job Snakemake started, from its output ('all' excluded), sorted."""
+    return sorted(started_jobs(proc.stdout + "\n" + proc.stderr))
+
+
+def started_jobs(log: str) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job in the order Snakemake started them, from its output or log file
+    ('all' excluded)."""
     jobs, current = [], None
-    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+    for line in log.splitlines():
         m = _JOB.match(line)
         if m:
             if current and current[0] != "all":
@@ -228,7 +234,7 @@ def executed_jobs(proc: subprocess.CompletedProcess) -> list[tuple[str, str]]:
             current[1] = w.group(1).strip()
     if current and current[0] != "all":
         jobs.append(tuple(current))
-    return sorted(jobs)
+    return jobs
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int]]:

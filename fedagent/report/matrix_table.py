@@ -300,13 +300,12 @@ def _paired(arm: str, seeds: list[dict], ref_by_seed: dict[int, dict], is_refere
         g, lost = discordant(s["outcomes"], s["start_outcomes"], f"arm {arm}, seed {s['seed']}: round 0")
         up, down = up + g, down + lost
     row = {"start_gained": up, "start_lost": down, "start_p": mcnemar_p(up, down)}
-    if is_reference:
-        return {**row, "ref_gained": math.nan, "ref_lost": math.nan, "ref_p": math.nan}
+    no_ref = {"ref_gained": math.nan, "ref_lost": math.nan, "ref_p": math.nan}
+    if is_reference or any(s["seed"] not in ref_by_seed for s in seeds):
+        return {**row, **no_ref}
     up = down = 0
     for s in seeds:
-        other = ref_by_seed.get(s["seed"])
-        if other is None:
-            return {**row, "ref_gained": math.nan, "ref_lost": math.nan, "ref_p": math.nan}
+        other = ref_by_seed[s["seed"]]
         g, lost = discordant(s["outcomes"], other["outcomes"], f"arm {arm}, seed {s['seed']}: the reference arm")
         up, down = up + g, down + lost
     return {**row, "ref_gained": up, "ref_lost": down, "ref_p": mcnemar_p(up, down)}

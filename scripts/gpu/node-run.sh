@@ -3,9 +3,9 @@
 #   scripts/gpu/node-run.sh CONFIGFILE [SECONDS] [snakemake args...]
 #   scripts/gpu/node-run.sh config/matrices/NAME.yaml [SECONDS] [snakemake args...]   (a whole matrix)
 # Stops Snakemake cleanly after SECONDS (default 540: under one device call), or earlier when DEADLINE
-# (the call's end, epoch seconds; below) leaves less, so a later call resumes the same run from its files. Packs results (no weights, no games), logs and
-# benchmarks — with the TensorBoard events (tensorboard/) and MLflow file store (mlruns/) of
-# report.trackers, small — into $OUT/run.tgz when OUT is set.
+# (the call's end, epoch seconds; below) leaves less, so a later call resumes the same run from its files.
+# Packs results (no weights, no games), logs and benchmarks — with the TensorBoard events (tensorboard/)
+# and MLflow file store (mlruns/) of report.trackers, small — into $OUT/run.tgz when OUT is set.
 # WARM=1: the jobs are forked from a warm server (fedagent warm-server, all groups preloaded,
 # socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too. Its
 # standby processes (WARM_STANDBY, default 3) warm CONFIGFILE's GPU calls (scripts/gpu/warm.sh).
