@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build what a GPU node without a package index needs, cut into pieces of at most PIECE_MB
-# (default 60) that travel one per transfer:
+# (default 48) that travel one per transfer:
 #   scripts/gpu/pack.sh OUTDIR [PIECE_MB]
 #     OUTDIR/proj/part-NN   fedagent's dependencies missing from a CUDA PyTorch image (cp312 wheels,
 #                           scripts/gpu/device-wheels.txt: the three environments' too — textworld,
@@ -12,7 +12,7 @@
 # On the node: cat part-* | tar -x  →  wheelhouse/*.whl ; scripts/gpu/node-setup.sh does that.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: pack.sh OUTDIR [PIECE_MB]}; piece=${2:-60}
+out=${1:?usage: pack.sh OUTDIR [PIECE_MB]}; piece=${2:-48}
 mkdir -p "$out"; out=$(cd "$out" && pwd)   # absolute: the split below runs in a temp dir
 py=${PYTHON:-python3}
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -42,11 +42,19 @@ done
 rm -f "$out"/proj/part-*
 (cd "$work" && tar -cf - wheelhouse | split -b "${piece}MB" -d -a 2 - "$out/proj/part-")
 if [ -n "${VLLM_WHEELHOUSE:-}" ]; then
-  # Re-cut to PIECE_MB: make-wheelhouse.sh's pieces are 60 MiB, which with the checkout (≈ 5 MB) pass a
-  # device call's 64 MiB (seen 2026-12-03); the joined stream is the same tar.
+  # Re-cut to PIECE_MB: make-wheelhouse.sh's pieces are 60 MiB, which a device call refuses once the
+  # checkout it carries beside the piece passes ≈ 4 MiB (below); the joined stream is the same tar.
   mkdir -p "$out/vllm"; rm -f "$out"/vllm/part-*
   cat "$VLLM_WHEELHOUSE"/part-* | split -b "${piece}MB" -d -a 2 - "$out/vllm/part-"
 fi
 tail -1 "$out/proj/contents.txt"
-ls -la "$out"/*/part-* | awk -v max=$((piece * 1000000)) '{s+=$5; if ($5 > max) big=big" "$9}
-  END {printf "%d pieces, %.0f MB\n", NR, s/1e6; if (big) {print "pieces over the limit:" big; exit 1}}'
+# A device call carries the checkout (tracked and untracked-not-ignored files) with each piece, 64 MiB in
+# all: 60 MiB pieces (make-wheelhouse.sh's) were refused beside an 8 MB checkout. Every piece
+# plus today's checkout must leave MARGIN_MB (default 4) for the checkout's growth.
+root=$(cd "$here/../.." && pwd)
+tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+ls -la "$out"/*/part-* | awk -v max=$((piece * 1000000)) -v room=$(( 64 * 1048576 - ${tree:-0} - ${MARGIN_MB:-4} * 1000000 )) \
+  -v tree="${tree:-0}" '{s+=$5; if ($5 > max) big=big" "$9; if ($5 > room) wide=wide" "$9}
+  END {printf "%d pieces, %.0f MB; the checkout %.1f MB\n", NR, s/1e6, tree/1e6
+       if (big) {print "pieces over the limit:" big; exit 1}
+       if (wide) {printf "pieces that with the checkout (%.1f MB) and MARGIN_MB leave no room in a device call'"'"'s 64 MiB (give a smaller PIECE_MB):%s\n", tree/1e6, wide; exit 1}}'
