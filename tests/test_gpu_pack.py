@@ -224,3 +224,44 @@ def test_node_run_cuts_its_limit_to_the_calls_deadline(tmp_path):
     proc, args = _node_run(tmp_path / "b", extra_env={"DEADLINE": str(int(time.time()) + 10)})
     assert proc.returncode == 1 and args == []  # 30 s stop + 30 s packing do not fit: nothing started
     assert "no time left before DEADLINE" in proc.stderr
+
+
+PIECES = REPO / "scripts" / "gpu" / "check-pieces.sh"
+
+
+def _pieces(tmp_path: Path, sizes: dict[str, int], checkout_bytes: int, piece_mb: int) -> subprocess.CompletedProcess:
+    """check-pieces.sh on sparse pieces of the given sizes, beside a checkout of ``checkout_bytes``."""
+    bundle = tmp_path / "pack" / "vllm"
+    bundle.mkdir(parents=True)
+    for name, size in sizes.items():
+        with open(bundle / name, "wb") as f:
+            f.truncate(size)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    with open(checkout / "docs.bin", "wb") as f:  # untracked, not ignored: a device call carries it
+        f.truncate(checkout_bytes)
+    return subprocess.run(
+        ["bash", str(PIECES), str(piece_mb), str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "CHECKOUT": str(checkout)},
+    )
+
+
+def test_pieces_that_fit_a_device_call_beside_the_checkout_pass(tmp_path):
+    proc = _pieces(tmp_path, {"part-00": 48_000_000, "part-01": 7_987_200}, 8_000_000, 48)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("2 pieces, 56 MB; the checkout 8.0 MB")
+
+
+def test_a_piece_that_beside_the_checkout_passes_64_mib_is_named(tmp_path):
+    """make-wheelhouse.sh's 60 MiB pieces under PIECE_MB 64 beside an 8 MB checkout: each device call of
+    one was refused on the node; the check names them before any call."""
+    proc = _pieces(tmp_path, {"part-00": 62_914_560, "part-01": 40_000_000}, 8_000_000, 64)
+    assert proc.returncode == 1
+    assert "do not fit a device call's 64 MiB" in proc.stdout and "part-00" in proc.stdout
+    assert "part-01" not in proc.stdout.split("PIECE_MB):")[1]
+    over = _pieces(tmp_path / "b", {"part-00": 50_000_000}, 1_000, 48)
+    assert over.returncode == 1 and "pieces over PIECE_MB:" in over.stdout

@@ -2,7 +2,7 @@
 # The wheels scripts/gpu/device-wheels.txt pins that an existing proj pack lacks, as one small bundle
 # ("extra"), so a node that has proj's pieces needs one more transfer instead of a new pack (≈ 10 min):
 #   scripts/gpu/pack-extra.sh PROJ_CONTENTS OUTDIR      (PROJ_CONTENTS: that pack's proj/contents.txt)
-#     OUTDIR/extra/part-NN   the missing wheels (cp312, manylinux), in pieces of at most 55 MB
+#     OUTDIR/extra/part-NN   the missing wheels (cp312, manylinux), in pieces of at most 48 MB (check-pieces.sh)
 # On the node: node-setup.sh carry extra OUTDIR/extra/part-00 ...; node-setup.sh install.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,5 +28,6 @@ cat "$work/reqs.txt"
   --platform manylinux_2_34_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$work/wheelhouse" -r "$work/reqs.txt"
 rm -f "$out"/extra/part-*
-(cd "$work" && tar -cf - wheelhouse | split -b 55MB -d -a 2 - "$out/extra/part-")
+(cd "$work" && tar -cf - wheelhouse | split -b 48MB -d -a 2 - "$out/extra/part-")
 ls -la "$out"/extra/part-*
+"$here/check-pieces.sh" 48 "$out/extra"

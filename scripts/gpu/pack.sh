@@ -48,13 +48,5 @@ if [ -n "${VLLM_WHEELHOUSE:-}" ]; then
   cat "$VLLM_WHEELHOUSE"/part-* | split -b "${piece}MB" -d -a 2 - "$out/vllm/part-"
 fi
 tail -1 "$out/proj/contents.txt"
-# A device call carries the checkout (tracked and untracked-not-ignored files) with each piece, 64 MiB in
-# all: 60 MiB pieces (make-wheelhouse.sh's) were refused beside an 8 MB checkout. Every piece
-# plus today's checkout must leave MARGIN_MB (default 4) for the checkout's growth.
-root=$(cd "$here/../.." && pwd)
-tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-ls -la "$out"/*/part-* | awk -v max=$((piece * 1000000)) -v room=$(( 64 * 1048576 - ${tree:-0} - ${MARGIN_MB:-4} * 1000000 )) \
-  -v tree="${tree:-0}" '{s+=$5; if ($5 > max) big=big" "$9; if ($5 > room) wide=wide" "$9}
-  END {printf "%d pieces, %.0f MB; the checkout %.1f MB\n", NR, s/1e6, tree/1e6
-       if (big) {print "pieces over the limit:" big; exit 1}
-       if (wide) {printf "pieces that with the checkout (%.1f MB) and MARGIN_MB leave no room in a device call'"'"'s 64 MiB (give a smaller PIECE_MB):%s\n", tree/1e6, wide; exit 1}}'
+dirs=("$out/proj"); [ -d "$out/vllm" ] && [ -n "${VLLM_WHEELHOUSE:-}" ] && dirs+=("$out/vllm")
+"$here/check-pieces.sh" "$piece" "${dirs[@]}"
