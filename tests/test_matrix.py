@@ -19,6 +19,7 @@ from fedagent.report.matrix_table import (
     PAIRED_COLUMNS,
     auc,
     build_table,
+    episode_outcomes,
     markdown,
     newcombe_interval,
     t_interval,
@@ -246,6 +247,11 @@ def test_paired_columns_count_the_episodes_each_side_won_and_test_them_exactly(t
     runs[1]["start_eval"] = _eval_json(tmp_path / "other.json", start, seeds=list(range(10, 20)))
     with pytest.raises(ValueError, match="different episodes"):
         build_table(runs, "ref")
+    # an eval whose samples lack what pairing reads: named, not a bare KeyError
+    bad = tmp_path / "no-won.json"
+    bad.write_text(json.dumps({"samples": [{"seed": 0, "task_id": "t0"}]}))
+    with pytest.raises(ValueError, match=r"no-won\.json: a sample without 'won'"):
+        episode_outcomes(bad)
     # the CLI: one line naming the arm and seed, exit 2, no table
     import argparse
 

@@ -77,7 +77,12 @@ PAIRED_COLUMNS = ["start_gained", "start_lost", "start_p", "ref_gained", "ref_lo
 def episode_outcomes(eval_json: Path | str) -> dict[str, bool]:
     """Won or not per validation episode of an eval.json, keyed ``<seed>:<task_id>`` (its samples)."""
     samples = json.loads(Path(eval_json).read_text()).get("samples") or []
-    out = {f"{x['seed']}:{x['task_id']}": bool(x["won"]) for x in samples}
+    try:
+        out = {f"{x['seed']}:{x['task_id']}": bool(x["won"]) for x in samples}
+    except KeyError as exc:
+        raise ValueError(
+            f"{eval_json}: a sample without {exc}: pairing needs each episode's seed, task_id and won"
+        ) from None
     if not out or len(out) != len(samples):
         raise ValueError(f"{eval_json}: no per-episode samples with distinct (seed, task_id) to pair")
     return out

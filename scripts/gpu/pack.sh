@@ -48,5 +48,5 @@ if [ -n "${VLLM_WHEELHOUSE:-}" ]; then
   cat "$VLLM_WHEELHOUSE"/part-* | split -b "${piece}MB" -d -a 2 - "$out/vllm/part-"
 fi
 tail -1 "$out/proj/contents.txt"
-dirs=("$out/proj"); [ -d "$out/vllm" ] && [ -n "${VLLM_WHEELHOUSE:-}" ] && dirs+=("$out/vllm")
+dirs=("$out/proj"); [ -z "${VLLM_WHEELHOUSE:-}" ] || dirs+=("$out/vllm")
 "$here/check-pieces.sh" "$piece" "${dirs[@]}"
