@@ -289,6 +289,42 @@ def test_a_planner_search_that_blows_up_is_given_up_within_its_memory_budget():
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), (proc.returncode, proc.stderr[-2000:])
 
 
+def test_a_bounded_call_finds_the_same_room_whatever_its_caller_did_before():
+    """The planner's budget counts address-space growth, so its verdict on an attempt must not depend
+    on the generating process's past. A child forked from that process inherits its heap and fills the
+    free chunks earlier games left before it grows: one seed's catalogue differed between --jobs 1 and
+    --jobs 2 (three valid_seen attempts over the budget in one, under it in the other). Bounded calls
+    are forked from a zygote that never made a game: the same 48 MiB of small objects grows a child by
+    the same amount before and after this process freed ~200 MB of them."""
+    from fedagent.envs.alfworld import bounded
+
+    def grown() -> int:
+        kind, value, status = bounded.run("grow", {"mib": 48}, 512)
+        assert kind == "ok", (kind, value, status)
+        return value
+
+    fresh = grown()
+    junk = [bytes(1000) for _ in range(200_000)]
+    pinned = junk[::1000]  # the heap cannot shrink back: its free chunks stay in this process
+    del junk
+    after = grown()
+    assert pinned and fresh > 40 * 2**20, fresh
+    assert abs(after - fresh) < 2 * 2**20, (fresh, after)
+
+
+def test_a_bounded_call_over_its_budget_dies_and_the_caller_goes_on():
+    """The child's address space is bounded from what it had read: asking it to grow 64 MiB under a
+    16 MiB budget ends it (MemoryError, reported as such), and the zygote serves the next call."""
+    from fedagent.envs.alfworld import bounded
+
+    kind, _, _ = bounded.run("grow", {"mib": 64}, 16)
+    assert kind in ("memory", None), kind
+    kind, value, _ = bounded.run("grow", {"mib": 4}, 64)
+    assert kind == "ok" and value > 0, (kind, value)
+    with pytest.raises(ValueError, match="unknown bounded call"):
+        bounded.run("rm -rf", {}, 16)
+
+
 def test_planner_expert_plays_in_worker_processes(games_root, tmp_path):
     """The warm start's ALFWorld demos through an expert service whose envs (and planner libraries)
     live in 2 forked worker processes (``env.procs``): every game won by the planner's own plan. An

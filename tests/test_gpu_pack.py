@@ -115,8 +115,10 @@ def test_pack_games_carries_the_record_snakemake_reads(tmp_path):
         assert names == {f"{games}/games.json", f"{games}/manifest.json", record}, names
 
 
-def _node_run(tmp_path, *args, extra_env=None):
-    """scripts/gpu/node-run.sh in a scratch checkout, with a `snakemake` that prints its arguments."""
+def _node_run(tmp_path, *args, extra_env=None, session=False):
+    """scripts/gpu/node-run.sh in a scratch checkout, with a `snakemake` that prints its arguments.
+    ``session``: the call in its own process group, every process left in it killed when it returns (what a
+    device call's end does)."""
     import os
     import shutil
 
@@ -146,14 +148,21 @@ def _node_run(tmp_path, *args, extra_env=None):
     env.pop("CUBLAS_WORKSPACE_CONFIG", None)
     env.pop("DEADLINE", None)
     env.update(extra_env or {})
-    proc = subprocess.run(
-        ["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cmd = ["bash", "scripts/gpu/node-run.sh", "config/matrices/m.yaml", "60", *args]
+    if not session:
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    else:
+        import signal
+
+        popen = subprocess.Popen(
+            cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        stdout, stderr = popen.communicate(timeout=60)
+        try:
+            os.killpg(popen.pid, signal.SIGKILL)  # the call's session: what the call left running
+        except ProcessLookupError:
+            pass
+        proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     return proc, [line[4:] for line in proc.stdout.splitlines() if line.startswith("arg:")]
 
 
@@ -265,3 +274,34 @@ def test_a_piece_that_beside_the_checkout_passes_64_mib_is_named(tmp_path):
     assert "part-01" not in proc.stdout.split("PIECE_MB):")[1]
     over = _pieces(tmp_path / "b", {"part-00": 50_000_000}, 1_000, 48)
     assert over.returncode == 1 and "pieces over PIECE_MB:" in over.stdout
+
+
+def test_node_run_detached_snakemake_outlives_the_device_call(tmp_path):
+    """DETACH=1: a device call's end kills every process the call left in its session, and each stop of the
+    default mode killed the jobs in flight (two ALFWorld train jobs, ≈ 2 min each, at both of a run's call
+    boundaries). Snakemake runs in its own session instead: the first call returns 75 at its DEADLINE with
+    Snakemake still running, and the next call waits on that same Snakemake (started once) and returns its rc."""
+    import time
+
+    state, out1, out2 = tmp_path / "state", tmp_path / "out1", tmp_path / "out2"
+    out1.mkdir()
+    out2.mkdir()
+    common = {"DETACH": "1", "NODE_RUN_STATE": str(state), "FAKE_SNAKEMAKE_S": "6", "PACK_S": "0"}
+    first, _ = _node_run(
+        tmp_path, extra_env={**common, "OUT": str(out1), "DEADLINE": str(int(time.time()) + 2)}, session=True
+    )
+    assert first.returncode == 75, (first.stdout, first.stderr)
+    assert "still runs" in first.stdout
+    second, _ = _node_run(
+        tmp_path, extra_env={**common, "OUT": str(out2), "DEADLINE": str(int(time.time()) + 40)}, session=True
+    )
+    assert second.returncode == 0, (second.stdout, second.stderr)
+    assert "waiting on it" in second.stdout and "rc=0" in second.stdout
+    log = (out2 / "node-run.log").read_text()
+    assert log.count("snakemake started") == 1, log
+    assert [line[4:] for line in log.splitlines() if line.startswith("arg:")].count("--cores") == 1, log
+
+
+def test_node_run_detached_needs_out(tmp_path):
+    proc, _ = _node_run(tmp_path, extra_env={"DETACH": "1", "NODE_RUN_STATE": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "DETACH=1 needs OUT" in proc.stderr

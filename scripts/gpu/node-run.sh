@@ -10,6 +10,12 @@
 # socket under /tmp) started before Snakemake and stopped on exit; its log goes to $OUT too. Its
 # standby processes (WARM_STANDBY, default 3) warm CONFIGFILE's GPU calls (scripts/gpu/warm.sh).
 # First it checks that the run's env.kind imports and plays (node-setup.sh check; SKIP_ENV_CHECK=1 skips).
+# DETACH=1 (OUT set): Snakemake (with the warm server and the GPU sampler) runs in its own process session,
+# which a device call's end does not kill, so no job is lost at a call's boundary (each stop of the default
+# mode kills the jobs in flight: ≈ 2 min of two ALFWorld train jobs, twice, 2026-12-07). SECONDS is then
+# Snakemake's whole limit. The call starts it unless this run's is running already, waits on it until
+# DEADLINE (less PACK_S), packs what is there into $OUT and exits with Snakemake's rc, or 75 while it still
+# runs: call again (DETACH=1, within the node's idle release) to wait on the same Snakemake.
 set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
@@ -52,6 +58,50 @@ fi
 # exports it to the jobs; fedagent/model/determinism.py).
 for a in "$@"; do case "$a" in deterministic=[Tt]rue|deterministic=1) det=1 ;; deterministic=[Ff]alse|deterministic=0) det=0 ;; esac; done
 [ "$det" = 1 ] && export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
+# Results (no weights, no games), logs and benchmarks into $1.
+pack() {
+  if [ "$base" != - ] && [ -d "results/$run" ]; then
+    tar -czf "$1/run.tgz" --exclude='*.safetensors' --exclude='*/plan/games' --exclude='*/tokenizer.json' \
+      --exclude='*/samples.jsonl' "results/$run"
+    for f in table.csv table.md curves.png; do cp "results/$run/$f" "$1/" 2>/dev/null; done
+  elif [ -d "results/$run" ]; then
+    tar -czf "$1/run.tgz" --exclude='*.safetensors' --exclude="results/$run/plan/games" \
+      --exclude='*/tokenizer.json' "results/$run"
+    cp "results/$run/summary.csv" "$1/" 2>/dev/null; cp "results/$run/curves.png" "$1/" 2>/dev/null
+    last=$(ls -d "results/$run"/round_* 2>/dev/null | tail -1)   # its timings.csv has every round's row
+    [ -n "$last" ] && cp "$last/timings.csv" "$1/" 2>/dev/null
+  fi
+  return 0
+}
+stop_s=${STOP_S:-30}
+if [ "${DETACH:-0}" = 1 ]; then
+  [ -n "${OUT:-}" ] || { echo "node-run.sh: DETACH=1 needs OUT (where each call packs what the run has)" >&2; exit 2; }
+  state=${NODE_RUN_STATE:-/tmp/fa-node-run}/$run; mkdir -p "$state"
+  pid=$(cat "$state/pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "node-run.sh: $run's Snakemake runs already (pid $pid, started by an earlier call): waiting on it"
+  else
+    rm -f "$state/rc" "$state/pid"
+    # This script again, in a new session (setsid), in the default mode with no DEADLINE: it owns the warm
+    # server, the sampler and Snakemake, packs into $state when Snakemake ends and writes its rc there.
+    setsid env DETACH=0 DEADLINE= SKIP_ENV_CHECK=1 OUT="$state" NODE_RUN_RC="$state/rc" \
+      bash scripts/gpu/node-run.sh "$cfg" "$limit" "$@" >> "$state/node-run.log" 2>&1 < /dev/null &
+    pid=$!; echo "$pid" > "$state/pid"
+    echo "node-run.sh: $run's Snakemake started in its own session (pid $pid, limit $limit s; log $state/node-run.log)"
+  fi
+  end=$(( ${DEADLINE:-$(( $(date +%s) + limit + stop_s + 5 ))} - ${PACK_S:-30} ))
+  while [ ! -f "$state/rc" ] && kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
+  pack "$OUT"
+  for f in node-run.log gpu-util.csv warm-server.log; do cp "$state/$f" "$OUT/" 2>/dev/null; done
+  if [ -f "$state/rc" ]; then
+    rc=$(cat "$state/rc"); rm -f "$state/pid" "$state/rc"
+    echo "node-run.sh: $run's Snakemake ended: rc=$rc"; exit "$rc"
+  fi
+  if ! kill -0 "$pid" 2>/dev/null; then
+    rm -f "$state/pid"; echo "node-run.sh: $run's Snakemake (pid $pid) ended without writing its rc" >&2; exit 1
+  fi
+  echo "node-run.sh: $run's Snakemake still runs (pid $pid): call again with DETACH=1 to wait on it"; exit 75
+fi
 WARM_CONFIG=${WARM_CONFIG:-$warm_cfg} source scripts/gpu/warm.sh
 # GPU utilisation and memory every second while Snakemake runs ($OUT/gpu-util.csv; GPU_SAMPLE=0: off).
 if [ -n "${OUT:-}" ] && [ "${GPU_SAMPLE:-1}" = 1 ] && command -v nvidia-smi >/dev/null; then
@@ -76,7 +126,6 @@ fi
 # a call that ran `node-setup.sh install` first and gave node-run.sh 515 s of its 600 was cut off while
 # packing, and its run.tgz never came back (node, 2026-12-06). Set it first thing in the call:
 #   DEADLINE=$(( $(date +%s) + 595 )) ...; OUT=$OUT DEADLINE=$DEADLINE scripts/gpu/node-run.sh CONFIG 600
-stop_s=${STOP_S:-30}
 if [ -n "${DEADLINE:-}" ]; then
   left=$(( DEADLINE - $(date +%s) - stop_s - ${PACK_S:-30} ))
   if [ "$left" -lt 1 ]; then
@@ -90,15 +139,6 @@ timeout --signal=INT --kill-after="$stop_s" "$limit" snakemake --profile profile
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - t0 )) s (ended $(date -u +%FT%T))"
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
-if [ -n "${OUT:-}" ] && [ "$base" != - ] && [ -d "results/$run" ]; then
-  tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude='*/plan/games' --exclude='*/tokenizer.json' \
-    --exclude='*/samples.jsonl' "results/$run"
-  for f in table.csv table.md curves.png; do cp "results/$run/$f" "$OUT/" 2>/dev/null; done
-elif [ -n "${OUT:-}" ] && [ -d "results/$run" ]; then
-  tar -czf "$OUT/run.tgz" --exclude='*.safetensors' --exclude="results/$run/plan/games" \
-    --exclude='*/tokenizer.json' "results/$run"
-  cp "results/$run/summary.csv" "$OUT/" 2>/dev/null; cp "results/$run/curves.png" "$OUT/" 2>/dev/null
-  last=$(ls -d "results/$run"/round_* 2>/dev/null | tail -1)   # its timings.csv has every round's row
-  [ -n "$last" ] && cp "$last/timings.csv" "$OUT/" 2>/dev/null
-fi
+[ -n "${OUT:-}" ] && pack "$OUT"
+[ -n "${NODE_RUN_RC:-}" ] && echo "$rc" > "$NODE_RUN_RC.tmp" && mv "$NODE_RUN_RC.tmp" "$NODE_RUN_RC"
 exit $rc   # (WARM=1: the EXIT trap stops the warm server)

@@ -234,44 +234,26 @@ def task_dir_name(spec: GameSpec) -> str:
 def solve(game: dict, max_steps: int = 60) -> list[str] | None:
     """The planner's policy commands at reset, if following them (all admissible) wins; else None.
 
-    The planner (fast-downward's lazy search, no bound of its own) runs in a forked child whose
-    address space may grow by at most :data:`PLANNER_MEM_MB` over the fork's: on some problems its
-    search never ends (train[83] of data_seed 42, two cups into the fridge of a room with 40
-    openable receptacles, grew past 3.4 GB in 12 minutes), so such an attempt counts as unsolvable
-    and :func:`make_game` draws the next one. Memory, not time, is the bound: the search's memory
-    is a function of the problem (and the planner's build), so every machine, loaded or not, gives
-    up on the same attempts, but for one whose need lies within a few MiB of the budget (the
-    Python translation's share differs a little between Python versions; solved games mostly need
-    41-77 MiB). Each attempt's planner library is loaded in the child and gone with it (no
-    library copy piles up in the generating process). Any other error in the child is raised here.
+    The planner (fast-downward's lazy search, no bound of its own) runs in a child process whose
+    address space may grow by at most :data:`PLANNER_MEM_MB` once it has read the game: on some
+    problems its search never ends (train[83] of data_seed 42, two cups into the fridge of a room with
+    40 openable receptacles, grew past 3.4 GB in 12 minutes), so such an attempt counts as unsolvable
+    and :func:`make_game` draws the next one. Memory, not time, is the bound: the search's memory is a
+    function of the problem (and the planner's build), so every machine, loaded or not, gives up on the
+    same attempts, but for one whose need lies within a few MiB of the budget on another Python or
+    libc (solved games mostly need 41-77 MiB). The child is forked from a zygote that never made a game
+    (:mod:`.bounded`), not from this process, so what it finds free does not depend on the games this
+    process made before: the same verdicts for any ``--jobs``. Each attempt's planner library is loaded
+    in the child and gone with it. Any other error in the child is raised here.
     """
     import os
     import signal
     import sys
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: solve, send the result, exit at once
-        status = 1
-        try:
-            os.close(r)
-            _limit_address_space(PLANNER_MEM_MB)
-            try:
-                out = ["ok", _solve(game, max_steps)]
-            except MemoryError:
-                out = ["memory", None]
-            except BaseException as exc:  # noqa: BLE001 - raised again in the parent
-                out = ["error", f"{type(exc).__name__}: {exc}"]
-            with os.fdopen(w, "wb") as f:
-                f.write(json.dumps(out).encode())
-            status = 0
-        finally:
-            os._exit(status)  # no atexit (fast-downward's C++ destructors)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        raw = f.read()
-    _, status = os.waitpid(pid, 0)
-    if not raw:
+    from fedagent.envs.alfworld import bounded
+
+    kind, value, status = bounded.run("solve", {"game": game, "max_steps": max_steps}, PLANNER_MEM_MB)
+    if kind is None:
         # Over the budget: bad_alloc -> std::terminate -> SIGABRT, or fast-downward's own
         # out-of-memory exit. Any other death (SIGSEGV, the OOM killer's SIGKILL) is not a verdict
         # on the game: raised, so that no catalogue silently depends on it.
@@ -285,7 +267,6 @@ def solve(game: dict, max_steps: int = 60) -> list[str] | None:
             flush=True,
         )
         return None
-    kind, value = json.loads(raw)
     if kind == "error":
         raise RuntimeError(f"solving {_problem_name(game)}: {value}")
     if kind == "memory":
@@ -303,17 +284,9 @@ def _problem_name(game: dict) -> str:
     return head.split("(problem", 1)[-1].strip(" )") or "?"
 
 
-def _limit_address_space(mem_mb: int) -> None:
-    """Let this process's address space grow by ``mem_mb`` MiB at most (soft RLIMIT_AS)."""
-    import resource
-
-    with open("/proc/self/status") as f:
-        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = size + int(mem_mb) * 2**20
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+def solve_payload(payload: dict) -> list[str] | None:
+    """:func:`_solve` on a bounded call's input (``{"game", "max_steps"}``, :mod:`.bounded`)."""
+    return _solve(payload["game"], int(payload["max_steps"]))
 
 
 def _solve(game: dict, max_steps: int) -> list[str] | None:
