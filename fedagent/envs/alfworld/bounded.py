@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,15 +50,17 @@ class Zygote:
     """One zygote process and the pipe to it; ``call`` runs one bounded call (one at a time)."""
 
     def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="fedagent-bounded-")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            # the folder is the zygote's too: it removes it when its stdin closes (a forked pool worker
+            # ends with os._exit, without this process's atexit)
+            [sys.executable, "-m", __name__, self._dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             # the planner's own messages (and a child's traceback) go where the caller's go
             stderr=None,
         )
         self._lock = threading.Lock()
-        self._dir = tempfile.mkdtemp(prefix="fedagent-bounded-")
         self.pid = os.getpid()  # the process that started it (a fork of that process starts its own)
 
     def call(self, func: str, payload, mem_mb: int) -> tuple[str | None, object, int]:
@@ -90,12 +93,7 @@ class Zygote:
             self._proc.wait(timeout=10)
         except Exception:  # noqa: BLE001 - best effort at exit
             self._proc.kill()
-        for name in ("in.json", "out.json"):
-            Path(self._dir, name).unlink(missing_ok=True)
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _ZYGOTE: Zygote | None = None
@@ -154,8 +152,9 @@ def _resolve(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _serve() -> int:
-    """The zygote: import every call, then fork one child per request line until stdin closes."""
+def _serve(workdir: str) -> int:
+    """The zygote: import every call, then fork one child per request line until stdin closes; then
+    remove ``workdir`` (the caller's input and output files)."""
     import importlib
 
     for module in PRELOAD:
@@ -165,6 +164,7 @@ def _serve() -> int:
     while True:
         line = stdin.readline()
         if not line:
+            shutil.rmtree(workdir, ignore_errors=True)
             return 0
         req = json.loads(line)
         pid = os.fork()
@@ -190,4 +190,4 @@ def _serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    sys.exit(_serve(sys.argv[1]))
