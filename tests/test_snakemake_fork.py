@@ -34,7 +34,9 @@ def test_a_forked_run_prints_and_exits_as_a_fresh_process(tmp_path):
         forked = snakemake_run(cmd, work, env, 300)
         fresh = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
         assert forked.returncode == fresh.returncode, (args, forked.stderr[-2000:], fresh.stderr[-2000:])
-        assert _stable(forked.stdout) == _stable(fresh.stdout), args
+        # the same lines; not their order: a dry run lists jobs that are ready together in an order Snakemake
+        # does not fix (`rule select:` before `rule games:` in one of three suite runs of 2026-12-07)
+        assert sorted(_stable(forked.stdout)) == sorted(_stable(fresh.stdout)), args
         assert _stable(forked.stderr) == _stable(fresh.stderr), args
     assert forked.returncode != 0 and "train.lr" in forked.stderr  # the second: refused, naming the key
     # One server for every environment with the same start-up variables (pytest's PYTEST_CURRENT_TEST
