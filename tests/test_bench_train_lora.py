@@ -36,3 +36,17 @@ def test_the_lora_modes_train_only_adapters_and_count_no_base_weight_gradients(b
     assert lora["flops_per_step"] < full["flops_per_step"]
     for row in (full, lora):
         assert row["step_s"] > 0 and row["micro_batch_rows"] == 2
+
+
+def test_lora_ops_counts_the_adapters_operators_per_layer():
+    """bench/lora_ops.py: a LoRA client's micro-batch runs more operators than the full fine-tune's, in
+    proportion to the layers (the adapters' own products, casts and gradients), and peft's input casting
+    off runs fewer again."""
+    spec = importlib.util.spec_from_file_location("lora_ops", REPO / "bench" / "lora_ops.py")
+    ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ops)
+    one = {v: ops.count(v, 1, 2, 16) for v in ("full", "lora", "lora_nocast")}
+    assert one["lora"] > one["full"] and one["lora_nocast"] < one["lora"], one
+    # the extra operators grow by the same number with each layer (the adapters are per layer)
+    extra = [ops.count("lora", n, 2, 16) - ops.count("full", n, 2, 16) for n in (1, 2, 3)]
+    assert extra[0] > 0 and extra[2] - extra[1] == extra[1] - extra[0] > 0, extra
