@@ -336,6 +336,12 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
     lines = (a / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 2 * 3
     assert {"epoch", "group", "seed", "task_id", "turns", "return", "won"} <= set(json.loads(lines[0]))
+    # group_wins: every group of every epoch counted once, by how many of its rollouts won (samples.jsonl)
+    wins: dict = {}
+    for rec in map(json.loads, lines):
+        wins[(rec["epoch"], rec["group"])] = wins.get((rec["epoch"], rec["group"]), 0) + int(rec["won"])
+    expected = {str(k): sum(1 for w in wins.values() if w == k) for k in range(p.group_size + 1)}
+    assert ma["group_wins"] == expected and sum(expected.values()) == ma["groups"], (ma["group_wins"], expected)
     # Another round or client draws other tasks.
     assert epoch_task_seeds(p, 2, 0, 0) != epoch_task_seeds(p, 1, 0, 0) != epoch_task_seeds(p, 1, 1, 0)
 

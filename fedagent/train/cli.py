@@ -145,6 +145,7 @@ LOGGED_METRICS = (
     "kl",
     "groups",
     "groups_nonzero_advantage",
+    "group_wins",
     "samples_nonzero_reward",
     "wall_time_s",
     "update_transform",

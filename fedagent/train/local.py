@@ -215,6 +215,9 @@ def _train_client(
     n_samples = n_tokens = n_prompt_tokens = 0
     returns, wins = [], []
     groups_total = groups_signal = samples_rewarded = 0
+    # The groups by how many of their group_size rollouts won (metrics' group_wins): all lost (0) and all won
+    # (group_size) carry no episode-level signal; the mixed ones show whether wins or losses dominate them.
+    group_wins = [0] * (p.group_size + 1)
     estimator_stats: dict[str, Any] = {}  # the estimator's own epoch metrics, summed (GiGPO's step groups)
     for epoch in range(p.epochs):
         seeds = epoch_task_seeds(p, round, client, epoch)
@@ -299,6 +302,11 @@ def _train_client(
         n_samples += len(samples)
         n_tokens += sum(s.trained_count() for s in samples)
         n_prompt_tokens += sum(len(s.prompt_ids) for s in samples)
+        wins_of: dict[int, int] = {}
+        for tr, g in zip(trajs, groups):
+            wins_of[g] = wins_of.get(g, 0) + int(bool(tr.won))
+        for k in wins_of.values():
+            group_wins[k] += 1
         for tr, g in zip(trajs, groups):
             returns.append(tr.episode_return)
             wins.append(tr.won)
@@ -337,6 +345,7 @@ def _train_client(
     if critic is None:
         # GRPO learns only from groups whose samples differ: the share that carried signal.
         metrics.update(groups=groups_total, groups_nonzero_advantage=groups_signal)
+        metrics["group_wins"] = {str(k): n for k, n in enumerate(group_wins)}
         if estimator_stats:
             metrics[estimator.name] = estimator_stats
     else:
