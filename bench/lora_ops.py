@@ -44,29 +44,19 @@ def leaf_ops(model, rows: int, seq: int, vocab: int) -> int:
 
 def build(variant: str, layers: int):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from fedagent.model.base_model_tiny import build_model
     from fedagent.model.lora import LoraSettings, add_adapters
     from fedagent.train.actor import bf16_reference, checkpoint_activations
 
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    vocab = 512
+    model = build_model(vocab, seed=0, layers=layers)  # the tiny model's Llama shape, seeded weights
     if variant != "full":  # the GPU path's LoRA client: the base's linear weights bf16, then the adapters
         bf16_reference(model)
         add_adapters(model, LoraSettings(rank=16, alpha=32.0), torch.Generator().manual_seed(1))
     checkpoint_activations(model)
     model.train()
-    return model, cfg.vocab_size
+    return model, vocab
 
 
 def count(variant: str, layers: int, rows: int, seq: int) -> int:

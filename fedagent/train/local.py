@@ -305,12 +305,11 @@ def _train_client(
         wins_of: dict[int, int] = {}
         for tr, g in zip(trajs, groups):
             wins_of[g] = wins_of.get(g, 0) + int(bool(tr.won))
-        for k in wins_of.values():
-            group_wins[k] += 1
-        for tr, g in zip(trajs, groups):
             returns.append(tr.episode_return)
             wins.append(tr.won)
             records.append({"epoch": epoch, "group": g, **tr.summary()})
+        for k in wins_of.values():
+            group_wins[k] += 1
     if sampler is not None and sampler.first_token_time is not None:
         clock.set("first_token", sampler.first_token_time)
     metrics = {
