@@ -17,7 +17,12 @@ for ``--cores`` (the node's 16), the wall time of the env side if the work sprea
 a lockstep batch waits for its slowest worker, and the GPU's turns come on top).
 
     python bench/alfworld_env.py --games results/gpu-alfworld/plan/games \\
-        --config config/experiments/gpu-alfworld.yaml [--tasks 12] [--steps 6]
+        --config config/experiments/gpu-alfworld.yaml [--tasks 12] [--steps 6] [--parse-cache both]
+
+``--parse-cache`` (``on`` by default, as the env plays): TextWorld's grammar parses memoized
+(:mod:`fedagent.envs.alfworld.parse_cache`); ``off``: TextWorld's own parsing; ``both``: off, then on,
+in this process on the same games and actions, with each call's ratio off/on and whether every
+observation and admissible-command list came out the same.
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ def _cpu(fn, *args):
     return out, time.process_time() - t
 
 
-def measure(games: Path, n_tasks: int, n_steps: int, seed: int) -> dict:
-    """Median CPU seconds per call (load+reset, reset, step, expert reset, expert step) on n_tasks games."""
+def measure(games: Path, n_tasks: int, n_steps: int, seed: int, seen: list | None = None) -> dict:
+    """Median CPU seconds per call (load+reset, reset, step, expert reset, expert step) on n_tasks games;
+    ``seen`` (a list) gets every call's observation and admissible commands."""
     from fedagent.envs.alfworld.catalogue import source_from_catalogue
+
+    seen = [] if seen is None else seen
 
     source, _split = source_from_catalogue(games, "train")
     tasks = source.task_ids("train")[:n_tasks]
@@ -56,10 +64,12 @@ def measure(games: Path, n_tasks: int, n_steps: int, seed: int) -> dict:
         _, dt = _cpu(env.reset, tid)
         costs["reset"].append(dt)
         admissible = res.admissible_commands
+        seen.append((res.observation, admissible))
         for _ in range(n_steps):
             step, dt = _cpu(env.step, rng.choice(admissible))
             costs["step"].append(dt)
             admissible = step.admissible_commands
+            seen.append((step.observation, admissible))
     env.close()
     expert = source.make_env(50, policy_commands=True)
     plan_lens = []
@@ -70,6 +80,7 @@ def measure(games: Path, n_tasks: int, n_steps: int, seed: int) -> dict:
         while (action := expert.expert_action()) is not None:
             step, dt = _cpu(expert.step, action)
             costs["expert_step"].append(dt)
+            seen.append((step.observation, step.admissible_commands))
             if step.done:
                 break
     expert.close()
@@ -140,8 +151,26 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--cores", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parse-cache", choices=("on", "off", "both"), default="on")
     args = ap.parse_args()
-    out = measure(args.games, args.tasks, args.steps, args.seed)
+    from fedagent.envs.alfworld import parse_cache
+
+    if args.parse_cache == "both":
+        parse_cache.set_enabled(False)
+        seen_off, seen_on = [], []
+        off = measure(args.games, args.tasks, args.steps, args.seed, seen_off)
+        parse_cache.set_enabled(True)
+        out = measure(args.games, args.tasks, args.steps, args.seed, seen_on)
+        out["parse_cache_off"] = off
+        out["off_over_on_mean_cpu"] = {
+            k: round(off["mean_cpu_s"][k] / v, 3) for k, v in out["mean_cpu_s"].items() if v > 0
+        }
+        out["same_observations"] = seen_off == seen_on
+    else:
+        # measure() opens its envs through fedagent.envs.alfworld.env.open_game, which installs the cache
+        parse_cache.set_enabled(args.parse_cache == "on")
+        out = measure(args.games, args.tasks, args.steps, args.seed)
+    out["parse_cache"] = args.parse_cache
     if args.config:
         out["projection"] = project(_config(args.config), out["mean_cpu_s"], out["plan_len_mean"], args.cores)
     print(json.dumps(out, indent=1))

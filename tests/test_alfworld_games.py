@@ -367,3 +367,47 @@ def test_planner_expert_plays_in_worker_processes(games_root, tmp_path):
     for tid, t in zip(ids, trajs):
         assert t.won, t.summary()
         assert [turn.action for turn in t.turns] == _walkthrough(source, tid)
+
+
+def _play_random(source, ids, steps, seed):
+    """Every observation and admissible-command list of a seeded random walk in each game."""
+    import random
+
+    rng, seen = random.Random(seed), []
+    env = source.make_env(max_turns=50)
+    try:
+        for tid in ids:
+            reset = env.reset(tid)
+            admissible = reset.admissible_commands
+            seen.append((reset.observation, admissible))
+            for _ in range(steps):
+                step = env.step(rng.choice(admissible))
+                admissible = step.admissible_commands
+                seen.append((step.observation, admissible, step.reward, step.done))
+    finally:
+        env.close()
+    return seen
+
+
+def test_memoized_grammar_parsing_plays_every_game_as_textworld_does(games_root):
+    """fedagent.envs.alfworld.parse_cache: the same observations and admissible commands, step for
+    step, with TextWorld's own parsing and with the memoized one (which answers most parses from
+    its cache). Seen failing with the cached parse handed out without a copy (derive sets a context on
+    the symbols it is given, so a later derivation read an earlier one's)."""
+    from fedagent.envs.alfworld import parse_cache
+
+    source = _source(games_root)
+    ids = source.task_ids("train")
+    try:
+        parse_cache.set_enabled(False)
+        plain = _play_random(source, ids, 6, seed=3)
+        parse_cache.set_enabled(True)
+        before = parse_cache.stats()
+        cached = _play_random(source, ids, 6, seed=3)
+        after = parse_cache.stats()
+    finally:
+        parse_cache.set_enabled(True)
+    assert cached == plain
+    assert len(plain) == len(ids) * 7
+    hits = {k: after[k][0] - before.get(k, (0, 0))[0] for k in after}
+    assert hits["textgen"] > 100 and hits["logic"] > 100, hits

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Mapping
 
-from fedagent.envs.alfworld import assets
+from fedagent.envs.alfworld import assets, parse_cache
 from fedagent.envs.base import ResetResult, StepResult
 from fedagent.envs.textworld.env import engine_text  # the same Z-machine/TextWorld engine underneath
 
@@ -51,6 +51,7 @@ def open_game(game: str | Path | Mapping | None = None, *, policy_commands: bool
     """A wrapped PddlEnv (demangler + infos), with ``game`` (path or game dict) loaded if given."""
     from textworld.envs.pddl import PddlEnv
 
+    parse_cache.install()  # TextWorld re-parses its grammar's strings every step: memoized, same text
     demangler, infos = assets.wrappers()
     with locked():
         env = infos(demangler(PddlEnv(_request_infos(policy_commands)), shuffle=False))

@@ -1,0 +1,82 @@
+"""Memoized TextWorld grammar parsing for ALFWorld's PDDL engine.
+
+TextWorld's PDDL env builds each step's text (the feedback and every admissible command) by
+deriving grammar templates, and ``ContextSensitiveGrammar.derive`` re-parses its template string
+with a TatSu PEG parser on every call; the logic layer likewise re-parses the same rule and query
+strings (``Rule.parse_conjunctive_query``) each step. The strings come from a fixed grammar, so
+one ALFWorld step spent most of its ≈ 0.3 s in TatSu parsing the same few hundred strings again
+(``bench/alfworld_step.py``). TextWorld has no cache of its own; this module wraps the two
+module-level ``_parse_and_convert`` functions with a bounded ``functools.lru_cache`` and hands
+each caller a deep copy of the cached parse, since ``derive`` and ``replace`` set a context on the
+symbols they are given. The parse is a pure function of its arguments, so a copy of a cached
+result equals a fresh parse: the games play out byte for byte as before (pinned in
+``tests/test_alfworld_parse_cache.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+
+CACHE_SIZE = 8192  # distinct template/query strings kept per parser (ALFWorld's grammar: hundreds)
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, object] = {}
+_ENABLED = [True]  # set_enabled(False): TextWorld's own parsing in this process (benchmarks, tests)
+
+
+def _memoized(parse):
+    @functools.lru_cache(maxsize=CACHE_SIZE)
+    def cached(args: tuple, kwargs: tuple):
+        return parse(*args, **dict(kwargs))
+
+    @functools.wraps(parse)
+    def wrapper(*args, **kwargs):
+        try:
+            key = (args, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:  # an unhashable argument: parse it as TextWorld would
+            return parse(*args, **kwargs)
+        return copy.deepcopy(cached(*key))
+
+    wrapper.cache_info = cached.cache_info
+    wrapper.uncached = parse
+    return wrapper
+
+
+def install() -> None:
+    """Wrap TextWorld's template and logic parsers (once per process; idempotent; a no-op after
+    ``set_enabled(False)``). :func:`fedagent.envs.alfworld.env.open_game` calls it."""
+    with _LOCK:
+        if _INSTALLED or not _ENABLED[0]:
+            return
+        import textworld.envs.pddl.textgen as textgen
+        import textworld.logic as logic
+
+        for name, module in (("textgen", textgen), ("logic", logic)):
+            wrapped = _memoized(module._parse_and_convert)
+            module._parse_and_convert = wrapped
+            _INSTALLED[name] = wrapped
+
+
+def set_enabled(enabled: bool) -> None:
+    """Memoize (True: installed now) or parse as TextWorld does (False: uninstalled, and
+    :func:`install` does nothing until enabled again)."""
+    _ENABLED[0] = bool(enabled)
+    (install if enabled else _uninstall)()
+
+
+def _uninstall() -> None:
+    with _LOCK:
+        import textworld.envs.pddl.textgen as textgen
+        import textworld.logic as logic
+
+        for name, module in (("textgen", textgen), ("logic", logic)):
+            wrapped = _INSTALLED.pop(name, None)
+            if wrapped is not None:
+                module._parse_and_convert = wrapped.uncached
+
+
+def stats() -> dict[str, tuple[int, int]]:
+    """(hits, misses) per wrapped parser."""
+    return {name: (w.cache_info().hits, w.cache_info().misses) for name, w in _INSTALLED.items()}
