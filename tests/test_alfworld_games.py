@@ -391,8 +391,8 @@ def _play_random(source, ids, steps, seed):
 
 def test_memoized_grammar_parsing_plays_every_game_as_textworld_does(games_root):
     """fedagent.envs.alfworld.parse_cache: the same observations and admissible commands, step for
-    step, with TextWorld's own parsing and with the memoized one (which answers most parses from
-    its cache). Seen failing with the cached parse handed out without a copy (derive sets a context on
+    step, with TextWorld's own parsing and PDDL translation and with the memoized ones (which answer
+    most parses, and each reset's translations, from their caches). Seen failing with the cached parse handed out without a copy (derive sets a context on
     the symbols it is given, so a later derivation read an earlier one's)."""
     from fedagent.envs.alfworld import parse_cache
 
@@ -411,3 +411,4 @@ def test_memoized_grammar_parsing_plays_every_game_as_textworld_does(games_root)
     assert len(plain) == len(ids) * 7
     hits = {k: after[k][0] - before.get(k, (0, 0))[0] for k in after}
     assert hits["textgen"] > 100 and hits["logic"] > 100, hits
+    assert hits["pddl2sas"] >= 2 * len(ids), hits  # each reset's two translations come from its load

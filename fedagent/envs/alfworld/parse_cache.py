@@ -1,4 +1,4 @@
-"""Memoized TextWorld grammar parsing for ALFWorld's PDDL engine.
+"""Memoized TextWorld grammar parsing and PDDL translation for ALFWorld's engine.
 
 TextWorld's PDDL env builds each step's text (the feedback and every admissible command) by
 deriving grammar templates, and ``ContextSensitiveGrammar.derive`` re-parses its template string
@@ -10,7 +10,13 @@ module-level ``_parse_and_convert`` functions with a bounded ``functools.lru_cac
 each caller a deep copy of the cached parse, since ``derive`` and ``replace`` set a context on the
 symbols they are given. The parse is a pure function of its arguments, so a copy of a cached
 result equals a fresh parse: the games play out byte for byte as before (pinned in
-``tests/test_alfworld_parse_cache.py``).
+``tests/test_alfworld_games.py``).
+
+The PDDL translation (``fast_downward.pddl2sas``, twice per state: plain and ``optimize=True``) runs
+at a game's load and again at every reset, on the same domain and problem text: more than half of
+a load + reset. It is a pure function of its arguments too (it sets the translator's module options
+it reads on every call), so it is memoized the same way (a few games per process; the task object
+deep-copied out, the SAS text is a string).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ import functools
 import threading
 
 CACHE_SIZE = 8192  # distinct template/query strings kept per parser (ALFWorld's grammar: hundreds)
+PDDL_CACHE_SIZE = 16  # translated (domain, problem, optimize) of the games a process played last
 _LOCK = threading.Lock()
 _INSTALLED: dict[str, object] = {}
 _ENABLED = [True]  # set_enabled(False): TextWorld's own parsing in this process (benchmarks, tests)
 
 
-def _memoized(parse):
-    @functools.lru_cache(maxsize=CACHE_SIZE)
+def _memoized(parse, size: int = CACHE_SIZE):
+    @functools.lru_cache(maxsize=size)
     def cached(args: tuple, kwargs: tuple):
         return parse(*args, **dict(kwargs))
 
@@ -44,18 +51,29 @@ def _memoized(parse):
     return wrapper
 
 
+def _targets():
+    """(name, module, attribute, cache size) of each wrapped function. TextWorld's PDDL state calls
+    ``fast_downward.pddl2sas`` through the module, so the module attribute is the one to wrap."""
+    import fast_downward
+    import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as logic
+
+    return (
+        ("textgen", textgen, "_parse_and_convert", CACHE_SIZE),
+        ("logic", logic, "_parse_and_convert", CACHE_SIZE),
+        ("pddl2sas", fast_downward, "pddl2sas", PDDL_CACHE_SIZE),
+    )
+
+
 def install() -> None:
-    """Wrap TextWorld's template and logic parsers (once per process; idempotent; a no-op after
+    """Wrap TextWorld's template and logic parsers and the PDDL translation (once per process; idempotent; a no-op after
     ``set_enabled(False)``). :func:`fedagent.envs.alfworld.env.open_game` calls it."""
     with _LOCK:
         if _INSTALLED or not _ENABLED[0]:
             return
-        import textworld.envs.pddl.textgen as textgen
-        import textworld.logic as logic
-
-        for name, module in (("textgen", textgen), ("logic", logic)):
-            wrapped = _memoized(module._parse_and_convert)
-            module._parse_and_convert = wrapped
+        for name, module, attr, size in _targets():
+            wrapped = _memoized(getattr(module, attr), size)
+            setattr(module, attr, wrapped)
             _INSTALLED[name] = wrapped
 
 
@@ -68,13 +86,10 @@ def set_enabled(enabled: bool) -> None:
 
 def _uninstall() -> None:
     with _LOCK:
-        import textworld.envs.pddl.textgen as textgen
-        import textworld.logic as logic
-
-        for name, module in (("textgen", textgen), ("logic", logic)):
+        for name, module, attr, _size in _targets():
             wrapped = _INSTALLED.pop(name, None)
             if wrapped is not None:
-                module._parse_and_convert = wrapped.uncached
+                setattr(module, attr, wrapped.uncached)
 
 
 def stats() -> dict[str, tuple[int, int]]:
