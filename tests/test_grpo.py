@@ -342,6 +342,15 @@ def test_train_client_is_byte_identical_and_writes_the_update(tiny_dir, tmp_path
         wins[(rec["epoch"], rec["group"])] = wins.get((rec["epoch"], rec["group"]), 0) + int(rec["won"])
     expected = {str(k): sum(1 for w in wins.values() if w == k) for k in range(p.group_size + 1)}
     assert ma["group_wins"] == expected and sum(expected.values()) == ma["groups"], (ma["group_wins"], expected)
+    # by_epoch: each epoch's own success (samples.jsonl) and its steps' mean entropy and KL
+    recs = [json.loads(line) for line in lines]
+    for e in range(2):
+        mine = [r for r in recs if r["epoch"] == e]
+        got = ma["by_epoch"][str(e)]
+        assert got["success_rate"] == sum(bool(r["won"]) for r in mine) / len(mine), (e, got)
+        ent = [s["entropy"] for s in ma["steps"] if s["epoch"] == e]
+        assert math.isclose(got["entropy"], math.fsum(ent) / len(ent), rel_tol=1e-12), (e, got)
+    assert set(ma["by_epoch"]) == {"0", "1"}
     # Another round or client draws other tasks.
     assert epoch_task_seeds(p, 2, 0, 0) != epoch_task_seeds(p, 1, 0, 0) != epoch_task_seeds(p, 1, 1, 0)
 

@@ -146,6 +146,7 @@ LOGGED_METRICS = (
     "groups",
     "groups_nonzero_advantage",
     "group_wins",
+    "by_epoch",
     "samples_nonzero_reward",
     "wall_time_s",
     "update_transform",

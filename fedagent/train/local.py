@@ -218,6 +218,9 @@ def _train_client(
     # The groups by how many of their group_size rollouts won (metrics' group_wins): all lost (0) and all won
     # (group_size) carry no episode-level signal; the mixed ones show whether wins or losses dominate them.
     group_wins = [0] * (p.group_size + 1)
+    # Each epoch's own success, return and update statistics (metrics' by_epoch): whether a job's
+    # rollouts get better or worse as its own updates land, apart from what the round started from.
+    by_epoch: dict[str, dict[str, float]] = {}
     estimator_stats: dict[str, Any] = {}  # the estimator's own epoch metrics, summed (GiGPO's step groups)
     for epoch in range(p.epochs):
         seeds = epoch_task_seeds(p, round, client, epoch)
@@ -310,6 +313,7 @@ def _train_client(
             records.append({"epoch": epoch, "group": g, **tr.summary()})
         for k in wins_of.values():
             group_wins[k] += 1
+        by_epoch[str(epoch)] = _epoch_summary(trajs, [st for st in steps if st["epoch"] == epoch])
     if sampler is not None and sampler.first_token_time is not None:
         clock.set("first_token", sampler.first_token_time)
     metrics = {
@@ -341,6 +345,7 @@ def _train_client(
         metrics.update(gpu_peak_mib(p.device))
         if sampler is not None:  # the static shapes against the prompts' real lengths
             metrics["sampler"] = sampler.stats()
+    metrics["by_epoch"] = by_epoch
     if critic is None:
         # GRPO learns only from groups whose samples differ: the share that carried signal.
         metrics.update(groups=groups_total, groups_nonzero_advantage=groups_signal)
@@ -412,6 +417,20 @@ def _fill(model, state: dict, source: Path) -> None:
         )
     if tied and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
         raise ValueError(f"{source}: the policy copy lost its tied LM head; cannot fill it from the embedding")
+
+
+def _epoch_summary(trajs, epoch_steps) -> dict[str, float]:
+    """One epoch's rollouts (success rate, mean return; sampled before its updates) and the mean of
+    its optimizer steps' entropy and KL per token (during them)."""
+    out = {
+        "success_rate": (sum(bool(t.won) for t in trajs) / len(trajs)) if trajs else 0.0,
+        "mean_return": (math.fsum(t.episode_return for t in trajs) / len(trajs)) if trajs else 0.0,
+    }
+    for key in ("entropy", "kl"):
+        xs = [st[key] for st in epoch_steps if key in st]
+        if xs:
+            out[key] = math.fsum(xs) / len(xs)
+    return out
 
 
 def _session_prefix(round: int, client: int, epoch: int) -> str:
