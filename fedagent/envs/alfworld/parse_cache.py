@@ -4,11 +4,12 @@ TextWorld's PDDL env builds each step's text (the feedback and every admissible 
 deriving grammar templates, and ``ContextSensitiveGrammar.derive`` re-parses its template string
 with a TatSu PEG parser on every call; the logic layer likewise re-parses the same rule and query
 strings (``Rule.parse_conjunctive_query``) each step. The strings come from a fixed grammar, so
-one ALFWorld step spent most of its ≈ 0.3 s in TatSu parsing the same few hundred strings again
-(``bench/alfworld_step.py``). TextWorld has no cache of its own; this module wraps the two
-module-level ``_parse_and_convert`` functions with a bounded ``functools.lru_cache`` and hands
-each caller a deep copy of the cached parse, since ``derive`` and ``replace`` set a context on the
-symbols they are given. The parse is a pure function of its arguments, so a copy of a cached
+most of a step's CPU went to TatSu parsing the same few hundred strings again (memoized, a step
+costs 3.2× less: ``bench/alfworld_env.py --parse-cache both``). TextWorld has no cache of its own;
+this module wraps the two module-level ``_parse_and_convert`` functions with a bounded
+``functools.lru_cache`` and hands each caller a deep copy of the cached parse: ``derive`` and
+``replace`` set a context on the symbols they are given (each before it reads one, so sharing
+them played the same in the test, but a copy keeps any caller from seeing another's). The parse is a pure function of its arguments, so a copy of a cached
 result equals a fresh parse: the games play out byte for byte as before (pinned in
 ``tests/test_alfworld_games.py``).
 
