@@ -9,9 +9,9 @@ costs 3.2× less: ``bench/alfworld_env.py --parse-cache both``). TextWorld has n
 this module wraps the two module-level ``_parse_and_convert`` functions with a bounded
 ``functools.lru_cache`` and hands each caller a deep copy of the cached parse: ``derive`` and
 ``replace`` set a context on the symbols they are given (each before it reads one, so sharing
-them played the same in the test, but a copy keeps any caller from seeing another's). The parse is a pure function of its arguments, so a copy of a cached
-result equals a fresh parse: the games play out byte for byte as before (pinned in
-``tests/test_alfworld_games.py``).
+them played the same in the test, but a copy keeps any caller from seeing another's). The parse
+is a pure function of its arguments, so a copy of a cached result equals a fresh parse: the games
+play out byte for byte as before (pinned in ``tests/test_alfworld_games.py``).
 
 The PDDL translation (``fast_downward.pddl2sas``, twice per state: plain and ``optimize=True``) runs
 at a game's load and again at every reset, on the same domain and problem text: more than half of
@@ -67,8 +67,9 @@ def _targets():
 
 
 def install() -> None:
-    """Wrap TextWorld's template and logic parsers and the PDDL translation (once per process; idempotent; a no-op after
-    ``set_enabled(False)``). :func:`fedagent.envs.alfworld.env.open_game` calls it."""
+    """Wrap TextWorld's template and logic parsers and the PDDL translation (once per process;
+    idempotent; a no-op after ``set_enabled(False)``). :func:`fedagent.envs.alfworld.env.open_game`
+    calls it."""
     with _LOCK:
         if _INSTALLED or not _ENABLED[0]:
             return
