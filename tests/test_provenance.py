@@ -17,7 +17,7 @@ def test_record_has_every_field(tmp_path, monkeypatch):
     assert rec["run_mode"] == "centralized"
     assert rec["seeds"] == {"base_seed": 7} and rec["device"] == "cpu" and rec["backend"] == "local"
     assert rec["python"].count(".") == 2 and rec["packages"]["torch"] and rec["host"]
-    assert set(rec["code"]) == {"commit", "dirty"}
+    assert set(rec["code"]) == {"commit", "dirty", "tree_sha256"} and len(rec["code"]["tree_sha256"]) == 64
 
 
 def test_config_hash_is_canonical():
@@ -26,22 +26,33 @@ def test_config_hash_is_canonical():
 
 
 def test_git_commit_and_dirty_flag(tmp_path):
+    repo, copy = tmp_path / "repo", tmp_path / "copy"  # the copy lies outside the repository
+    repo.mkdir()
+
     def git(*a):
-        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+        subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "fedagent").mkdir()
-    (tmp_path / "fedagent" / "x.py").write_text("x = 1\n")
+    (repo / "fedagent").mkdir()
+    (repo / "fedagent" / "x.py").write_text("x = 1\n")
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
-    head = subprocess.run(
-        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     prov.git_state.cache_clear()
-    assert prov.git_state(tmp_path) == {"commit": head, "dirty": False}
-    (tmp_path / "fedagent" / "x.py").write_text("x = 2\n")
+    clean = prov.git_state(repo)
+    assert {k: clean[k] for k in ("commit", "dirty")} == {"commit": head, "dirty": False}
+    (repo / "fedagent" / "x.py").write_text("x = 2\n")
     prov.git_state.cache_clear()
-    assert prov.git_state(tmp_path) == {"commit": head, "dirty": True}
+    dirty = prov.git_state(repo)
+    assert {k: dirty[k] for k in ("commit", "dirty")} == {"commit": head, "dirty": True}
+    # The tree hash names the code as it was: it moves with the edit although the commit does not, and
+    # a copy without git metadata (walked, caches left out) gives the same hash as git's listing.
+    assert dirty["tree_sha256"] != clean["tree_sha256"]
+    (copy / "fedagent" / "__pycache__").mkdir(parents=True)
+    (copy / "fedagent" / "x.py").write_text("x = 2\n")
+    (copy / "fedagent" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"cache")
     prov.git_state.cache_clear()
-    assert prov.git_state(tmp_path / "nowhere") == {"commit": None, "dirty": None}
+    assert prov.git_state(copy) == {"commit": None, "dirty": None, "tree_sha256": dirty["tree_sha256"]}
+    prov.git_state.cache_clear()
+    assert prov.git_state(repo / "nowhere") == {"commit": None, "dirty": None, "tree_sha256": None}
     prov.git_state.cache_clear()

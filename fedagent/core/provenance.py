@@ -7,7 +7,7 @@ sha256 of the run's whole validated config (``FEDAGENT_CONFIG_SHA256``, exported
 ``workflow/common.smk``; null when a command is run by hand), the run's mode (``federated``,
 ``centralized`` or pinned ``local``: ``FEDAGENT_RUN_MODE``, likewise; a matrix's runs by their
 directory in ``FEDAGENT_RUNS``, :func:`register_run`), the git commit of the fedagent
-code and whether its tree had uncommitted changes, Python and package versions, host,
+code, whether its tree had uncommitted changes and a sha256 of the code as it was, Python and package versions, host,
 device and backend. No timestamps or process ids: the same job on the same machine and code
 writes the same bytes, so re-runs stay byte-identical.
 """
@@ -38,9 +38,15 @@ def config_sha256(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+CODE_PATHS = ("fedagent", "pyproject.toml", "Snakefile", "rules", "workflow")  # the code a job's output depends on
+
+
 @functools.lru_cache(maxsize=1)
 def git_state(root: Path = _CODE_ROOT) -> dict:
-    """{commit, dirty} of the git tree holding the fedagent code (nulls if it is not one)."""
+    """{commit, dirty, tree_sha256} of the code under ``root`` (:data:`CODE_PATHS`): the git commit and
+    whether the tree differs from it (nulls outside a git tree), and a sha256 of the code files'
+    contents as they are (:func:`tree_sha256`), which names the code that ran even when the commit
+    cannot (a dirty tree, a copy whose git metadata is stale or absent)."""
 
     def git(*args: str) -> str | None:
         try:
@@ -49,11 +55,39 @@ def git_state(root: Path = _CODE_ROOT) -> dict:
             return None
         return proc.stdout if proc.returncode == 0 else None
 
+    tree = tree_sha256(root, git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *CODE_PATHS))
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain", "--", "fedagent", "pyproject.toml", "Snakefile", "rules", "workflow")
-    return {"commit": commit.strip(), "dirty": bool(status and status.strip())}
+        return {"commit": None, "dirty": None, "tree_sha256": tree}
+    status = git("status", "--porcelain", "--", *CODE_PATHS)
+    return {"commit": commit.strip(), "dirty": bool(status and status.strip()), "tree_sha256": tree}
+
+
+def tree_sha256(root: Path, listing: str | None = None) -> str | None:
+    """sha256 over the code files under ``root``, each as its relative path, NUL, its bytes, NUL, in
+    sorted path order; ``listing``: git's NUL-separated list of them (tracked and untracked, not
+    ignored), else every file under :data:`CODE_PATHS` but caches. None when there is no such file."""
+    root = Path(root)
+    if listing is not None:
+        names = [n for n in listing.split("\0") if n]
+    else:
+        names = []
+        for top in CODE_PATHS:
+            base = root / top
+            paths = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
+            names += [
+                p.relative_to(root).as_posix()
+                for p in paths
+                if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p) and p.suffix != ".pyc"
+            ]
+    h, seen = hashlib.sha256(), 0
+    for name in sorted(set(names)):
+        path = root / name
+        if not path.is_file():  # tracked but deleted in the working tree
+            continue
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+        seen += 1
+    return h.hexdigest() if seen else None
 
 
 @functools.lru_cache(maxsize=1)
