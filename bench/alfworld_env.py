@@ -132,21 +132,29 @@ def project(cfg: dict, med: dict, plan_len: float, cores: int) -> dict:
 
 
 def _config(path: Path) -> dict:
-    base = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
-    over = yaml.safe_load(path.read_text())
+    """``config/config.yaml`` with a preset over it; a matrix file (``base`` + ``common`` + ``arms``): its base
+    preset, then its ``common`` block (the arms' shared recipe; an arm's own keys are not projected)."""
+    root = Path(__file__).resolve().parents[1]
+    base = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    over = yaml.safe_load(Path(path).read_text())
 
     def merge(a, b):
         for k, v in b.items():
             a[k] = merge(a.get(k) or {}, v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
         return a
 
+    if "arms" in over:  # a matrix (config/matrices/*.yaml)
+        preset = yaml.safe_load((root / over["base"]).read_text()) if over.get("base") else {}
+        return merge(merge(base, preset), over.get("common") or {})
     return merge(base, over)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--games", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=None, help="a preset to project (its env/train/eval sizes)")
+    ap.add_argument(
+        "--config", type=Path, default=None, help="a preset or a matrix to project (its env/train/eval sizes)"
+    )
     ap.add_argument("--tasks", type=int, default=12)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--cores", type=int, default=16)
