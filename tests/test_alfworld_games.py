@@ -392,8 +392,10 @@ def _play_random(source, ids, steps, seed):
 def test_memoized_grammar_parsing_plays_every_game_as_textworld_does(games_root):
     """fedagent.envs.alfworld.parse_cache: the same observations and admissible commands, step for
     step, with TextWorld's own parsing and PDDL translation and with the memoized ones (which answer
-    most parses, and each reset's translations, from their caches). Seen failing with the cached parse handed out without a copy (derive sets a context on
-    the symbols it is given, so a later derivation read an earlier one's)."""
+    most parses, and each reset's translations, from their caches). Seen failing (at the fixture's game
+    generation, which plays through the same caches) with the derived text memoized instead of the
+    parse; it does not fail with the cached parse handed out without a copy (derive sets each symbol's
+    context before reading it), which the module keeps as a safeguard."""
     from fedagent.envs.alfworld import parse_cache
 
     source = _source(games_root)

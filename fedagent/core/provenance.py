@@ -7,9 +7,9 @@ sha256 of the run's whole validated config (``FEDAGENT_CONFIG_SHA256``, exported
 ``workflow/common.smk``; null when a command is run by hand), the run's mode (``federated``,
 ``centralized`` or pinned ``local``: ``FEDAGENT_RUN_MODE``, likewise; a matrix's runs by their
 directory in ``FEDAGENT_RUNS``, :func:`register_run`), the git commit of the fedagent
-code, whether its tree had uncommitted changes and a sha256 of the code as it was, Python and package versions, host,
-device and backend. No timestamps or process ids: the same job on the same machine and code
-writes the same bytes, so re-runs stay byte-identical.
+code, whether its tree had uncommitted changes and a sha256 of the code as it was, Python and
+package versions, host, device and backend. No timestamps or process ids: the same job on the
+same machine and code writes the same bytes, so re-runs stay byte-identical.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ import functools
 import threading
 
 CACHE_SIZE = 8192  # distinct template/query strings kept per parser (ALFWorld's grammar: hundreds)
-PDDL_CACHE_SIZE = 16  # translations kept per process: ≈ 0.2–1.5 MB each on the matrix's games (tracemalloc), ≈ 11 MB
+# Translations kept per process: ≈ 0.2–1.5 MB each on the matrix's games (tracemalloc), ≈ 11 MB in all.
+PDDL_CACHE_SIZE = 16
 _LOCK = threading.Lock()
 _INSTALLED: dict[str, object] = {}
 _ENABLED = [True]  # set_enabled(False): TextWorld's own parsing in this process (benchmarks, tests)
