@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedagent.report.summary", "summary.csv and curves.png"),
     "tracking": ("fedagent.report.tracking", "a matrix's tracker stores (MLflow: a run per arm × seed) from its runs"),
     "matrix-table": ("fedagent.report.matrix_table", "a matrix's comparison table and curves from its runs' summaries"),
+    "clients-table": (
+        "fedagent.report.clients_table",
+        "a matrix's train jobs side by side, one row per arm, seed, round and client",
+    ),
     "status": ("fedagent.report.status", "where a run stands, read from its output files only"),
     "run-hashes": (
         "fedagent.report.run_hashes",

@@ -380,6 +380,19 @@ def test_a_tiny_matrix_end_to_end_then_a_new_seed_runs_only_its_own_jobs(tmp_pat
         assert (table.loc[arm, "start_gained"], table.loc[arm, "start_lost"]) == (gained, lost)
     assert np.isnan(table.loc["uniform", "ref_p"]) and 0 <= table.loc["pinned", "ref_p"] <= 1
 
+    # clients.csv: one row per train job of every run, its numbers those of the job's own metrics.json
+    jobs = pd.read_csv(out / "clients.csv")
+    assert list(jobs.columns[:4]) == ["arm", "seed", "round", "client"] and (out / "clients.md").is_file()
+    expected = []
+    for seed in (7, 8):
+        for arm in ("uniform", "pinned"):  # the matrix file's order, after (seed, round, client)
+            rd = out / arm / f"seed_{seed}" / "round_001"
+            for c in json.loads((rd / "selection.json").read_text())["clients"]:
+                m = json.loads((rd / "clients" / str(c) / "metrics.json").read_text())
+                expected.append((arm, seed, 1, c, pytest.approx(m["success_rate"]), pytest.approx(m["kl"])))
+    got = list(jobs[["arm", "seed", "round", "client", "success_rate", "kl"]].itertuples(index=False, name=None))
+    assert got == sorted(expected, key=lambda e: (e[1], e[2], e[3])), got
+
     # each run's jobs recorded their own run's config hash and mode (not the last module's)
     m = load_matrix("tiny", DEFAULTS, {"matrix": "tiny"}, root=work)
     for run in m.runs:

@@ -63,7 +63,8 @@ MATRIX_RUNS = json.dumps([{"arm": r.arm, "seed": r.seed, "summary": MATRIX.last_
                          sort_keys=True, separators=(",", ":"))
 
 
-MATRIX_TARGETS = [f"{MATRIX.out_dir}/table.csv", f"{MATRIX.out_dir}/table.md", f"{MATRIX.out_dir}/curves.png"]
+MATRIX_TARGETS = [f"{MATRIX.out_dir}/table.csv", f"{MATRIX.out_dir}/table.md", f"{MATRIX.out_dir}/curves.png",
+                  f"{MATRIX.out_dir}/clients.csv", f"{MATRIX.out_dir}/clients.md"]
 # each run's config, recorded by the Snakefile's onstart (the modules' own RUN_CONFIGS are not seen here)
 RUN_CONFIGS = [(r.run_dir, r.config) for r in MATRIX.runs]
 # the runs' report.trackers that keep a store of their own for the whole matrix (MLflow: one experiment, a
@@ -97,6 +98,28 @@ rule matrix_table:
         " --csv {output.csv} --md {output.md} --curves {output.curves} > {log} 2>&1"
 
 
+
+
+# Every train job of every run side by side (fedagent.report.clients_table), from each run's last points.csv:
+# where arms share the partition and the selection, one (seed, round, client) drew the same tasks in every arm.
+rule matrix_clients:
+    localrule: True
+    input:
+        [MATRIX.last_round_points(r) for r in MATRIX.runs],
+    output:
+        csv=f"{MATRIX.out_dir}/clients.csv",
+        md=f"{MATRIX.out_dir}/clients.md",
+    params:
+        runs=json.dumps([{"arm": r.arm, "seed": r.seed, "points": MATRIX.last_round_points(r)} for r in MATRIX.runs],
+                        sort_keys=True, separators=(",", ":")),
+        name=MATRIX.name,
+    conda:
+        "../envs/fedagent.yaml"
+    log:
+        f"{MATRIX.out_dir}/logs/matrix_clients.log",
+    shell:
+        "fedagent clients-table --matrix {params.name} --runs '{params.runs}' --csv {output.csv} --md {output.md}"
+        " > {log} 2>&1"
 
 
 # The matrix's own tracker stores (MLflow: <matrix>/mlruns, one experiment, a run per arm × seed), rebuilt

@@ -20,7 +20,7 @@ set -uo pipefail
 cfg=${1:?usage: node-run.sh CONFIGFILE [SECONDS] [snakemake args...]}; limit=${2:-540}; shift; shift || true
 source scripts/gpu/node-env.sh
 # A matrix (config/matrices/<name>.yaml, it has `arms`): every arm x seed through `--config matrix=<name>`,
-# its results in results/<name>/ (table.csv/table.md/curves.png come back); the warm server's standbys
+# its results in results/<name>/ (table.csv/table.md/curves.png come back; clients.csv/clients.md inside run.tgz); the warm server's standbys
 # warm its base preset's GPU calls.
 read -r run kind base det < <(python3 - "$cfg" <<'PY'
 import sys, yaml
