@@ -12,7 +12,7 @@ ask it what an env kind needs; it imports a spec by its ``"module:attr"`` string
 (importlib), so no lower layer imports ``fedagent.envs`` statically (docs/how-to/add-an-environment.md).
 Entry points are read from the installed distributions on ``sys.path`` each time the known kinds
 are listed, so a ``*.dist-info`` directory on ``PYTHONPATH`` registers an env for the Snakemake
-jobs too.
+jobs too; a spec and a prompt family, once found, are kept for the process.
 
 Not a :class:`fedagent.core.registry.Registry`, whose pattern it shares: a Registry holds classes keyed
 by their ``name``, imports its home module and every entry point on first read and keeps them, and
@@ -169,11 +169,21 @@ def specs() -> list[EnvSpec]:
     return [spec(k) for k in kinds()]
 
 
+# A prompt family once found is kept for the process, as a spec is (:data:`_SPECS`): the rollout loop asks for
+# its family at every prompt of every turn, and listing the kinds reads every installed distribution's entry
+# points (≈ 6 ms on the 2-core machine: 0.43 of the 1.06 s between two 64-row generation calls of an ALFWorld
+# rollout, bench/rollout_host.py). A name not found yet is still looked up anew, so a plugin added since is seen.
+_TEMPLATES: dict[str, Any] = {}
+
+
 def prompt_template(name: str) -> Any:
     """The template object of the prompt family ``name`` (any env may declare one); ValueError if none."""
+    if name in _TEMPLATES:
+        return _TEMPLATES[name]
     for s in specs():
         if name in s.prompt_templates:
-            return resolve(s.prompt_templates[name])
+            _TEMPLATES[name] = resolve(s.prompt_templates[name])
+            return _TEMPLATES[name]
     raise ValueError(f"prompt_template must be one of {prompt_template_names()}, got {name!r}")
 
 
