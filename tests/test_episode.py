@@ -207,3 +207,47 @@ def test_service_batch_and_per_session_paths_agree(policy):
     assert before["batches"] == 0 and after["counters"]["batches"] == 3 + 3
     assert after["counters"]["steps"] - before["steps"] == before["steps"] == 12
     assert (after["sessions"], after["pool_free"]) == (0, 4)
+
+
+def test_clock_splits_the_loop_into_env_prompt_and_sample(policy):
+    """Each turn's env step lands in rollout_env and its sampler call in rollout_sample (a job's timings
+    say which one its rollout waits on); the trajectories are the untimed run's."""
+    import time
+
+    from fedagent.core.timing import PhaseClock
+
+    model, tok = policy
+
+    class SlowEnv(FakeEnv):
+        def step(self, sid, text):
+            time.sleep(0.05)
+            return super().step(sid, text)
+
+    def slow_sample(*a, **k):
+        time.sleep(0.1)
+        return episode.sample(*a, **k)
+
+    def play(clock):
+        return episode.run_episodes(
+            model,
+            tok,
+            SlowEnv(max_turns=10),
+            [0, 1],
+            generator=torch_generator(0, "t"),
+            session_prefix="s",
+            sampler=slow_sample,
+            clock=clock,
+            **KW,
+        )
+
+    clock = PhaseClock()
+    t0 = time.time()
+    timed = play(clock)
+    wall = time.time() - t0
+    ph = clock.phases
+    assert ph["rollout_env"] >= 3 * 2 * 0.05  # 3 turns x 2 sessions stepped one by one
+    assert ph["rollout_sample"] >= 3 * 0.1  # one sampler call a turn
+    assert ph["rollout_env"] < 3 * 2 * 0.05 + 3 * 0.1  # the sampler's sleep is not the env's
+    assert "rollout_prompt" in ph
+    assert ph["rollout_env"] + ph["rollout_sample"] + ph["rollout_prompt"] <= wall
+    assert _summaries(timed) == _summaries(play(None))

@@ -127,10 +127,19 @@ def summarize(trajs: Sequence, round: int) -> dict:
 
 
 def evaluate(
-    model, tokenizer, env, seeds: Sequence[int], params: EvalParams, *, round: int, sampler=None, on_done=None
+    model,
+    tokenizer,
+    env,
+    seeds: Sequence[int],
+    params: EvalParams,
+    *,
+    round: int,
+    sampler=None,
+    on_done=None,
+    clock=None,
 ) -> dict:
     """Play one episode per seed with the fixed eval generator; return the eval.json dict (``on_done``:
-    the job's progress count, :func:`fedagent.rollout.episode.run_episodes`)."""
+    the job's progress count; ``clock``: the loop's time split, :func:`fedagent.rollout.episode.run_episodes`)."""
     from fedagent.rollout.episode import run_episodes_batched
     from fedagent.core.seeds import torch_generator
 
@@ -152,6 +161,7 @@ def evaluate(
         rollout_mode=params.rollout_mode,
         history_length=params.history,
         on_done=on_done,
+        clock=clock,
     )
     out = summarize(trajs, round)
     turns = [x for t in trajs for x in t.turns]
@@ -297,7 +307,15 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({"env_info": env.health().get("env_info", {})}), flush=True)
         with clock.phase("rollout"):
             result = evaluate(
-                model, tok, env, seeds, params, round=args.round, sampler=sampler, on_done=progress.advance
+                model,
+                tok,
+                env,
+                seeds,
+                params,
+                round=args.round,
+                sampler=sampler,
+                on_done=progress.advance,
+                clock=clock,
             )
     if sampler is not None and sampler.first_token_time is not None:
         clock.set("first_token", sampler.first_token_time)

@@ -11,6 +11,7 @@ parses the raw answer itself, so the loop sends the model's text unchanged.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -96,6 +97,7 @@ def run_episodes(
     rollout_mode: str = "windowed",
     expert: bool = False,
     on_done: Callable[[int], None] | None = None,
+    clock=None,
 ) -> list[Trajectory]:
     """Play one episode per seed, all sessions in lockstep; returns trajectories in seed order.
 
@@ -120,6 +122,12 @@ def run_episodes(
 
     ``on_done(n)``: told after each turn how many more episodes ended (and the rest when the batch
     ends): a job's progress line (:mod:`fedagent.core.progress`); it is never read back.
+
+    ``clock`` (a :class:`fedagent.core.timing.PhaseClock`): the loop's time split into its phases
+    ``rollout_env`` (the env service's create, reset, step and close), ``rollout_prompt`` (building and
+    tokenizing the prompts) and ``rollout_sample`` (the sampler's calls, which end on the host: tokens
+    copied back), so a job's timings say whether its rollout waits on the GPU or on the host. Wall
+    clock, informational: nothing the loop returns depends on it.
     """
     if rollout_mode not in ROLLOUT_MODES:
         raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {rollout_mode!r}")
@@ -131,22 +139,25 @@ def run_episodes(
     if concat:
         from fedagent.rollout.concat import ConcatChat
     sample_fn = sample if sampler is None else sampler
+    timed = clock.phase if clock is not None else _untimed
     prefix = response_prefix(answer_format)
     sids = session_ids(session_prefix, len(seeds))
     trajs: list[Trajectory] = []
     created: list[str] = []
     completed = False
     try:
-        many = getattr(env, "create_many", None)
-        if many is not None:
-            created = list(sids)  # a failed batch may have created some: close all
-            many(sids)
-        else:
-            for sid in sids:
-                env.create(sid)
-                created.append(sid)
+        with timed("rollout_env"):
+            many = getattr(env, "create_many", None)
+            if many is not None:
+                created = list(sids)  # a failed batch may have created some: close all
+                many(sids)
+            else:
+                for sid in sids:
+                    env.create(sid)
+                    created.append(sid)
+            resets = _reset_all(env, sids, seeds)
         state = []  # per session: task, observation, admissible, history
-        for sid, seed, r in zip(sids, seeds, _reset_all(env, sids, seeds)):
+        for sid, seed, r in zip(sids, seeds, resets):
             trajs.append(Trajectory(task_id=str(r["task_id"]), task_type=str(r["task_type"]), seed=int(seed)))
             state.append(
                 {
@@ -183,33 +194,37 @@ def run_episodes(
             active = [i for i in range(len(sids)) if not done[i]]
             if not active:
                 break
-            if concat:
-                prompts = [list(state[i]["chat"].ids) for i in active]
-            else:
-                prompts = [
-                    encode_prompt(
-                        tokenizer,
-                        windowed_prompt(
-                            state[i]["task"],
-                            state[i]["obs"],
-                            state[i]["admissible"],
-                            state[i]["history"],
-                            history_length,
+            with timed("rollout_prompt"):
+                if concat:
+                    prompts = [list(state[i]["chat"].ids) for i in active]
+                else:
+                    prompts = [
+                        encode_prompt(
+                            tokenizer,
+                            windowed_prompt(
+                                state[i]["task"],
+                                state[i]["obs"],
+                                state[i]["admissible"],
+                                state[i]["history"],
+                                history_length,
+                                answer_format,
+                                template=state[i]["template"],
+                            ),
+                            max_prompt_tokens,
                             answer_format,
-                            template=state[i]["template"],
-                        ),
-                        max_prompt_tokens,
-                        answer_format,
-                    )
-                    for i in active
-                ]
+                        )
+                        for i in active
+                    ]
             if expert:
-                actions = env.expert_many([sids[i] for i in active])
+                with timed("rollout_env"):
+                    actions = env.expert_many([sids[i] for i in active])
                 gens = [expert_generation(tokenizer, p, a, answer_format) for p, a in zip(prompts, actions)]
             else:
-                gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
+                with timed("rollout_sample"):
+                    gens = sample_fn(model, tokenizer, prompts, max_new_tokens, temperature, generator)
             # the answer includes its prefilled start
-            results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
+            with timed("rollout_env"):
+                results = _step_all(env, [sids[i] for i in active], [prefix + g.text for g in gens])
             for i, g, r in zip(active, gens, results):
                 tr, st = trajs[i], state[i]
                 tr.turns.append(
@@ -252,11 +267,18 @@ def run_episodes(
             on_done(len(sids) - reported)
         completed = True
     finally:
-        errors = _close_all(env, created)
+        with timed("rollout_env"):
+            errors = _close_all(env, created)
         # A failing close must not mask the exception that is already propagating.
         if errors and completed:
             raise errors[0]
     return trajs
+
+
+@contextlib.contextmanager
+def _untimed(name: str):
+    """No clock: :func:`run_episodes`' phases untimed."""
+    yield
 
 
 def _reset_all(env, sids: list[str], seeds: Sequence[int]) -> list[dict]:

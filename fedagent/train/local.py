@@ -253,6 +253,7 @@ def _train_client(
                 rollout_mode=p.rollout_mode,
                 history_length=p.history,
                 on_done=on_done,
+                clock=clock,
             )
         make_samples = grpo.episode_samples if p.rollout_mode == "concat" else grpo.turn_samples
         samples = make_samples(trajs, groups, p.invalid_penalty)

@@ -101,9 +101,9 @@ WARM_START_KEYS = JobKeys.for_dataclass(
 )
 
 
-def play_demos(tok, env, n: int, p: WarmStartParams, on_done=None):
+def play_demos(tok, env, n: int, p: WarmStartParams, on_done=None, clock=None):
     """One expert episode per demo-pool task (index mode: seed i → task i), in task order (``on_done``:
-    the progress count)."""
+    the progress count; ``clock``: the loop's time split, :func:`fedagent.rollout.episode.run_episodes`)."""
     from fedagent.rollout.episode import run_episodes_batched
 
     return run_episodes_batched(
@@ -122,6 +122,7 @@ def play_demos(tok, env, n: int, p: WarmStartParams, on_done=None):
         history_length=p.history,
         expert=True,
         on_done=on_done,
+        clock=clock,
     )
 
 
@@ -202,7 +203,7 @@ def warm_start(
         env = env.ready()
     # progress lines (fedagent.core.progress): the demos played, then the fine-tune's steps
     with clock.phase("rollout"), Progress("warm_start", "demos", n_demos) as progress:
-        trajs = play_demos(tok, env, n_demos, p, on_done=progress.advance)
+        trajs = play_demos(tok, env, n_demos, p, on_done=progress.advance, clock=clock)
     kept = [t for t in trajs if t.won or not p.only_won]
     samples = grpo.turn_samples(kept, [0] * len(kept), 0.0)
     won = sum(1 for t in trajs if t.won)
