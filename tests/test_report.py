@@ -102,13 +102,17 @@ def test_round_timings_sum_the_jobs_and_skip_a_dropped_client(tmp_path):
     c0, c1 = tmp_path / "clients" / "0", tmp_path / "clients" / "1"
     c0.mkdir(parents=True)
     c1.mkdir(parents=True)
+    split = {"rollout_env": 3.0, "rollout_prompt": 1.0, "rollout_sample": 5.5}
     (c0 / "metrics.json").write_text(
-        json.dumps({"timings": {"cold_start_s": 12.0, "phases": {"rollout": 10.0, "train": 6.0}}})
+        json.dumps({"timings": {"cold_start_s": 12.0, "phases": {"rollout": 10.0, "train": 6.0, **split}}})
     )
     (c1 / "dropped.json").write_text("{}")  # a dropped client: no metrics
     ev = tmp_path / "eval_timings.json"
-    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0}}))
+    ev.write_text(json.dumps({"cold_start_s": 8.0, "phases": {"rollout": 9.0, "rollout_sample": 2.5}}))
     row = round_timings(1, ev, sorted(bench.iterdir()), [c0, c1])
+    # the rollout loop's split: the train jobs' summed, the eval's; a phase the eval did not record is empty
+    assert (row["generation_env_s"], row["generation_prompt_s"], row["generation_sample_s"]) == (3.0, 1.0, 5.5)
+    assert (row["eval_env_s"], row["eval_sample_s"]) == (None, 2.5)
     assert row["train_jobs"] == 1 and row["train_job_s"] == 32.0 and row["cold_start_s"] == 12.0
     assert row["generation_s"] == 10.0 and row["training_s"] == 6.0
     assert (row["aggregate_s"], row["merge_s"], row["eval_s"], row["eval_cold_start_s"]) == (5.0, 4.0, 20.0, 8.0)

@@ -101,6 +101,12 @@ TIMING_COLUMNS = [
     "eval_s",
     "eval_cold_start_s",
     "eval_generation_s",
+    "generation_env_s",
+    "generation_prompt_s",
+    "generation_sample_s",
+    "eval_env_s",
+    "eval_prompt_s",
+    "eval_sample_s",
     "train_gpu_peak_mib",
     "eval_gpu_peak_mib",
     "round_wall_s",
@@ -128,7 +134,10 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
     files written before the jobs recorded ``started_at``. What a client sent the server: the mean of
     the updates' ``upload_bytes`` (every file of the model update), what a full-model update of the same
     model weighs (a LoRA update's ``lora.full_model_bytes``, its fp32 parameters; a full update's own
-    bytes) and their ratio (``upload_reduction``: 1 for full updates).
+    bytes) and their ratio (``upload_reduction``: 1 for full updates). The rollout loop's split of the
+    generation phases (``generation_*``: the train jobs', summed; ``eval_*``: the eval's): the env
+    service's calls (``env``), building and tokenizing the prompts (``prompt``) and the sampler's calls
+    (``sample``), :func:`fedagent.rollout.episode.run_episodes`; empty for jobs that did not record it.
     """
     by_name = {Path(b).stem: _bench_seconds(Path(b)) for b in benchmarks}
     ev = json.loads(Path(eval_timings).read_text())
@@ -156,6 +165,8 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
         "eval_s": by_name.get("eval"),
         "eval_cold_start_s": ev.get("cold_start_s"),
         "eval_generation_s": ev.get("phases", {}).get("rollout"),
+        **{f"generation_{k}_s": _summed(train, f"rollout_{k}") for k in ("env", "prompt", "sample")},
+        **{f"eval_{k}_s": ev.get("phases", {}).get(f"rollout_{k}") for k in ("env", "prompt", "sample")},
         "train_gpu_peak_mib": max(peaks) if peaks else None,
         "eval_gpu_peak_mib": ev.get("gpu_peak_reserved_mib"),
         "round_wall_s": _round_wall(train, ev),
@@ -163,6 +174,12 @@ def round_timings(round_: int, eval_timings: Path, benchmarks: list[Path], clien
         "full_update_bytes": full_bytes,
         "upload_reduction": round(full_bytes / upload, 1) if upload and full_bytes else None,
     }
+
+
+def _summed(timings: list[dict], phase: str) -> float | None:
+    """``phase`` summed over the jobs' timings, or None when a job did not record it."""
+    xs = [t.get("phases", {}).get(phase) for t in timings]
+    return round(sum(xs), 3) if xs and None not in xs else None
 
 
 def _round_wall(train: list[dict], ev: dict) -> float | None:
