@@ -222,6 +222,42 @@ def test_d_changing_rounds(finished3, tmp_path):
         assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
+def test_a_run_moved_in_pieces_to_a_fresh_checkout_resumes_where_it_stopped(finished3, tmp_path):
+    """A run's directory alone, moved by scripts/gpu/state.sh (a tar in pieces, every mtime kept; no
+    .snakemake record) into a fresh checkout, as a run goes on on another node: the same command with
+    rounds=4 runs round 4 only, and a piece that changed on the way is refused before anything unpacks."""
+    script = REPO / "scripts" / "gpu" / "state.sh"
+    pieces_dir = tmp_path / "pieces"
+    out = subprocess.run(
+        ["bash", str(script), "out", str(pieces_dir), RUN],
+        cwd=finished3,
+        env={**os.environ, "STATE_PIECE_MB": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pieces = sorted(pieces_dir.glob("state-[0-9]*"))
+    assert int(out.stdout.strip()) == len(pieces) > 1  # split: each piece within one call's limit
+    work = make_workdir(tmp_path / "w")
+    assert not (work / RUN).exists()
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in [*pieces, pieces_dir / "state.sha256"]:
+        (bad / p.name).write_bytes(p.read_bytes())
+    with (bad / pieces[0].name).open("r+b") as fh:
+        fh.seek(100)
+        fh.write(b"x")
+    refused = subprocess.run(["bash", str(script), "in", *sorted(bad.glob("state-[0-9]*"))], cwd=work)
+    assert refused.returncode == 1 and not (work / RUN).exists()
+
+    subprocess.run(["bash", str(script), "in", *pieces], cwd=work, check=True)
+    assert tree_state(work / RUN) == tree_state(finished3 / RUN)  # every file, size and mtime
+    proc = run_snakemake(work, "--config", "rounds=4")
+    jobs = executed_jobs(proc)
+    assert jobs and {_round_of(w) for r, w in jobs} == {"004"}, jobs
+
+
 def test_e_one_round_target_builds_only_what_it_needs(finished3, tmp_path):
     work = tracked_workdir(tmp_path / "w")  # finished3's config (the provenance records its hash)
     proc = run_snakemake(work, f"{RUN}/round_002/eval.json")
