@@ -29,6 +29,6 @@ case "${1:-}" in
     want=$(awk '{print $2}' "$sums" | sort | tr '\n' ' ')
     [ "$have" = "$want" ] || { echo "state.sh in: pieces given [$have], $sums lists [$want]" >&2; exit 2; }
     (cd "$(dirname "$1")" && sha256sum --quiet -c state.sha256) || { echo "state.sh in: a piece differs from $sums" >&2; exit 1; }
-    cat $(printf '%s\n' "$@" | sort) | tar -xf - ;;
+    printf '%s\0' "$@" | sort -z | xargs -0 cat | tar -xf - ;;
   *) echo "usage: state.sh out DIR PATH... | in PIECE..." >&2; exit 2 ;;
 esac
