@@ -21,7 +21,7 @@ from pathlib import Path
 from fedagent.core.atomic import atomic_dir
 
 # Where the GGUF lives (a module of its own: the random-architecture source reads the same tokenizer).
-from fedagent.model.smollm2_gguf import SMOLLM2_PACKAGE, BaseModelError, smollm2_gguf_path  # noqa: F401
+from fedagent.model.smollm2_gguf import SMOLLM2_PACKAGE, BaseModelError, gguf_read_once, smollm2_gguf_path  # noqa: F401
 
 
 def smollm2_architecture(out: Path) -> None:
@@ -32,8 +32,9 @@ def smollm2_architecture(out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     gguf = smollm2_gguf_path()
-    _fp32_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    with gguf_read_once():  # the GGUF read once, not three times
+        _fp32_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)).save_pretrained(out)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
 def _fp32_config(config):
@@ -101,8 +102,9 @@ def build_base_model(
 
     if source == "smollm2":
         gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with gguf_read_once():  # the GGUF read once, not four times
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         provenance = {"source": "smollm2", "gguf": gguf.name}
     else:
         path = Path(source)

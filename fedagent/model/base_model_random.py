@@ -78,10 +78,11 @@ def load_tokenizer_for(source: str):
 
     target = check_source(source)
     if target in ARCHITECTURES:
-        from fedagent.model.smollm2_gguf import smollm2_gguf_path
+        from fedagent.model.smollm2_gguf import gguf_read_once, smollm2_gguf_path
 
         gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with gguf_read_once():  # the GGUF read once, not twice
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     else:
         tokenizer = AutoTokenizer.from_pretrained(target)
     if tokenizer.chat_template is None:
