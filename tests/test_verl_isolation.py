@@ -367,7 +367,7 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     import signal
     import subprocess
 
-    from workflow_helpers import RUN, make_workdir, snakemake_cmd, snakemake_env
+    from workflow_helpers import RUN, make_workdir, run_snakemake, snakemake_cmd, snakemake_env
 
     monkeypatch.setenv("FAKE_VERL_HOLD_S", "120")  # the killed attempt would hold well past the rerun
     monkeypatch.setenv("FAKE_VERL_HOLD_ONLY_LATER", "1")  # the first client's job finishes at once
@@ -375,6 +375,10 @@ def test_a_killed_verl_job_leaves_no_final_path_and_the_rerun_redoes_only_it(fak
     work = make_workdir(tmp_path / "w")
     (work / "verl.yaml").write_text("rounds: 1\ntrain: {backend: verl, ref_anchor: round, verl: {gpus: 1}}\n")
     clients = work / RUN / "round_001" / "clients"
+    # The plan and round 0 first, warm (the kill comes in round 1's training; cold, each of their jobs
+    # would pay its imports for nothing the test looks at).
+    run_snakemake(work, "--configfile", "verl.yaml", "--omit-from", "train_client")
+    assert (work / RUN / "round_000" / "eval.json").is_file() and not clients.exists()
     # cold jobs: the kill aims at the train job's own process tree under Snakemake
     proc = subprocess.Popen(
         snakemake_cmd("--configfile", "verl.yaml"),
