@@ -91,6 +91,23 @@ def _accelerator_env_restored():
             os.environ[key] = value
 
 
+@pytest.fixture
+def gguf_reads(monkeypatch) -> list:
+    """The paths of every real ``gguf.GGUFReader`` made while the test runs (the reads of a GGUF file that
+    ``fedagent.model.smollm2_gguf.gguf_read_once`` is there to share)."""
+    import gguf
+
+    reads: list = []
+
+    class CountedReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            reads.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    return reads
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """``tiny_model(seed)``: a tiny model dir (fake_env.build_tiny_model) made once per seed and session.

