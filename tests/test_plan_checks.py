@@ -201,6 +201,7 @@ def test_every_cross_rule_is_checked_at_plan_time_and_by_each_job_that_carries_i
     # aggregate.aggregator / aggregate.dp_noise: DP-FedAvg's rules over the algorithm, pinning and the whole
     # run's rounds (fedagent.server.dp_fedavg), keys no aggregate job carries;
     # eval.clients with train.lora, model_dtype: keys no job carries (the aggregate/merge/verify jobs take --dtype)
+    # train.micro_batch_tokens with train.backend: the local job has no backend key, the verl job no budget
     plan_only = {
         "model",
         "train.gpu_mem_gb",
@@ -210,6 +211,7 @@ def test_every_cross_rule_is_checked_at_plan_time_and_by_each_job_that_carries_i
         "aggregate.dp_noise",
         "eval.clients",
         "model_dtype",
+        "train.micro_batch_tokens",
     }
     assert fc.PLAN_ONLY_RULES == plan_only | sampler_keys
 

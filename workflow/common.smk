@@ -182,6 +182,9 @@ def job_params(section, drop):
     # train.activation_checkpointing only when on (likewise)
     if d.get("activation_checkpointing") is False:
         d.pop("activation_checkpointing")
+    # train.micro_batch_tokens only when set (likewise)
+    if "micro_batch_tokens" in d and d["micro_batch_tokens"] is None:
+        d.pop("micro_batch_tokens")
     return d
 
 
@@ -269,6 +272,8 @@ WARM_START_PARAMS = as_json({
     "base_seed": config["seed"],
     **{k: config["warm_start"][k] for k in ("epochs", "lr", "mini_batch_size", "only_won")},
     **{k: config["train"][k] for k in ("micro_batch_size", "max_turns", "max_prompt_tokens", "device")},
+    # train.micro_batch_tokens only when set (a run without it keeps its warm start's params and cache)
+    **({"micro_batch_tokens": config["train"]["micro_batch_tokens"]} if config["train"]["micro_batch_tokens"] else {}),
     "pool_size": config["env"]["pool_size"],
     # env.procs only when set: the expert service's worker processes (ALFWorld's planner holds a lock
     # per process, so its demos play one at a time without them)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from fedagent.core import envs
 from fedagent.core import gpu_rules  # noqa: F401 - registers the GPU path's rules
 from fedagent.core import lora_rules  # noqa: F401 - registers LoRA clients' rules
+from fedagent.core import micro_batch_rules  # noqa: F401 - registers token-budget micro-batches' rules
 from fedagent.core.architectures import is_random_source, random_source_problem
 from fedagent.core.registry import ADVANTAGE_ESTIMATORS
 from fedagent.core.rules import CROSS_RULES, PLAN_ONLY_RULES, CrossRule, Requirement, cross_rule  # noqa: F401 - re-exported

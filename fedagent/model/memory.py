@@ -102,13 +102,15 @@ def train_terms(
     ppo: bool = False,
     checkpointing: bool = False,
     lora_params: int = 0,
+    micro_batch_tokens: int | None = None,
 ) -> dict[str, int]:
     """Bytes of a local-backend ``train-client`` job on cuda, by term (before margin and fixed part):
     fp32 master weights + gradients + AdamW's two moments (16 B/param), the KL reference (its linear
     weights bf16: :func:`reference_bytes`), the bf16 rollout copy, the sampler's static KV cache
     (``pool_size`` rows of prompt + new tokens), one micro-batch's activations and response logits
     (``response_tokens`` per row: one turn's ``max_new_tokens`` windowed, every turn's in concat
-    mode; ``checkpointing``: train.activation_checkpointing; × :data:`ACTIVATION_FACTOR`, measured);
+    mode; ``checkpointing``: train.activation_checkpointing; ``micro_batch_tokens``: its padded tokens
+    at most that; × :data:`ACTIVATION_FACTOR`, measured);
     PPO: its critic (16 B/param more). LoRA clients (``lora_params`` > 0, the adapters' parameters):
     the frozen base as the reference holds it (linear weights bf16) and 16 B per adapter parameter
     instead of the fp32 masters and their AdamW state; ``reference`` then means a second copy (a KL
@@ -133,6 +135,7 @@ def train_terms(
                 tokens,
                 max_new_tokens if response_tokens is None else response_tokens,
                 checkpointing=checkpointing,
+                token_budget=micro_batch_tokens,
             )
         ),
     }
@@ -170,6 +173,7 @@ def train_config_terms(config: Mapping, shape: ModelShape) -> dict[str, int]:
         ppo=sec["algorithm"] == "ppo",
         checkpointing=bool(sec.get("activation_checkpointing")),
         lora_params=lora[1] if lora else 0,
+        micro_batch_tokens=sec.get("micro_batch_tokens"),
     )
 
 
@@ -226,7 +230,8 @@ def job_gpu_mib(config: Mapping, job: str, card_mib: int | None = None) -> int:
 KNOBS = {
     "train-client": (
         "train.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
-        "train.micro_batch_size, env.pool_size (the sampler's batch) or train.max_prompt_tokens",
+        "train.micro_batch_size or train.micro_batch_tokens, env.pool_size (the sampler's batch) or "
+        "train.max_prompt_tokens",
     ),
     "eval": (
         "eval.gpu_mem_gb (the memory this job declares, so fewer jobs share the card)",
@@ -234,7 +239,7 @@ KNOBS = {
     ),
     "warm-start": (
         "train.gpu_mem_gb (the warm start declares the train job's memory)",
-        "train.micro_batch_size or train.max_prompt_tokens",
+        "train.micro_batch_size or train.micro_batch_tokens, or train.max_prompt_tokens",
     ),
 }
 
@@ -347,7 +352,14 @@ def host_terms(config: Mapping, job: str) -> dict[str, int]:
         terms["critic"] = 16 * p if ppo else 0
         terms["kv_cache"] = kv_cache_size(s, batch=config["env"]["pool_size"], tokens=tokens, dtype_bytes=4)
         response = sec["max_new_tokens"] * (sec["max_turns"] if config["rollout"]["mode"] == "concat" else 1)
-        act = _activations(s, sec["micro_batch_size"], tokens, response, bool(sec.get("activation_checkpointing")))
+        act = _activations(
+            s,
+            sec["micro_batch_size"],
+            tokens,
+            response,
+            bool(sec.get("activation_checkpointing")),
+            token_budget=sec.get("micro_batch_tokens"),
+        )
         terms["activations"] = int(HOST_ACTIVATION_FACTOR * act)
     elif job == "train" and lora:  # the fp32 state dict read while loading; the update saved is the adapters
         terms["load_and_save"] = 4 * p + 2 * 4 * lora[1]

@@ -146,13 +146,18 @@ def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 
     return 2 * s.layers * s.kv_heads * s.head_dim * tokens * batch * dtype_bytes
 
 
-def _activations(s: ModelShape, rows: int, tokens: int, response_tokens: int, checkpointing: bool = False) -> int:
+def _activations(
+    s: ModelShape, rows: int, tokens: int, response_tokens: int, checkpointing: bool = False, token_budget: int | None = None
+) -> int:
     """Saved activations of a training forward (bf16 autocast): per token and layer the norms'
     outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream; with
     ``checkpointing`` (``train.activation_checkpointing``) each layer's fp32 input only, plus one
     layer's full set while the backward pass recomputes it; plus, for the response tokens only
     (grpo.forward_logprobs runs the LM head on those), the logits (bf16, fp32 over the
-    temperature), their log-softmax, its gradient and the entropy's exp."""
+    temperature), their log-softmax, its gradient and the entropy's exp. ``token_budget``
+    (``train.micro_batch_tokens``): a micro-batch holds at most that many padded tokens, so the per-token
+    terms count ``min(rows × tokens, token_budget)``; the logits still ``rows`` rows of response."""
     per_token_layer = 2 * (6 * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate) + 4 * 2 * s.hidden
     per_token = s.layers * 4 * s.hidden + per_token_layer if checkpointing else s.layers * per_token_layer
-    return rows * (tokens * per_token + min(response_tokens, tokens) * s.vocab * (2 + 4 * 4))
+    padded = rows * tokens if token_budget is None else min(rows * tokens, token_budget)
+    return padded * per_token + rows * min(response_tokens, tokens) * s.vocab * (2 + 4 * 4)

@@ -185,6 +185,10 @@ def start_settings(config: Mapping) -> dict:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = copy.deepcopy(value)
+    # train.micro_batch_tokens: the warm start's micro-batches too, so only where a warm start runs (the keys of
+    # runs without it stay as they were, and arms that differ only in it share one round 0).
+    if config.get("warm_start", {}).get("enabled") and _get(config, "train.micro_batch_tokens") is not None:
+        settings.setdefault("train", {})["micro_batch_tokens"] = _get(config, "train.micro_batch_tokens")
     train = settings.get("train")
     if isinstance(train, dict) and "algorithm" in train:
         # What round 0 is built for, not the estimator's name: a GiGPO run's round 0 is a GRPO run's

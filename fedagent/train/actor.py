@@ -14,11 +14,16 @@ import math
 
 import torch
 
-from fedagent.train import fedprox, grpo
+from fedagent.train import fedprox, grpo, micro_batches
 
 
 def chunks(seq, n):
     return [seq[k : k + n] for k in range(0, len(seq), n)]
+
+
+def micro_batch_tokens(p) -> int | None:
+    """``train.micro_batch_tokens`` of the job's params (None: micro-batches by rows only)."""
+    return getattr(p, "micro_batch_tokens", None)
 
 
 def logprobs(model, batch, temperature: float, micro: int, with_entropy: bool = False):
@@ -41,8 +46,11 @@ def logprobs(model, batch, temperature: float, micro: int, with_entropy: bool = 
 
 
 @torch.no_grad()
-def logprobs_nograd(model, samples, micro: int, temperature: float) -> torch.Tensor:
-    parts = [logprobs(model, chunk, temperature, micro)[0] for chunk in chunks(samples, micro)]
+def logprobs_nograd(model, samples, micro: int, temperature: float, tokens: int | None = None) -> torch.Tensor:
+    """Every sample's response log-probs, flat in sample order, in micro-batches of at most ``micro`` rows
+    (and ``tokens`` padded tokens: :mod:`fedagent.train.micro_batches`)."""
+    cuts = micro_batches.split(range(len(samples)), samples, micro, tokens)
+    parts = [logprobs(model, [samples[i] for i in cut], temperature, micro)[0] for cut in cuts]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -258,7 +266,7 @@ def update_step(
     else:
         optimizer.zero_grad(set_to_none=True)
     stats = []
-    for micro in chunks(mb, p.micro_batch_size):
+    for micro in micro_batches.split(mb, samples, p.micro_batch_size, micro_batch_tokens(p)):
         batch = [samples[i] for i in micro]
         with autocast(model):
             logp, ent = logprobs(model, batch, p.temperature, p.micro_batch_size, with_entropy=True)
@@ -325,7 +333,7 @@ def grpo_epoch(
     model.eval()  # no dropout in Llama; eval() keeps sampling and scoring numerics identical
     amp = autocast(model)
     with amp:
-        old = logprobs_nograd(model, samples, p.micro_batch_size, p.temperature)
+        old = logprobs_nograd(model, samples, p.micro_batch_size, p.temperature, micro_batch_tokens(p))
     if ref_model is None:
         ref = None
     elif ref_is_policy:
@@ -335,7 +343,7 @@ def grpo_epoch(
         # fedagent.model.lora.AdaptersOff): scored with the switch on, no second model.
         scoring = getattr(ref_model, "scoring", None)
         with scoring() if scoring is not None else contextlib.nullcontext(ref_model) as ref_net, autocast(model):
-            ref = logprobs_nograd(ref_net, samples, p.micro_batch_size, p.temperature)
+            ref = logprobs_nograd(ref_net, samples, p.micro_batch_size, p.temperature, micro_batch_tokens(p))
     # Per trained token, its index in the flat (sample-order) behaviour/reference/advantage
     # tensors: a micro-batch gathers its rows with one index instead of a cat of many slices.
     slices = token_slices(samples)

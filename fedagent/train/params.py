@@ -39,6 +39,7 @@ class TrainParams:
     entropy_coef: float = 0.0
     mini_batch_size: int = 8
     micro_batch_size: int = 4
+    micro_batch_tokens: int | None = None  # padded tokens per micro-batch (None: rows only)
     max_prompt_tokens: int = 1024
     invalid_penalty: float = 0.1
     pool_size: int = 8
@@ -120,6 +121,7 @@ LORA_FIELDS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_m
 # Recorded only when true / non-empty: keys added after runs whose files must stay as they were.
 RECORDED_WHEN_SET = (
     "activation_checkpointing",
+    "micro_batch_tokens",
     "sampler_widths",
     "sampler_fused",
     "sampler_compile_prefill",

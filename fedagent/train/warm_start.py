@@ -50,6 +50,7 @@ class WarmStartParams:
     lr: float = 1e-5
     mini_batch_size: int = 16
     micro_batch_size: int = 4
+    micro_batch_tokens: int | None = None  # train.micro_batch_tokens (None: rows only)
     only_won: bool = True
     max_turns: int = 3
     max_prompt_tokens: int = 1024
@@ -76,8 +77,9 @@ class WarmStartParams:
         """The params as metrics.json / provenance.json record them (``deterministic`` only when on:
         the files of other runs as they were)."""
         d = dataclasses.asdict(self)
-        if not d["deterministic"]:
-            d.pop("deterministic")
+        for key in ("deterministic", "micro_batch_tokens"):  # only when set: other runs' files as they were
+            if not d[key]:
+                d.pop(key)
         return d
 
 
@@ -88,6 +90,7 @@ WARM_START_KEYS = JobKeys.for_dataclass(
     {
         "base_seed": "seed",
         "micro_batch_size": "train.micro_batch_size",
+        "micro_batch_tokens": "train.micro_batch_tokens",
         "max_turns": "train.max_turns",
         "max_prompt_tokens": "train.max_prompt_tokens",
         "pool_size": "env.pool_size",
@@ -132,6 +135,7 @@ def sft_epoch(model, optimizer, samples, p: WarmStartParams, epoch: int, on_step
     import torch
 
     from fedagent.core.seeds import python_rng
+    from fedagent.train import micro_batches
     from fedagent.train.actor import autocast, chunks, logprobs
 
     order = list(range(len(samples)))
@@ -142,7 +146,7 @@ def sft_epoch(model, optimizer, samples, p: WarmStartParams, epoch: int, on_step
         n_tok = sum(samples[i].trained_count() for i in mb)
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for micro in chunks(mb, p.micro_batch_size):
+        for micro in micro_batches.split(mb, samples, p.micro_batch_size, p.micro_batch_tokens):
             with autocast(model):
                 logp, _ = logprobs(model, [samples[i] for i in micro], 1.0, p.micro_batch_size)
             loss = -logp.sum() / n_tok
