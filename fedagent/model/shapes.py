@@ -147,7 +147,12 @@ def kv_cache_size(s: ModelShape, *, batch: int, tokens: int, dtype_bytes: int = 
 
 
 def _activations(
-    s: ModelShape, rows: int, tokens: int, response_tokens: int, checkpointing: bool = False, token_budget: int | None = None
+    s: ModelShape,
+    rows: int,
+    tokens: int,
+    response_tokens: int,
+    checkpointing: bool = False,
+    token_budget: int | None = None,
 ) -> int:
     """Saved activations of a training forward (bf16 autocast): per token and layer the norms'
     outputs, q/k/v/o, the MLP's gate/up/act (bf16) and the fp32 residual stream; with
