@@ -278,6 +278,52 @@ def test_aggregate_merge_report_and_tiny_model_through_the_warm_server_are_byte_
         assert _sha(outs["warm"] / "tiny" / rel) == _sha(models[1] / rel), rel
 
 
+def test_the_plan_jobs_through_the_warm_server_are_byte_identical(server, tmp_path):
+    """The plan's jobs fork too (fedagent.commands.WARM_COMMANDS): the catalogue, the partition, the
+    validation set and a round's selection write, through the server, the files fresh processes write."""
+    sock, log, _pid = server
+    job_env = _env(**SNAKEMAKE_THREADS)
+    tw = [
+        "games",
+        "--seed",
+        "42",
+        "--n-train",
+        "2",
+        "--n-val",
+        "2",
+        "--world-size",
+        "1",
+        "--nb-objects",
+        "1",
+        "--quest-length",
+        "1",
+    ]
+    outs = {}
+    for name, extra in (("fresh", {}), ("warm", {SOCKET_ENV: sock})):
+        d = tmp_path / name
+        d.mkdir()
+        for cmd in (
+            ["catalogue", "--kind", "textworld", "--out", "games", "--jobs", "2", "--quarantine", "q", "--", *tw],
+            ["partition", "--games", "games", "--clients", "2", "--strategy", "uniform", "--min-tasks", "1"]
+            + ["--seed", "42", "--knobs", "{}", "--out", "partition.json"],
+            ["val-set", "--games", "games", "--n", "2", "--out", "val_set.json"],
+            ["select", "--seed", "7", "--round", "2", "--total", "3", "--per-round", "2", "--out", "selection.json"],
+        ):
+            res = subprocess.run(
+                [*FEDAGENT, *cmd], env={**job_env, **extra}, cwd=d, capture_output=True, text=True, timeout=300
+            )
+            assert res.returncode == 0, res.stderr + log.read_text()
+        outs[name] = d
+    forks = [line for line in log.read_text().splitlines() if " forked pid " in line]
+    for command in ("catalogue", "partition", "val-set", "select"):
+        assert any(f"fedagent {command} " in line for line in forks), (command, forks)
+    files = sorted(p.relative_to(outs["fresh"]).as_posix() for p in outs["fresh"].rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(outs["warm"]).as_posix() for p in outs["warm"].rglob("*") if p.is_file())
+    assert {"games/games.json", "partition.json", "val_set.json", "selection.json"} <= set(files), files
+    for rel in files:
+        assert _sha(outs["fresh"] / rel) == _sha(outs["warm"] / rel), rel
+
+
 def test_exit_codes_and_output_are_those_of_a_fresh_process(server, tmp_path):
     sock, _log, _pid = server
     cases = (

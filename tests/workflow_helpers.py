@@ -50,8 +50,9 @@ def warm_socket(env: dict) -> str | None:
     job whose differ: PYTHONPATH, TORCH_*, OMP_*, …), started on first use from ``env`` and stopped when
     this test process exits; None with ``FEDAGENT_TEST_COLD=1``.
 
-    Workflow tests hand their heavy jobs (train-client, eval, serve-env, aggregate, merge) to it, as
-    the GPU node's runs do (scripts/gpu/warm.sh): each job then skips its ≈ 3-5 s of imports. The
+    Workflow tests hand their jobs of fedagent.commands.WARM_COMMANDS (train-client, eval, serve-env,
+    aggregate, merge, report, the plan's) to it, as the GPU node's runs do (scripts/gpu/warm.sh): each
+    job then skips its imports (≈ 3-5 s for a torch job, ≈ 0.3 s for a selection). The
     jobs and their files are the same (tests/test_warm.py checks byte-identical outputs); the cold
     path stays covered by the runs given ``warm=False`` and by ``FEDAGENT_TEST_COLD=1``.
     """
