@@ -212,6 +212,26 @@ def test_the_run_accountant_is_fixed_size_sampling_with_replace_one_sensitivity(
     assert accountant.epsilon(need, 8, 4, 2, 1e-5) <= 8.0 < accountant.epsilon(need * 0.99, 8, 4, 2, 1e-5)
 
 
+def test_the_accountant_composes_each_setting_once_per_process(monkeypatch):
+    """ε is kept per argument set: a plan that checks the same DP arm again (a matrix's seeds, its run's
+    module) gets the same value without the library's RDP composition again. Seen failing without the
+    cache (2 compositions for 2 calls)."""
+    from dp_accounting.rdp import RdpAccountant
+
+    composed = []
+    compose = RdpAccountant.compose
+
+    def counted(self, event, *args, **kwargs):
+        composed.append(event)
+        return compose(self, event, *args, **kwargs)
+
+    monkeypatch.setattr(RdpAccountant, "compose", counted)
+    accountant.epsilon.cache_clear()
+    first = accountant.epsilon(1.61, 8, 4, 2, 1e-5)
+    assert accountant.epsilon(1.61, 8, 4, 2, 1e-5) == first and len(composed) == 1
+    assert accountant.epsilon(1.61, 8, 4, 3, 1e-5) > first and len(composed) == 2  # another setting: its own
+
+
 def dp_config(**overrides) -> dict:
     cfg = fc.load_config(TEST_CONFIG)
     fc.set_path(cfg, "aggregate.aggregator", "dp_fedavg")
