@@ -19,8 +19,8 @@ MICRO_BATCH_TOKEN_REQUIREMENTS: tuple[Requirement, ...] = (
         _set,
         "train.backend",
         "local",
-        "{value!r} is implemented for train.backend=local only (the verl backend's own is "
-        "train.verl's use_dynamic_bsz; got {got!r})",
+        "{value!r} is implemented for train.backend=local only (the verl backend sizes its micro-batches "
+        "from its memory plan, fedagent.model.verl_memory; got {got!r})",
         {"train.micro_batch_tokens": 4096, "train.backend": "verl", "train.ref_anchor": "round"},
     ),
     Requirement(
